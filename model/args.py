@@ -1,0 +1,69 @@
+"""ModelArgs: every architectural choice of the decoder, torch-free so configs can import it cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None -> n_heads (plain multi-head attention)
+    vocab_size: int = 4096
+    hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
+    multiple_of: int = 32
+    ffn_dim_multiplier: float | None = None
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | none
+    norm_impl: str = "reference"  # reference | fast (see model/fast_norms.py)
+    norm_eps: float = 1e-5
+    norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
+    placement: str = "pre"  # pre | post | peri
+    qk_norm: bool = False  # the model's norm applied per head to q and k
+    rope_theta: float = 10000.0
+    max_seq_len: int = 256
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """LLaMA's SwiGLU width: 2/3 of 4*dim (same parameter count as a 4*dim MLP), rounded up."""
+        if self.hidden_dim:
+            return self.hidden_dim
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def check(self) -> ModelArgs:
+        """Raise ValueError on shapes the model cannot build."""
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.norm_bias and self.norm != "layernorm":
+            raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
+        return self
+
+
+def lookup(registry: dict, name: str, kind: str):
+    """registry[name], or a ValueError that lists the valid names."""
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(registry))}")
+    return registry[name]

@@ -1,0 +1,67 @@
+"""Transformer blocks that differ only in where the norm sits; f is attention or feed-forward."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.args import ModelArgs, lookup
+from model.layers import Attention, FeedForward, Rope
+from model.norms import build_norm
+
+
+def _norm(args: ModelArgs) -> nn.Module:
+    return build_norm(args.norm, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
+
+
+class Block(nn.Module):
+    """The sublayers every placement shares: attention, feed_forward and one norm per sublayer."""
+
+    final_norm = True  # whether the decoder normalizes the residual stream before the output head
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = _norm(args)
+        self.ffn_norm = _norm(args)
+
+
+class PreNormBlock(Block):
+    """h = x + f(norm(x)) for f = attention, then feed-forward (GPT-2, LLaMA)."""
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class PostNormBlock(Block):
+    """h = norm(x + f(x)) for f = attention, then feed-forward (original Transformer; Xiong et al., 2020)."""
+
+    final_norm = False  # the stream is already normalized after every sublayer
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = self.attention_norm(x + self.attention(x, rope))
+        return self.ffn_norm(h + self.feed_forward(h))
+
+
+class PeriNormBlock(Block):
+    """h = x + norm_out(f(norm_in(x))) for f = attention, then feed-forward (sandwich / peri-LN, Gemma 2)."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.attention_out_norm = _norm(args)
+        self.ffn_out_norm = _norm(args)
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = x + self.attention_out_norm(self.attention(self.attention_norm(x), rope))
+        return h + self.ffn_out_norm(self.feed_forward(self.ffn_norm(h)))
+
+
+BLOCKS: dict[str, type[Block]] = {"pre": PreNormBlock, "post": PostNormBlock, "peri": PeriNormBlock}
+
+
+def build_block(args: ModelArgs, layer_id: int) -> Block:
+    """Block `layer_id` of the placement named by args.placement."""
+    return lookup(BLOCKS, args.placement, "placement")(args, layer_id)

@@ -1,0 +1,72 @@
+"""Rotary position embedding, grouped-query causal attention and the SwiGLU feed-forward of LLaMA."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.args import ModelArgs
+from model.norms import build_norm
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> Rope:
+    """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as LLaMA)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.int64).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout)."""
+    cos, sin = (t[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, T, H, hd) -> 2 x (B, T, H, hd/2)
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value heads."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
+        # qk-norm: the model's norm over each head's q and k bounds the attention logits.
+        qk = args.norm if args.qk_norm else "none"
+        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl)
+        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl)
+
+    def qk(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries (B, n_heads, T, hd) and keys (B, n_kv_heads, T, hd), normalized and rotated."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(self.q_norm(q), rope), apply_rope(self.k_norm(k), rope)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k = self.qk(x, rope)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H * hd)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)   (Shazeer, 2020)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        hidden = args.ffn_hidden_dim
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))

@@ -1,0 +1,86 @@
+"""The Llama decoder: tok_embeddings -> blocks -> final norm (pre / peri only) -> output head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.args import ModelArgs, lookup
+from model.blocks import BLOCKS, build_block
+from model.layers import rope_tables
+from model.norms import build_norm
+
+
+class Llama(nn.Module):
+    """A LLaMA-style decoder whose norm and norm placement are chosen by name in ModelArgs."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args.check()
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(build_block(args, i) for i in range(args.n_layers))
+        final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
+        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)  # derived from args: not in checkpoints
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Every matrix ~ N(0, init_std^2); the residual projections (wo, w2) use init_std / sqrt(2 n_layers)
+        so the stream's variance does not grow with depth (GPT-2); norm gains stay 1 and biases 0.
+
+        Only matrices draw random numbers, in a fixed order, so models that differ only in their norm
+        or its placement start from identical weights for the same seed.
+        """
+        std = self.args.init_std
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
+            nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.args.n_layers) if residual else std)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, vocab) for token ids idx (B, T), and the mean cross-entropy when targets are given
+        (targets == -1 are ignored)."""
+        T = idx.shape[1]
+        if T > self.args.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}")
+        rope = (self.rope_cos[:T], self.rope_sin[:T])
+        h = self.tok_embeddings(idx)
+        for layer in self.layers:
+            h = layer(h, rope)
+        logits = self.output(self.norm(h))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy decoding."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.args.max_seq_len:])[0][:, -1, :].float()
+            if temperature <= 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Number of parameters (tied weights counted once); optionally without the token embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_embeddings.weight.numel() if non_embedding else n

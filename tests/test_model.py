@@ -1,0 +1,108 @@
+"""The decoder for every norm x placement: causality, initial loss, overfitting, init, generate."""
+
+import math
+
+import pytest
+import torch
+
+from model import Llama, ModelArgs
+from model.blocks import BLOCKS
+
+NORM_NAMES = ["rmsnorm", "layernorm"]
+PLACEMENTS = sorted(BLOCKS)
+
+
+def tiny(**kw) -> ModelArgs:
+    base = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
+    return ModelArgs(**{**base, **kw})
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_causal(norm, placement):
+    torch.manual_seed(0)
+    model = Llama(tiny(norm=norm, placement=placement, qk_norm=True)).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 64
+    a, b = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :10], b[:, :10], rtol=0, atol=1e-6)
+    assert (a[:, 10:] - b[:, 10:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_initial_loss_is_near_uniform(norm, placement):
+    torch.manual_seed(0)
+    model = Llama(tiny(norm=norm, placement=placement, vocab_size=512, dim=64))
+    idx = torch.randint(0, 512, (4, 16))
+    _, loss = model(idx, idx)
+    assert abs(loss.item() - math.log(512)) < 0.1
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_overfits_one_batch(norm, placement):
+    torch.manual_seed(0)
+    model = Llama(tiny(norm=norm, placement=placement))
+    x = torch.randint(0, 64, (4, 16))
+    y = torch.randint(0, 64, (4, 16))  # random targets: only memorization can lower the loss
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    first = model(x, y)[1].item()
+    for _ in range(200):
+        opt.zero_grad()
+        loss = model(x, y)[1]
+        loss.backward()
+        opt.step()
+    assert first > 3.5 and loss.item() < 0.1
+
+
+def test_same_seed_same_weights_whatever_the_norm():
+    states = {}
+    for norm, placement in [("rmsnorm", "pre"), ("layernorm", "pre"), ("layernorm", "post"), ("none", "peri")]:
+        torch.manual_seed(123)
+        model = Llama(tiny(norm=norm, placement=placement, qk_norm=True))
+        states[norm, placement] = {k: v for k, v in model.state_dict().items() if v.dim() >= 2}
+    ref = states["rmsnorm", "pre"]
+    for state in states.values():
+        assert state.keys() == ref.keys()
+        for k in ref:
+            assert torch.equal(state[k], ref[k]), k
+
+
+def test_init_scales_residual_projections():
+    torch.manual_seed(0)
+    model = Llama(tiny(dim=256, n_layers=8, n_heads=4, n_kv_heads=4, vocab_size=1000))
+    std = lambda p: p.detach().std().item()
+    assert abs(std(model.layers[0].attention.wq.weight) - 0.02) < 1e-3
+    assert abs(std(model.layers[0].feed_forward.w2.weight) - 0.02 / 4) < 5e-4  # 1/sqrt(2 * 8)
+    assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in [model.norm, model.layers[3].ffn_norm])
+
+
+def test_post_norm_has_no_final_norm_and_tied_embeddings_share_weights():
+    assert not list(Llama(tiny(placement="post")).norm.parameters())
+    tied = Llama(tiny(tie_embeddings=True))
+    assert tied.output.weight is tied.tok_embeddings.weight
+    assert tied.num_params() == Llama(tiny()).num_params() - 64 * 32
+
+
+def test_unknown_placement_and_bad_shapes():
+    with pytest.raises(ValueError, match="unknown placement 'middle'; valid: peri, post, pre"):
+        Llama(tiny(placement="middle"))
+    with pytest.raises(ValueError, match="unknown norm"):
+        Llama(tiny(norm="groupnorm"))
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        Llama(tiny(n_kv_heads=3))
+    with pytest.raises(ValueError, match="norm_bias"):
+        Llama(tiny(norm="rmsnorm", norm_bias=True))
+
+
+def test_generate_greedy_is_deterministic_and_sampling_respects_top_k():
+    torch.manual_seed(0)
+    model = Llama(tiny()).eval()
+    prompt = torch.randint(0, 64, (2, 4))
+    out = model.generate(prompt, 20, temperature=0)
+    assert out.shape == (2, 24) and torch.equal(out[:, :4], prompt)
+    assert torch.equal(out, model.generate(prompt, 20, temperature=0))
+    sampled = model.generate(prompt, 1, temperature=1.0, top_k=1)
+    assert torch.equal(sampled, out[:, :5])  # top_k=1 sampling is greedy
