@@ -1,0 +1,1 @@
+"""Corpus -> tokenizer -> token shards -> batches. Imports nothing from model/ or training/."""

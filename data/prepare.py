@@ -1,0 +1,222 @@
+"""Prepare a corpus once: split by document, train a SentencePiece BPE tokenizer on the train split,
+tokenize with datasets.map and write data/prepared/<name>/{train.bin, val.bin, tokenizer.model, meta.json}.
+
+    python -m data.prepare                      # the embedded default corpus (pydocs)
+    python -m data.prepare --source text:notes/*.txt --vocab-size 8192
+
+The output is cached by a hash of the source and the settings; a directory only exists under its final
+name once it is complete (built in a temporary folder, then renamed), so an interrupted prepare never
+looks finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python data/prepare.py`: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from data.sources import DataError, corpus_sha256, describe, load_documents, parse_source, source_key
+
+FORMAT = 1  # bump when the output layout changes, to invalidate old caches
+PARALLEL_BYTES = 16 << 20  # tokenize with several processes above this corpus size (below it, start-up dominates)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab <= 65536), else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def tokenizer_settings(vocab_size: int) -> dict:
+    """SentencePiece BPE settings: byte fallback and identity normalization make decode(encode(t)) == t."""
+    return dict(model_type="bpe", vocab_size=vocab_size, byte_fallback=True, character_coverage=0.9995,
+                normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
+                split_digits=True, allow_whitespace_only_pieces=True, max_sentence_length=1 << 14,
+                shuffle_input_sentence=False, input_sentence_size=0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+
+
+def dataset_name(source: str, vocab_size: int, digest: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", source).strip("-").lower()[:40]
+    return f"{slug}-v{vocab_size}-{digest[:10]}"
+
+
+def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float = 0.05, seed: int = 1337,
+            text_field: str = "text", root: str | Path = "data/prepared", max_tokenizer_lines: int = 2_000_000,
+            verbose: bool = True) -> Path:
+    """The prepared directory for this source and these settings, building it if it is not cached."""
+    if not 0 < val_fraction < 1:
+        raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    if vocab_size < 300:  # 256 byte pieces + the special ids + room for merges
+        raise DataError(f"data.vocab_size must be >= 300 (byte fallback needs 259 ids), got {vocab_size}")
+    key = {"format": FORMAT, **source_key(source, text_field), "vocab_size": vocab_size,
+           "val_fraction": val_fraction, "seed": seed, "max_tokenizer_lines": max_tokenizer_lines}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    root = Path(root)
+    out = root / dataset_name(source, vocab_size, digest)
+    if _is_complete(out, digest):
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    with FileLock(str(root / f".{out.name}.lock")):  # concurrent runs (sweeps, torchrun) prepare only once
+        if _is_complete(out, digest):
+            return out
+        tmp = root / f".{out.name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted prepare
+        tmp.mkdir()
+        try:
+            _build(tmp, source, key, digest, vocab_size, val_fraction, seed, text_field, max_tokenizer_lines,
+                   verbose)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _is_complete(out: Path, digest: str) -> bool:
+    try:
+        return json.loads((out / "meta.json").read_text())["digest"] == digest
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _log(verbose: bool, msg: str) -> None:
+    if verbose:
+        print(f"[prepare] {msg}", file=sys.stderr, flush=True)
+
+
+def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_fraction: float, seed: int,
+           text_field: str, max_tokenizer_lines: int, verbose: bool) -> None:
+    import datasets
+    import sentencepiece as spm
+
+    t0 = time.time()
+    _log(verbose, f"loading {describe(source)}")
+    docs = load_documents(source, text_field).filter(lambda t: bool(t and t.strip()), input_columns="text")
+    if len(docs) < 2:
+        raise DataError(f"data source {source!r} has {len(docs)} non-empty documents; need at least 2 "
+                        f"(one for train, one for val)")
+    # split by document, deterministically: a seeded permutation, each split kept in corpus order
+    perm = np.random.default_rng(seed).permutation(len(docs))
+    n_val = min(len(docs) - 1, max(1, round(len(docs) * val_fraction)))
+    splits = {"val": docs.select(np.sort(perm[:n_val])), "train": docs.select(np.sort(perm[n_val:]))}
+
+    _log(verbose, f"training a {vocab_size}-piece BPE tokenizer on {len(splits['train'])} train documents")
+    settings = tokenizer_settings(vocab_size)
+    proto = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=_lines(splits["train"], max_tokenizer_lines),
+                                       model_writer=proto, num_threads=os.cpu_count() or 1, minloglevel=2,
+                                       **settings)
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]  # drop SentencePiece's source location
+        raise DataError(f"cannot train the tokenizer on {source!r}: {reason} "
+                        f"(lower data.vocab_size or use a larger corpus)") from None
+    (tmp / "tokenizer.model").write_bytes(proto.getvalue())
+
+    from data.tokenizer import Tokenizer
+
+    tok = Tokenizer(proto.getvalue())
+    dtype = token_dtype(vocab_size)
+    counts = {}
+    n_bytes = sum(len(t) for t in splits["train"]["text"])
+    num_proc = min(os.cpu_count() or 1, 8) if n_bytes > PARALLEL_BYTES else None
+    for split, ds in splits.items():
+        ids = ds.map(_Encoder(proto.getvalue()), batched=True, remove_columns=ds.column_names, num_proc=num_proc,
+                     desc=f"tokenizing {split}", load_from_cache_file=False)
+        counts[split] = _write_tokens(ids, tmp / f"{split}.bin", dtype)
+    train = np.memmap(tmp / "train.bin", dtype=dtype, mode="r")
+    p = np.bincount(train, minlength=vocab_size) / len(train)
+    entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+    meta = {
+        "digest": digest, "key": key, "source": source, "description": describe(source),
+        "vocab_size": tok.vocab_size, "dtype": dtype.name, "eos_id": tok.eos_id,
+        "train_tokens": counts["train"], "val_tokens": counts["val"],
+        "train_documents": len(splits["train"]), "val_documents": len(splits["val"]),
+        "corpus_bytes": n_bytes + sum(len(t) for t in splits["val"]["text"]),
+        "corpus_sha256": corpus_sha256(docs["text"]),
+        "unigram_entropy": entropy,  # nats per token: the loss of a model that learned only token frequencies
+        "tokenizer": settings,
+        "versions": {"python": sys.version.split()[0], "sentencepiece": spm.__version__,
+                     "datasets": datasets.__version__, "numpy": np.__version__},
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # written last: marks completion
+    _log(verbose, f"{counts['train']:,} train / {counts['val']:,} val tokens, unigram entropy "
+                  f"{entropy:.3f} nats, {time.time() - t0:.1f}s")
+
+
+def _lines(ds, limit: int):
+    """The non-empty lines of the documents, at most `limit`, in corpus order (SentencePiece's sentences)."""
+    n = 0
+    for batch in ds.iter(batch_size=1000):
+        for text in batch["text"]:
+            for line in text.splitlines():
+                if line.strip():
+                    yield line
+                    n += 1
+                    if n >= limit:
+                        return
+
+
+class _Encoder:
+    """datasets.map function: texts -> token ids with an end-of-text id after each document (picklable)."""
+
+    def __init__(self, proto: bytes):
+        self.proto, self.tok = proto, None
+
+    def __call__(self, batch: dict) -> dict:
+        if self.tok is None:
+            from data.tokenizer import Tokenizer
+
+            self.tok = Tokenizer(self.proto)
+        return {"ids": [ids + [self.tok.eos_id] for ids in self.tok.encode_batch(batch["text"])]}
+
+    def __getstate__(self):
+        return {"proto": self.proto, "tok": None}
+
+
+def _write_tokens(ds, path: Path, dtype: np.dtype) -> int:
+    n = 0
+    with open(path, "wb") as f:
+        for batch in ds.iter(batch_size=1000):
+            arr = np.fromiter((i for ids in batch["ids"] for i in ids), dtype=dtype)
+            f.write(arr.tobytes())
+            n += len(arr)
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--source", default="pydocs", help="pydocs | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT]")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--text-field", default="text", help="column holding the text (hf sources)")
+    p.add_argument("--root", default="data/prepared")
+    args = p.parse_args(argv)
+    try:
+        parse_source(args.source)
+        out = prepare(args.source, args.vocab_size, args.val_fraction, args.seed, args.text_field, args.root)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    meta = json.loads((out / "meta.json").read_text())
+    print(f"{out}: {meta['corpus_bytes']:,} bytes, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
+          f"tokens, vocab {meta['vocab_size']}, unigram entropy {meta['unigram_entropy']:.3f} nats")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

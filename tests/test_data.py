@@ -1,0 +1,140 @@
+"""Data preparation, the embedded corpus, the tokenizer and the batch loader."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_corpus
+
+from data import prepare as prep
+from data.loader import BatchLoader, eval_batches, load_tokens
+from data.sources import pydocs_documents
+from data.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_round_trip_on_held_out_text(prepared):
+    tok = Tokenizer(prepared / "tokenizer.model")
+    held_out = ["The norm of the residual stream grows.", "  two  spaces,\ttabs\nand lines\n\n",
+                "unseen: naïve façade — 数字 ✓ {x: 1e-5}", "Stable training at a learning rate of 3e-3!"]
+    for text in held_out:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.vocab_size == 320 and tok.eos_id == 2
+
+
+def test_prepare_is_deterministic_and_records_meta(prepared, corpus_file, tmp_path):
+    again = prep.prepare(f"text:{corpus_file}", vocab_size=320, val_fraction=0.1, root=tmp_path, verbose=False)
+    for name in ("train.bin", "val.bin", "tokenizer.model", "meta.json"):
+        assert (again / name).read_bytes() == (prepared / name).read_bytes(), name
+    meta = json.loads((prepared / "meta.json").read_text())
+    train, val = load_tokens(prepared, "train"), load_tokens(prepared, "val")
+    assert meta["train_tokens"] == len(train) > 10 * meta["val_tokens"] / 2 and meta["val_tokens"] == len(val)
+    assert train.dtype == np.uint16 and train.max() < 320
+    assert meta["train_documents"] + meta["val_documents"] == 300 and meta["val_documents"] == 30
+    # the unigram entropy is that of the train tokens, in nats
+    p = np.bincount(train, minlength=320) / len(train)
+    assert meta["unigram_entropy"] == pytest.approx(-(p[p > 0] * np.log(p[p > 0])).sum(), rel=1e-9)
+    assert {"corpus_sha256", "tokenizer", "versions", "source", "vocab_size"} <= meta.keys()
+
+
+def test_second_prepare_is_a_cache_hit(prepared, corpus_file, monkeypatch):
+    monkeypatch.setattr(prep, "_build", lambda *a, **k: pytest.fail("rebuilt a cached dataset"))
+    root = prepared.parent
+    assert prep.prepare(f"text:{corpus_file}", vocab_size=320, val_fraction=0.1, root=root) == prepared
+
+
+def test_interrupted_prepare_is_not_mistaken_for_finished(corpus_file, tmp_path, monkeypatch):
+    def crash(tmp, *a, **k):
+        (tmp / "train.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep, "_build", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(f"text:{corpus_file}", vocab_size=320, root=tmp_path, verbose=False)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]
+
+
+def test_token_dtype_rule():
+    assert prep.token_dtype(4096) == np.uint16 and prep.token_dtype(65536) == np.uint16
+    assert prep.token_dtype(65537) == np.uint32 and prep.token_dtype(128_256) == np.uint32
+
+
+def test_pydocs_is_deterministic_and_large_enough():
+    a, b = pydocs_documents(), pydocs_documents()
+    assert a == b
+    assert len(a) > 400 and sum(map(len, a)) > 1_000_000  # ~1.8 MB on CPython 3.11
+
+
+def _loader(tokens, **kw):
+    return BatchLoader(tokens, **{"seq_len": 16, "batch_size": 8, "seed": 0, **kw})
+
+
+def test_loader_same_seed_same_batches_and_resume(prepared):
+    tokens = load_tokens(prepared, "train")
+    a, b, c = _loader(tokens), _loader(tokens), _loader(tokens, seed=1)
+    batches = [next(a) for _ in range(5)]
+    assert all((x == y).all() for (x, _), (y, _) in zip(batches, [next(b) for _ in range(5)], strict=True))
+    assert not (next(c)[0] == batches[0][0]).all()
+    x, y = batches[0]
+    assert x.shape == (8, 16) and (x[:, 1:] == y[:, :-1]).all()
+    # save after 3 steps, restore into a fresh loader: the continuation is identical
+    state = _loader(tokens)
+    for _ in range(3):
+        next(state)
+    resumed = _loader(tokens)
+    resumed.load_state_dict(state.state_dict())
+    assert (next(resumed)[0] == batches[3][0]).all() and (next(resumed)[0] == batches[4][0]).all()
+
+
+def test_loader_epoch_covers_windows_once(prepared):
+    tokens = load_tokens(prepared, "train")
+    loader = _loader(tokens, batch_size=1)
+    starts = [loader.starts(s)[0] for s in range(loader.n_windows)]
+    assert len(set(starts)) == loader.n_windows  # no window twice in an epoch
+    assert len({s % 16 for s in starts}) == 1  # one offset per epoch
+
+
+def test_two_ranks_draw_disjoint_halves_of_the_global_batch(prepared):
+    tokens = load_tokens(prepared, "train")
+    single = _loader(tokens)
+    r0, r1 = _loader(tokens, rank=0, world_size=2), _loader(tokens, rank=1, world_size=2)
+    for step in range(4):
+        s0, s1 = r0.starts(step), r1.starts(step)
+        assert not set(s0) & set(s1)
+        assert s0 + s1 == single.starts(step)
+    ev = [list(eval_batches(tokens, 16, 4, 160, rank=r, world_size=2)) for r in (0, 1)]
+    assert sum(x.shape[0] for x, _ in ev[0] + ev[1]) == 10
+
+
+def _run_prepare(args, tmp_path):
+    return subprocess.run([sys.executable, "-m", "data.prepare", "--root", str(tmp_path / "out"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize("case,match", [
+    ("missing", "matches no files"),
+    ("empty", "has 0 non-empty documents"),
+    ("vocab", "cannot train the tokenizer"),
+    ("hf", "could not load Hugging Face dataset"),
+    ("kind", "unknown data source 'ftp:x'; valid: pydocs, text:"),
+])
+def test_bad_input_one_clear_line(case, match, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n  \n")
+    small = tmp_path / "small.txt"
+    write_corpus(small, paragraphs=5)
+    args = {"missing": ["--source", f"text:{tmp_path}/nope/*.txt"], "empty": ["--source", f"text:{empty}"],
+            "vocab": ["--source", f"text:{small}", "--vocab-size", "5000"],
+            "hf": ["--source", "hf:nonexistent/dataset-xyz"], "kind": ["--source", "ftp:x"]}[case]
+    r = _run_prepare(args, tmp_path)
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and match in last and "Traceback" not in r.stderr
+    out = tmp_path / "out"
+    assert not out.exists() or not [p for p in out.iterdir() if p.is_dir()]
