@@ -1,0 +1,60 @@
+"""Generate text from a run's checkpoint.
+
+    python scripts/sample.py runs/default-rmsnorm-pre --prompt "The list" --tokens 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from data.prepare import prepare  # noqa: E402
+from data.tokenizer import Tokenizer  # noqa: E402
+from model import Llama  # noqa: E402
+from training.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from training.config import ConfigError, load_config  # noqa: E402
+
+
+def load_run(run_dir: Path) -> tuple[Llama, Tokenizer]:
+    """The model of a run (weights from its latest checkpoint, in eval mode) and its tokenizer."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml")
+    dc = cfg.data
+    prepared = prepare(dc.source, dc.vocab_size, dc.val_fraction, dc.seed, dc.text_field, dc.root, verbose=False)
+    model = Llama(cfg.model)
+    model.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "latest.pt")["model"])
+    return model.eval(), Tokenizer(prepared / "tokenizer.model")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--prompt", default="The ")
+    p.add_argument("--tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--num", type=int, default=1, help="number of samples")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        model, tok = load_run(a.run_dir)
+    except (ConfigError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(a.seed)
+    prompt = torch.tensor([tok.encode(a.prompt)] * a.num)
+    out = model.generate(prompt, a.tokens, temperature=a.temperature, top_k=a.top_k, generator=gen)
+    for row in out:
+        print(tok.decode(row.tolist()))
+        print("-" * 40)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Config precedence, errors that name the problem, and the ablation flags."""
+
+import pytest
+
+import train
+from model import Llama
+from model.blocks import PostNormBlock, PreNormBlock
+from model.norms import LayerNorm, RMSNorm
+from training.config import ConfigError, load_config
+
+
+def test_precedence_defaults_yaml_cli(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: ../../../configs/tiny.yaml\noptim: {lr: 1.0e-2, beta2: 0.99}\n".replace(
+        "../../../configs", str(train.REPO / "configs")))
+    cfg = load_config(path, ["optim.lr=5e-3", "train.steps=7"])
+    assert cfg.optim.lr == 5e-3  # CLI beats YAML
+    assert cfg.optim.beta2 == 0.99  # YAML beats its base and the defaults
+    assert cfg.model.dim == 32 and cfg.train.steps == 7  # the base (tiny) and CLI
+    assert cfg.optim.beta1 == 0.9 and cfg.data.source == "pydocs"  # defaults through default.yaml
+    assert cfg.model.vocab_size == cfg.data.vocab_size == 320 and cfg.model.max_seq_len == cfg.train.seq_len
+
+
+@pytest.mark.parametrize("override,message", [
+    ("optim.lrr=1", "unknown config key 'optim.lrr'; valid keys in optim: lr, schedule"),
+    ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
+    ("train.steps=abc", "bad value for train.steps: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("model.norm=batchnorm", "model.norm='batchnorm' is not one of: layernorm, none, rmsnorm"),
+    ("model.placement=middle", "model.placement='middle' is not one of: peri, post, pre"),
+    ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float32"),
+    ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),
+    ("train.steps=0", "train.steps must be > 0"),
+    ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
+    ("optim.lr", "expected key=value overrides"),
+])
+def test_bad_values_raise_one_clear_line(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(train.DEFAULT_CONFIG, [override])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys):
+    for argv in (["--norm", "batchnorm"], ["--config", str(tmp_path / "missing.yaml")], ["train.stepz=3"],
+                 ["--resume"], ["--name", "nothing-here", "--resume"]):
+        assert train.main([*argv, f"log.out_dir={tmp_path / 'runs'}"]) == train.EXIT_BAD_INPUT
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_norm_and_placement_flags_change_the_model():
+    cfg, _, name = train.parse_cli(["--config", str(train.REPO / "configs/tiny.yaml"), "--norm", "layernorm",
+                                    "--placement", "post"])
+    model = Llama(cfg.model)
+    assert name == "tiny-layernorm-post"
+    assert all(isinstance(b, PostNormBlock) for b in model.layers)
+    assert isinstance(model.layers[0].attention_norm, LayerNorm)
+    cfg, _, _ = train.parse_cli(["--config", str(train.REPO / "configs/tiny.yaml")])
+    model = Llama(cfg.model)
+    assert isinstance(model.layers[0], PreNormBlock) and isinstance(model.layers[0].ffn_norm, RMSNorm)

@@ -1,0 +1,156 @@
+"""train.py end to end on the tiny config: run directory, resume, divergence, interrupts, torchrun, wandb."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.runinfo import read_metrics
+
+TINY = str(train.REPO / "configs" / "tiny.yaml")
+
+
+@pytest.fixture
+def data_args(prepared):
+    """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
+    meta = json.loads((prepared / "meta.json").read_text())
+    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
+            "data.val_fraction=0.1"]
+
+
+def run(tmp_path, data_args, *args):
+    return train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, *args])
+
+
+def losses(run_dir, key="train/loss"):
+    return [r[key] for r in read_metrics(run_dir / "metrics.jsonl") if key in r]
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys):
+    assert run(tmp_path, data_args, "--name", "a", "train.steps=40", "optim.lr=1e-2") == train.EXIT_OK
+    run_dir = tmp_path / "a"
+    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "meta.json", "metrics.jsonl", "summary.json",
+                                                   "checkpoints"}
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 41))
+    names = set().union(*records)
+    assert {"train/loss", "train/lr", "train/tokens_per_s", "val/loss", "grad/norm", "grad/clipped"} <= names
+    assert all(n == "step" or n.split("/")[0] in {"train", "val", "grad", "param", "update", "act", "norm_in",
+                                                  "norm", "attn", "logits"} for n in names)
+    loss = losses(run_dir)
+    assert loss[0] > 5.5 and loss[-1] < loss[0] - 1.5  # ln(320) = 5.77 at init
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] in ("ok", "plateau") and summary["steps"] == 40
+    assert summary["final_val_loss"] == losses(run_dir, "val/loss")[-1]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["parameters"] > 0 and meta["torch"] == torch.__version__ and "commit" in meta["git"]
+    assert "model:" in (run_dir / "config.yaml").read_text()
+    # and scripts/sample.py generates from its checkpoint, the same text for the same seed
+    from scripts import sample
+
+    argv = [str(run_dir), "--tokens", "12", "--seed", "3"]
+    assert sample.main(argv) == 0
+    first = capsys.readouterr().out
+    assert sample.main(argv) == 0 and capsys.readouterr().out == first and first.startswith("The ")
+
+
+@pytest.mark.slow
+def test_resume_is_exact(tmp_path, data_args):
+    assert run(tmp_path, data_args, "--name", "full", "train.steps=16", "train.eval_every=4") == 0
+    assert run(tmp_path, data_args, "--name", "half", "train.steps=16", "train.eval_every=4",
+               "train.stop_at=8", "train.checkpoint_every=100") == 0
+    part = json.loads((tmp_path / "half" / "summary.json").read_text())
+    assert part["status"] == "interrupted" and part["steps"] == 8
+    assert train.main(["--name", "half", "--resume", f"log.out_dir={tmp_path}"]) == 0
+    assert losses(tmp_path / "half") == losses(tmp_path / "full")  # bitwise equal, all 16 steps
+    assert losses(tmp_path / "half", "val/loss") == losses(tmp_path / "full", "val/loss")
+    assert json.loads((tmp_path / "half" / "summary.json").read_text())["steps"] == 16
+
+
+def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "latest.pt"
+    save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+
+    def torn_save(obj, f):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in path.parent.iterdir()] == ["latest.pt"]  # no temp file left behind
+
+
+@pytest.mark.slow
+def test_absurd_learning_rate_diverges_cleanly(tmp_path, data_args):
+    code = run(tmp_path, data_args, "--name", "boom", "optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_steps=0",
+               "train.steps=30")
+    assert code == train.EXIT_DIVERGED == 3
+    summary = json.loads((tmp_path / "boom" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and 1 < summary["diverged_at"] <= 30
+    records = read_metrics(tmp_path / "boom" / "metrics.jsonl")
+    last = records[-1]
+    assert last["step"] == summary["diverged_at"] and None in (last["train/loss"], last["grad/norm"])  # NaN -> null
+    assert all(r["train/loss"] is not None and r["grad/norm"] is not None for r in records[:-1])
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
+    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "c",
+           "train.steps=100000", "train.checkpoint_every=0", "train.eval_every=100000"]
+    proc = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "c" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while len(read_metrics(metrics)) < 5 and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == train.EXIT_INTERRUPTED, err
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    state = load_checkpoint(tmp_path / "c" / "checkpoints" / "latest.pt")
+    assert summary["status"] == "interrupted" and state["step"] == summary["steps"] >= 5
+    assert train.main(["--name", "c", "--resume", f"log.out_dir={tmp_path}",
+                       f"train.steps={state['step'] + 3}"]) == 0
+    assert [r["step"] for r in read_metrics(metrics)] == list(range(1, state["step"] + 4))
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_one_process(tmp_path, data_args):
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=5", "train.batch_size=8",
+              "train.sample_tokens=0"]
+    assert train.main([*common, "--name", "single", "train.micro_batch_size=4"]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "train.py", *common, "--name", "ddp"], cwd=train.REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    single, ddp = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    assert len(ddp) == 5
+    assert single == pytest.approx(ddp, rel=1e-4)
+    assert json.loads((tmp_path / "ddp" / "meta.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, data_args):
+    code = ("import sys, train; rc = train.main(sys.argv[1:]); "
+            "sys.exit(rc or (10 if 'wandb' in sys.modules else 0))")
+    base = [sys.executable, "-c", code, "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=3"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    r = subprocess.run([*base, "--name", "off"], cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]  # 10 would mean wandb was imported while disabled
+    r = subprocess.run([*base, "--name", "on", "log.wandb=offline"], cwd=train.REPO,
+                       env={**env, "WANDB_SILENT": "true"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 10, r.stderr[-2000:]  # ran fine, and did use wandb
+    runs = list((tmp_path / "on" / "wandb").glob("offline-run-*"))
+    assert runs and list(runs[0].glob("*.wandb"))

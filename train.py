@@ -1,0 +1,290 @@
+"""Train a Llama from a YAML config; the norm and its placement are one flag away.
+
+    python train.py                                     # configs/default.yaml on the embedded corpus
+    python train.py --norm layernorm --placement post optim.lr=1e-2 train.steps=300
+    python train.py --name my-run --resume              # continue runs/my-run exactly where it stopped
+    torchrun --nproc_per_node 2 train.py ...            # data parallel: gloo on CPU, nccl on GPU
+
+Writes runs/<name>/: config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt.
+
+Exit codes: 0 finished (status ok or plateau; or stopped at train.stop_at, resumable),
+2 bad input (config, command line, data or checkpoint; nothing is written), 3 diverged (a result:
+logs and summary are complete), 130 interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from data.loader import BatchLoader, eval_batches, load_tokens
+from data.prepare import prepare
+from data.sources import DataError
+from data.tokenizer import Tokenizer
+from model import Llama
+from training import distributed
+from training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from training.config import Config, ConfigError, load_config, to_dict, to_yaml
+from training.logger import Logger
+from training.monitor import classify, is_finite
+from training.optim import build_optimizer, lr_at
+from training.runinfo import read_metrics, run_meta, summarize, truncate_metrics, write_json
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
+REPO = Path(__file__).resolve().parent
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+
+
+def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
+    """(config, resume, default run name) from the command line: defaults < YAML < flags and key=value."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
+    p.add_argument("--norm", help="model.norm: rmsnorm | layernorm | none")
+    p.add_argument("--placement", help="model.placement: pre | post | peri")
+    p.add_argument("--name", help="run name: the run directory is <log.out_dir>/<name>")
+    p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. optim.lr=3e-3")
+    a = p.parse_intermixed_args(argv)  # flags and key=value overrides in any order
+    flags = {"model.norm": a.norm, "model.placement": a.placement, "log.name": a.name}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    config = Path(a.config) if a.config else DEFAULT_CONFIG
+    cfg = load_config(config, a.overrides, flags)
+    if a.resume:
+        if a.config:
+            raise ConfigError("--resume continues a run with its saved config.yaml; drop --config")
+        if not cfg.log.name:
+            raise ConfigError("--resume needs --name (the run to continue)")
+        saved = Path(cfg.log.out_dir) / cfg.log.name / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"cannot resume: {saved} does not exist")
+        cfg = load_config(saved, a.overrides, flags)
+    return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
+
+
+def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
+    """runs/<name>; a derived name gets a -2, -3... suffix rather than touching an existing run."""
+    out = Path(cfg.log.out_dir)
+    if cfg.log.name:
+        run_dir = out / cfg.log.name
+        if run_dir.exists() and not resume:
+            raise ConfigError(f"run directory {run_dir} already exists: pass --resume to continue it, "
+                              f"or another --name")
+        return run_dir
+    run_dir, i = out / default_name, 1
+    while run_dir.exists():
+        i += 1
+        run_dir = out / f"{default_name}-{i}"
+    cfg.log.name = run_dir.name
+    return run_dir
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (so the checkpoint is whole);
+    a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+@torch.no_grad()
+def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, batch_size: int) -> float:
+    """Mean next-token loss over the fixed validation budget (the same tokens at every eval)."""
+    model.eval()
+    total = torch.zeros(2, device=d.device, dtype=torch.float64)  # (sum of losses, number of tokens)
+    for x, y in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.rank, d.world_size):
+        with autocast:
+            _, loss = model(x.to(d.device), y.to(d.device))
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device)])
+    model.train()
+    distributed.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, resume, default_name = parse_cli(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    d = distributed.setup(cfg.train.device)
+    try:
+        return train(cfg, resume, default_name, d)
+    except (ConfigError, DataError, CheckpointError) as e:
+        if d.is_master:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        distributed.teardown()
+
+
+def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
+    t_start = time.time()
+    if d.device.type == "cpu":
+        torch.set_flush_denormal(True)  # post-norm runs make denormals that slow CPU steps several-fold
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    tc = cfg.train
+
+    # data: prepared once (cached; concurrent processes wait for each other)
+    dc = cfg.data
+    prepared = prepare(dc.source, dc.vocab_size, dc.val_fraction, dc.seed, dc.text_field, dc.root, verbose=d.is_master)
+    data_meta = json.loads((prepared / "meta.json").read_text())
+    per_rank = tc.batch_size // d.world_size
+    micro = tc.micro_batch_size or per_rank
+    if tc.batch_size % d.world_size or per_rank % micro:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into {d.world_size} processes "
+                          f"x micro batches of train.micro_batch_size={micro}")
+    accum = per_rank // micro
+    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.rank, d.world_size)
+    val_tokens = load_tokens(prepared, "val")
+
+    # model and optimizer: the same seed gives the same weights whatever the norm or placement
+    torch.manual_seed(tc.seed)
+    model = Llama(cfg.model).to(d.device)
+    opt = build_optimizer(model, cfg.optim)
+
+    run_dir = Path(distributed.broadcast_object(str(run_directory(cfg, default_name, resume)) if d.is_master else None))
+    cfg.log.name = run_dir.name
+    ckpt_path = run_dir / "checkpoints" / "latest.pt"
+    start_step = 0
+    if resume:
+        state = load_checkpoint(ckpt_path)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"])
+        start_step = state["step"]
+        if start_step >= tc.steps:
+            raise ConfigError(f"run {run_dir} already finished its {tc.steps} steps; "
+                              f"pass train.steps=N with N > {start_step} to train further")
+        if d.is_master:
+            truncate_metrics(run_dir / "metrics.jsonl", start_step)
+    elif d.is_master:  # everything above validated: only now does the run directory appear
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        write_json(run_dir / "meta.json", run_meta(model, d.device, tc.dtype, d.world_size, data_meta))
+
+    ddp = DistributedDataParallel(model) if d.world_size > 1 else model
+    step_model = torch.compile(ddp) if tc.compile else ddp
+    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
+    logger = Logger(run_dir if d.is_master else None, run_dir.name, tc.steps, start_step, cfg.log.wandb,
+                    cfg.log.wandb_project, to_dict(cfg))
+    if d.is_master:
+        logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
+                       f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
+                       f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resume else ""))
+
+    def checkpoint(step: int) -> None:
+        if d.is_master:
+            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                        "loader": loader.state_dict(), "rng": rng_state(), "step": step})
+
+    stop = StopRequest()
+    status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
+    clip = cfg.optim.grad_clip or math.inf
+    tokens_per_step = tc.batch_size * tc.seq_len
+    try:
+        for step in range(start_step, tc.steps):
+            t0 = time.perf_counter()
+            lr = lr_at(step, cfg.optim, tc.steps)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = next(loader)
+            loss_sum = torch.zeros((), device=d.device)
+            for i, (xm, ym) in enumerate(zip(x.split(micro), y.split(micro), strict=True)):
+                # DDP all-reduces gradients only on the last micro-batch
+                sync = nullcontext() if i == accum - 1 or d.world_size == 1 else ddp.no_sync()
+                with sync:
+                    with autocast:
+                        logits, loss = step_model(xm.to(d.device), ym.to(d.device))
+                    total = loss
+                    if tc.z_loss:
+                        total = total + tc.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
+                    (total / accum).backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            train_loss = distributed.all_reduce(loss_sum / accum) / d.world_size
+            loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
+            if not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite gradient
+                status, diverged_at = "diverged", step + 1
+                logger.log(step + 1, {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value})
+                logger.message(f"diverged at step {step + 1}: loss {loss_value}, grad norm {norm_value}")
+                break
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            done = step + 1
+            metrics = {"train/loss": loss_value, "train/lr": lr, "train/tokens_per_s": tokens_per_step / dt,
+                       "grad/norm": norm_value, "grad/clipped": float(norm_value > clip)}
+            if done % tc.eval_every == 0 or done == tc.steps:
+                metrics["val/loss"] = last_val = evaluate(model, val_tokens, cfg, d, autocast, micro)
+                logger.message(f"step {done}: train loss {loss_value:.4f}, val loss {last_val:.4f}")
+            logger.log(done, metrics)
+            planned_stop = done == tc.stop_at and done < tc.steps
+            stop_now = planned_stop or distributed.any_rank(stop.requested, d.device)
+            if done == tc.steps or stop_now or (tc.checkpoint_every and done % tc.checkpoint_every == 0):
+                checkpoint(done)
+            if stop_now:
+                status = "interrupted"
+                why = f"train.stop_at={done}" if planned_stop else "interrupted"
+                logger.message(f"stopped at step {done} ({why}); continue with --name {run_dir.name} --resume")
+                break
+    except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays the resumable state
+        status = "interrupted"
+    finally:
+        stop.restore()
+
+    if status == "ok":
+        status = classify(last_val, data_meta.get("unigram_entropy"), cfg.log.plateau_margin)
+        if d.is_master and tc.sample_tokens:
+            logger.message("sample: " + sample(model, prepared, tc, d.device))
+    summary = None
+    if d.is_master:
+        summary = summarize(read_metrics(run_dir / "metrics.jsonl"), status, done, tc.steps, diverged_at,
+                            data_meta.get("unigram_entropy"), cfg.log.spike_window, cfg.log.spike_k,
+                            time.time() - t_start)
+        write_json(run_dir / "summary.json", summary)
+        final = summary["final_val_loss"]
+        logger.message(f"{status}: final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
+                       f"{summary['unigram_entropy']:.3f}), {summary['tokens_per_s'] or 0:,.0f} tokens/s -> {run_dir}")
+    logger.close(summary)
+    if status == "diverged":
+        return EXIT_DIVERGED
+    if status == "interrupted" and not planned_stop:
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def sample(model: Llama, prepared: Path, tc, device: torch.device) -> str:
+    """A short continuation of a fixed prompt, greedy-free but seeded (same text for the same weights)."""
+    tok = Tokenizer(prepared / "tokenizer.model")
+    prompt = torch.tensor([tok.encode("The ")], device=device)
+    gen = torch.Generator(device=device).manual_seed(tc.seed)
+    model.eval()
+    out = model.generate(prompt, tc.sample_tokens, temperature=0.8, top_k=50, generator=gen)
+    model.train()
+    return repr(tok.decode(out[0].tolist()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

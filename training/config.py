@@ -1,0 +1,189 @@
+"""The config schema (dataclasses) and load_config: defaults < YAML file(s) < command-line overrides.
+
+A YAML file may start with `base: other.yaml` (relative to itself) to be a small diff on another file.
+Unknown keys, wrong types and invalid choices raise ConfigError with one line saying what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from model.args import ModelArgs
+
+
+class ConfigError(ValueError):
+    """Bad config or command line: the message is the one line the user sees."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "pydocs"  # pydocs | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT]
+    vocab_size: int = 4096  # SentencePiece vocabulary; also sets model.vocab_size
+    val_fraction: float = 0.05  # share of documents held out for validation
+    seed: int = 1337  # train/val document split
+    text_field: str = "text"
+    root: str = "data/prepared"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3  # peak learning rate
+    schedule: str = "cosine"  # cosine | linear | constant (after warmup)
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # on matrices only, never on norm gains or biases
+    decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
+    grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600  # optimizer steps
+    batch_size: int = 32  # sequences per optimizer step, summed over all processes
+    micro_batch_size: int = 0  # sequences per forward pass and process; 0 = no gradient accumulation
+    seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
+    seed: int = 0  # model init and batch order (separate generators)
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"  # float32 | bfloat16 (autocast; norms still compute in float32)
+    compile: bool = False  # torch.compile the model
+    z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
+    eval_every: int = 100  # steps between validation evals (and always at the end)
+    eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin
+    checkpoint_every: int = 200  # steps between checkpoints (and always at the end); 0 = only at the end
+    stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
+    threads: int = 0  # torch CPU threads per process; 0 = torch's default
+    sample_tokens: int = 64  # tokens of text generated at the end (0 = none)
+
+
+@dataclass
+class LogConfig:
+    out_dir: str = "runs"  # runs/<name>/
+    name: str = ""  # run name; empty = <config>-<norm>-<placement>
+    stats_every: int = 25  # steps between per-layer stability metrics (0 = never)
+    wandb: str = "disabled"  # disabled | offline | online
+    wandb_project: str = "normlab"
+    spike_window: int = 100  # trailing window of the spike detector (OLMo 2 uses 1000)
+    spike_k: float = 5.0  # a spike is >= spike_k standard deviations from the window mean (OLMo 2: 7)
+    plateau_margin: float = 0.25  # nats: a final val loss this close to the unigram entropy is a plateau
+
+
+@dataclass
+class Config:
+    model: ModelArgs = field(default_factory=ModelArgs)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16"),
+           "optim.schedule": ("cosine", "linear", "constant"), "log.wandb": ("disabled", "offline", "online")}
+
+
+def _load_yaml(path: Path, seen: tuple = ()):
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.resolve() in seen:
+        raise ConfigError(f"config {str(path)!r} includes itself through 'base'")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:
+        raise ConfigError(f"cannot parse {str(path)!r}: {str(e).splitlines()[0]}") from None
+    base = node.pop("base", None) if OmegaConf.is_dict(node) else None
+    if base is None:
+        return [node]
+    return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [node]
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
+                ) -> Config:
+    """Config from defaults, then the YAML file (and its bases), then `key=value` overrides (parsed as YAML),
+    then `values` ({dotted key: value}, taken as given: --name on stays the string 'on')."""
+    layers = [OmegaConf.structured(Config)]
+    if path:
+        layers += _load_yaml(Path(path))
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"expected key=value overrides (e.g. optim.lr=3e-3), got {bad[0]!r}")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        exact = OmegaConf.create()
+        for key, value in (values or {}).items():
+            OmegaConf.update(exact, key, value)
+        layers.append(exact)
+        cfg: Config = OmegaConf.to_object(OmegaConf.merge(*layers))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    return validate(cfg)
+
+
+def _one_line(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", "") or ""
+    msg = str(getattr(e, "msg", "") or e).splitlines()[0]
+    if "not in" in msg and key:
+        section = key.rsplit(".", 1)[0] if "." in key else ""
+        node = OmegaConf.select(OmegaConf.structured(Config), section) if section else OmegaConf.structured(Config)
+        valid = ", ".join(node.keys()) if OmegaConf.is_dict(node) else ""
+        return f"unknown config key {key!r}; valid keys{' in ' + section if section else ''}: {valid}"
+    return f"bad value for {key}: {msg}" if key else msg
+
+
+def validate(cfg: Config) -> Config:
+    """Check choices and ranges, and derive the fields other sections determine."""
+    from data.sources import DataError, parse_source
+    from model.blocks import BLOCKS
+    from model.norms import NORM_IMPLS, NORMS
+
+    choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
+               "model.norm_impl": tuple(NORM_IMPLS)}
+    for key, valid in choices.items():
+        value = reduce(getattr, key.split("."), cfg)
+        if value not in valid:
+            raise ConfigError(f"{key}={value!r} is not one of: {', '.join(sorted(valid))}")
+    try:
+        parse_source(cfg.data.source)
+    except DataError as e:
+        raise ConfigError(f"data.source: {e}") from None
+    # single sources of truth: the tokenizer sets the vocabulary, the training sequence length the context
+    cfg.model.vocab_size = cfg.data.vocab_size
+    cfg.model.max_seq_len = cfg.train.seq_len
+    t = cfg.train
+    positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
+                "train.eval_tokens": t.eval_tokens, "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    nonneg = {"train.micro_batch_size": t.micro_batch_size, "train.checkpoint_every": t.checkpoint_every,
+              "train.stop_at": t.stop_at, "train.threads": t.threads, "train.z_loss": t.z_loss,
+              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.weight_decay": cfg.optim.weight_decay,
+              "optim.grad_clip": cfg.optim.grad_clip, "log.stats_every": cfg.log.stats_every}
+    for key, value in nonneg.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if t.micro_batch_size and t.batch_size % t.micro_batch_size:
+        raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
+                          f"train.micro_batch_size={t.micro_batch_size}")
+    if cfg.log.spike_window < 2 or cfg.log.spike_k <= 0:
+        raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
+    try:
+        cfg.model.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,62 @@
+"""torchrun / DDP setup and teardown and the few collectives train.py needs (no-ops in one process)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str = "auto") -> Dist:
+    """Read torchrun's environment; with WORLD_SIZE > 1 join the process group (nccl on GPU, gloo on CPU)."""
+    cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Dist(rank, local_rank, world, dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """Sum (or op) of t over processes, in place; identity in a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op)
+    return t
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True if flag is set on any process (so that all of them stop at the same step)."""
+    if not dist.is_initialized():
+        return flag
+    return bool(all_reduce(torch.tensor([float(flag)], device=device), dist.ReduceOp.MAX).item())
+
+
+def broadcast_object(obj, src: int = 0):
+    """The object of process `src`, on every process."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

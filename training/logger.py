@@ -1,0 +1,82 @@
+"""One log(step, metrics) API: metrics.jsonl always, the progress bar, and wandb when enabled."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _clean(v):
+    """JSON has no NaN / inf: non-finite numbers are written as null (the run's summary says why)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class Logger:
+    """Writes every record to metrics.jsonl; shows loss / lr / tokens per second on a tqdm bar; mirrors
+    records to wandb (offline or online) when asked, and never lets a wandb failure stop training."""
+
+    def __init__(self, run_dir: Path | None, name: str, total_steps: int, start_step: int = 0,
+                 wandb_mode: str = "disabled", wandb_project: str = "normlab", config: dict | None = None):
+        self.enabled = run_dir is not None  # only the master process logs
+        self.file = open(run_dir / "metrics.jsonl", "a") if self.enabled else None
+        tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=name, unit="step", disable=not self.enabled,
+                        dynamic_ncols=True, mininterval=0.5 if tty else 30.0)
+        self.wandb = None
+        if self.enabled and wandb_mode != "disabled":
+            try:
+                import wandb  # only imported when asked for
+
+                self.wandb = wandb.init(project=wandb_project, name=name, dir=str(run_dir), mode=wandb_mode,
+                                        config=config, resume="allow", id=_wandb_id(run_dir))
+            except Exception as e:
+                self.message(f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}")
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"step": step, **{k: _clean(v) for k, v in metrics.items()}}) + "\n")
+        self.file.flush()
+        if "train/loss" in metrics:
+            self.bar.set_postfix_str(f"loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
+                                     f"tok/s {metrics.get('train/tokens_per_s', 0):,.0f}", refresh=False)
+            self.bar.update(step - self.bar.n)
+        if self.wandb is not None:
+            try:
+                self.wandb.log(metrics, step=step)
+            except Exception as e:
+                self.message(f"wandb logging stopped: {e}")
+                self.wandb = None
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            tqdm.write(text, file=sys.stderr)
+
+    def close(self, summary: dict | None = None) -> None:
+        if not self.enabled:
+            return
+        self.bar.close()
+        self.file.close()
+        if self.wandb is not None:
+            try:
+                if summary:
+                    self.wandb.summary.update({k: v for k, v in summary.items() if v is not None})
+                self.wandb.finish()
+            except Exception as e:
+                self.message(f"wandb finish failed: {e}")
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """A stable wandb run id per run directory, so a resumed run continues the same wandb run."""
+    path = run_dir / ".wandb_id"
+    if not path.exists():
+        import uuid
+
+        path.write_text(uuid.uuid4().hex[:12])
+    return path.read_text().strip()

@@ -1,0 +1,35 @@
+"""AdamW with weight decay on matrices only, and the learning-rate schedule as a function of the step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from training.config import OptimConfig
+
+
+def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """Two groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        is_embedding = "tok_embeddings" in name  # a tied output head is this same parameter
+        (decay if p.dim() >= 2 and (cfg.decay_embeddings or not is_embedding) else no_decay).append(p)
+    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Learning rate of step `step` (0-based): linear warmup to cfg.lr over warmup_steps, then a cosine,
+    linear or constant decay to cfg.lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - 1 - cfg.warmup_steps))
+    decay = {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": 1 - progress, "constant": 1.0}
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay[cfg.schedule])

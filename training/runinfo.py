@@ -1,0 +1,92 @@
+"""What a run directory records besides metrics: meta.json (where and how it ran) and summary.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from training.monitor import spike_score
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_state() -> dict:
+    """The commit of this checkout and whether it has uncommitted changes (None outside git)."""
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
+                                        timeout=10, check=True).stdout.strip()
+        return {"commit": run("rev-parse", "HEAD"), "dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_size: int, data_meta: dict) -> dict:
+    return {
+        "git": git_state(), "torch": torch.__version__, "python": platform.python_version(),
+        "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(), "world_size": world_size, "dtype": dtype,
+        "parameters": model.num_params(), "non_embedding_parameters": model.num_params(non_embedding=True),
+        "data": {k: data_meta.get(k) for k in ("source", "vocab_size", "train_tokens", "val_tokens",
+                                                "unigram_entropy", "corpus_sha256")},
+        "host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl (a torn last line, from a crash mid-write, is skipped)."""
+    records = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (logged after the checkpoint a run resumes from), atomically."""
+    keep = [r for r in read_metrics(path) if r["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)
+
+
+def series(records: list[dict], key: str) -> list[float]:
+    return [r[key] for r in records if key in r and r[key] is not None]
+
+
+def summarize(records: list[dict], status: str, steps_done: int, total_steps: int, diverged_at: int | None,
+              unigram_entropy: float | None, spike_window: int, spike_k: float, wall_time_s: float) -> dict:
+    """summary.json, derived from the run's metrics records."""
+    val = series(records, "val/loss")
+    tps = sorted(series(records, "train/tokens_per_s")[1:])  # the first step pays for warm-up / compilation
+    return {
+        "status": status, "steps": steps_done, "total_steps": total_steps, "diverged_at": diverged_at,
+        "final_val_loss": val[-1] if val and status != "diverged" else None,
+        "best_val_loss": min(val) if val else None,
+        "final_train_loss": (series(records, "train/loss") or [None])[-1],
+        "unigram_entropy": unigram_entropy,
+        "spike_score/loss": spike_score(series(records, "train/loss"), spike_window, spike_k),
+        "spike_score/grad_norm": spike_score(series(records, "grad/norm"), spike_window, spike_k),
+        "spike_window": spike_window, "spike_k": spike_k,
+        "tokens_per_s": tps[len(tps) // 2] if tps else None,  # median over steps
+        "wall_time_s": round(wall_time_s, 2),
+    }
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
