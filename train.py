@@ -35,6 +35,7 @@ from training import distributed
 from training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, load_config, to_dict, to_yaml
 from training.logger import Logger
+from training.metrics import StabilityProbe
 from training.monitor import classify, is_finite
 from training.optim import build_optimizer, lr_at
 from training.runinfo import read_metrics, run_meta, summarize, truncate_metrics, write_json
@@ -199,6 +200,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                         "loader": loader.state_dict(), "rng": rng_state(), "step": step})
 
+    probe = StabilityProbe(model)
     stop = StopRequest()
     status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
     clip = cfg.optim.grad_clip or math.inf
@@ -210,18 +212,27 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = next(loader)
+            # per-layer stability metrics on some steps only: hooks exist just for those steps' passes
+            stats = cfg.log.stats_every > 0 and (step == 0 or (step + 1) % cfg.log.stats_every == 0)
+            if stats:
+                probe.attach()
+            forward = ddp if stats else step_model  # hooks run eagerly, outside torch.compile
             loss_sum = torch.zeros((), device=d.device)
             for i, (xm, ym) in enumerate(zip(x.split(micro), y.split(micro), strict=True)):
                 # DDP all-reduces gradients only on the last micro-batch
                 sync = nullcontext() if i == accum - 1 or d.world_size == 1 else ddp.no_sync()
                 with sync:
                     with autocast:
-                        logits, loss = step_model(xm.to(d.device), ym.to(d.device))
+                        logits, loss = forward(xm.to(d.device), ym.to(d.device))
+                    if stats:
+                        probe.record_logits(logits)
                     total = loss
                     if tc.z_loss:
                         total = total + tc.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
                     (total / accum).backward()
                 loss_sum += loss.detach()
+            if stats:
+                probe.record_grads()  # before clipping, like the global norm
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             train_loss = distributed.all_reduce(loss_sum / accum) / d.world_size
             loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
@@ -229,13 +240,17 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 status, diverged_at = "diverged", step + 1
                 logger.log(step + 1, {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value})
                 logger.message(f"diverged at step {step + 1}: loss {loss_value}, grad norm {norm_value}")
+                probe.finish()  # detach the hooks
                 break
+            if stats:
+                probe.snapshot()  # parameters before the update, for update/ratio
             opt.step()
             opt.zero_grad(set_to_none=True)
+            metrics = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value,
+                       "grad/clipped": float(norm_value > clip), **(probe.finish() if stats else {})}
             dt = time.perf_counter() - t0
+            metrics["train/tokens_per_s"] = tokens_per_step / dt
             done = step + 1
-            metrics = {"train/loss": loss_value, "train/lr": lr, "train/tokens_per_s": tokens_per_step / dt,
-                       "grad/norm": norm_value, "grad/clipped": float(norm_value > clip)}
             if done % tc.eval_every == 0 or done == tc.steps:
                 metrics["val/loss"] = last_val = evaluate(model, val_tokens, cfg, d, autocast, micro)
                 logger.message(f"step {done}: train loss {loss_value:.4f}, val loss {last_val:.4f}")

@@ -42,10 +42,14 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 41))
-    names = set().union(*records)
-    assert {"train/loss", "train/lr", "train/tokens_per_s", "val/loss", "grad/norm", "grad/clipped"} <= names
-    assert all(n == "step" or n.split("/")[0] in {"train", "val", "grad", "param", "update", "act", "norm_in",
-                                                  "norm", "attn", "logits"} for n in names)
+    per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
+                 "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm/gain/layer_{i}", "attn/logit_max/layer_{i}"]
+    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "grad/norm", "grad/clipped",
+              "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
+    design |= {name.format(i=i) for name in per_layer for i in range(2)}
+    assert set().union(*records) == design  # exactly DESIGN's names
+    stats_steps = [r["step"] for r in records if "act/rms/layer_0" in r]
+    assert stats_steps == [1, 5, 10, 15, 20, 25, 30, 35, 40]  # log.stats_every=5 in tiny.yaml
     loss = losses(run_dir)
     assert loss[0] > 5.5 and loss[-1] < loss[0] - 1.5  # ln(320) = 5.77 at init
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -61,6 +65,14 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
     assert sample.main(argv) == 0
     first = capsys.readouterr().out
     assert sample.main(argv) == 0 and capsys.readouterr().out == first and first.startswith("The ")
+
+
+@pytest.mark.slow
+def test_metrics_do_not_change_training(tmp_path, data_args):
+    assert run(tmp_path, data_args, "--name", "every", "train.steps=8", "log.stats_every=1") == 0
+    assert run(tmp_path, data_args, "--name", "never", "train.steps=8", "log.stats_every=0") == 0
+    assert losses(tmp_path / "every") == losses(tmp_path / "never")
+    assert losses(tmp_path / "every", "grad/norm") == losses(tmp_path / "never", "grad/norm")
 
 
 @pytest.mark.slow

@@ -1,0 +1,143 @@
+"""Stability probes against direct computations, the spike detector, and hooks that leave no trace."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from model import Llama, ModelArgs
+from training.metrics import StabilityProbe, group_parameters
+from training.monitor import SpikeDetector, classify, spike_score
+
+
+def tiny(**kw):
+    return ModelArgs(**{**dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=50, max_seq_len=12), **kw})
+
+
+def _step(model, x, y, probe=None):
+    if probe:
+        probe.attach()
+    logits, loss = model(x, y)
+    if probe:
+        probe.record_logits(logits)
+    loss.backward()
+    if probe:
+        probe.record_grads()
+    return logits
+
+
+def test_grad_norms_add_up_to_the_clip_grad_norm_value():
+    torch.manual_seed(0)
+    model = Llama(tiny())
+    x, y = torch.randint(0, 50, (2, 3, 12))
+    probe = StabilityProbe(model)
+    _step(model, x, y, probe)
+    metrics = probe.finish()
+    rest = group_parameters(model)["other"]  # the final norm
+    rest_sq = sum(p.grad.double().pow(2).sum() for p in rest).item()
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3).item()  # clips: returns the pre-clip norm
+    parts = [f"grad/norm/layer_{i}" for i in range(3)] + ["grad/norm/embed", "grad/norm/head"]
+    assert sum(metrics[k] ** 2 for k in parts) + rest_sq == pytest.approx(total ** 2, rel=1e-5)
+
+
+def _rope_complex(x, theta=10000.0):
+    """Meta's original RoPE: pairs as complex numbers times e^{i t theta_j} (an independent reference)."""
+    B, T, H, hd = x.shape
+    freqs = 1.0 / theta ** (torch.arange(0, hd, 2).double() / hd)
+    rot = torch.polar(torch.ones(T, hd // 2, dtype=torch.float64), torch.outer(torch.arange(T).double(), freqs))
+    xc = torch.view_as_complex(x.double().reshape(B, T, H, hd // 2, 2))
+    return torch.view_as_real(xc * rot[None, :, None, :]).reshape(B, T, H, hd)
+
+
+def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_computation():
+    torch.manual_seed(1)
+    args = tiny(norm="layernorm", qk_norm=False)
+    model = Llama(args).double()
+    for p in model.parameters():  # non-trivial gains so the gain metric is checked too
+        if p.dim() == 1:
+            p.data.uniform_(0.5, 1.5)
+    x = torch.randint(0, 50, (2, 12))
+    probe = StabilityProbe(model)
+    probe.attach()
+    logits, _ = model(x)
+    metrics = probe.finish()
+
+    hd, T = args.head_dim, 12
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = model.tok_embeddings(x)
+    for i, block in enumerate(model.layers):
+        a = block.attention
+        n_in = [h]
+        xa = block.attention_norm(h)
+        q = _rope_complex(a.wq(xa).view(2, T, 4, hd)).transpose(1, 2)
+        k = _rope_complex(a.wk(xa).view(2, T, 2, hd)).transpose(1, 2).repeat_interleave(2, dim=1)
+        v = a.wv(xa).view(2, T, 2, hd).transpose(1, 2).repeat_interleave(2, dim=1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+        att = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        h = h + a.wo(att.transpose(1, 2).reshape(2, T, -1))
+        n_in.append(h)
+        h = h + block.feed_forward(block.ffn_norm(h))
+        assert metrics[f"attn/logit_max/layer_{i}"] == pytest.approx(scores.abs()[..., causal].max().item())
+        assert metrics[f"act/rms/layer_{i}"] == pytest.approx(h.pow(2).mean().sqrt().item())
+        mean = sum(t.mean(-1).abs().mean() for t in n_in) / 2
+        ms = sum(t.pow(2).mean() for t in n_in) / 2
+        assert metrics[f"norm_in/mean/layer_{i}"] == pytest.approx(mean.item())
+        assert metrics[f"norm_in/rms/layer_{i}"] == pytest.approx(ms.sqrt().item())
+        gain = torch.cat([block.attention_norm.weight, block.ffn_norm.weight]).mean()
+        assert metrics[f"norm/gain/layer_{i}"] == pytest.approx(gain.item())
+    torch.testing.assert_close(model.output(model.norm(h)), logits)  # the written-out forward is the model's
+
+
+def test_update_ratio_and_param_norm():
+    torch.manual_seed(2)
+    model = Llama(tiny())
+    x, y = torch.randint(0, 50, (2, 3, 12))
+    probe = StabilityProbe(model)
+    _step(model, x, y, probe)
+    before = [p.detach().clone() for p in model.layers[1].parameters()]
+    probe.snapshot()
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    metrics = probe.finish()
+    after = list(model.layers[1].parameters())
+    delta = math.sqrt(sum((a - b).pow(2).sum().item() for a, b in zip(after, before, strict=True)))
+    norm = math.sqrt(sum(b.pow(2).sum().item() for b in before))
+    assert metrics["param/norm/layer_1"] == pytest.approx(norm, rel=1e-5)
+    assert metrics["update/ratio/layer_1"] == pytest.approx(delta / norm, rel=1e-4)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "peri"])
+def test_hooks_leave_no_trace(placement):
+    x, y = torch.randint(0, 50, (2, 3, 12), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for with_probe in (False, True):
+        torch.manual_seed(3)
+        model = Llama(tiny(placement=placement, qk_norm=True))
+        probe = StabilityProbe(model) if with_probe else None
+        logits = _step(model, x, y, probe)
+        if probe:
+            assert probe.finish()
+            assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+        runs.append((logits, [p.grad for p in model.parameters()]))
+    (l0, g0), (l1, g1) = runs
+    assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+
+
+def test_spike_detector_flags_an_injected_spike_only():
+    rng = random.Random(0)
+    smooth = [3 * math.exp(-t / 300) + 2 + rng.gauss(0, 0.01) for t in range(1000)]
+    det = SpikeDetector(window=50, k=5)
+    assert not any(det.update(v) for v in smooth) and det.score == 0.0
+    spiky = list(smooth)
+    spiky[600] += 1.0
+    det = SpikeDetector(window=50, k=5)
+    flagged = [t for t, v in enumerate(spiky) if det.update(v)]
+    assert flagged == [600]
+    assert spike_score(spiky, 50, 5) == pytest.approx(100 / 950)
+    assert spike_score(spiky[:20], 50, 5) is None  # too short to judge
+
+
+def test_outcome_classification():
+    assert classify(4.0, unigram_entropy=6.4, margin=0.25) == "ok"
+    assert classify(6.3, unigram_entropy=6.4, margin=0.25) == "plateau"
+    assert classify(float("nan"), 6.4, 0.25) == "diverged"

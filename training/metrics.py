@@ -1,0 +1,147 @@
+"""Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation RMS,
+what each norm receives, attention-logit max and output-logit statistics.
+
+Used on logged steps only, in this order around one optimizer step:
+
+    probe = StabilityProbe(model)
+    probe.attach()                      # forward hooks, for this step's forward passes only
+    ... forward(s), backward(s) ...     # probe.record_logits(logits) after each forward
+    probe.record_grads()                # before clipping: the norms clip_grad_norm_ sees
+    probe.snapshot()                    # parameters before the update
+    opt.step()
+    metrics = probe.finish()            # removes the hooks; one device sync for every number
+
+The hooks only read: outputs and gradients are bitwise the same with or without them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+# the norms of a block that sit on the residual stream / sublayer outputs (qk-norms act on heads instead)
+BLOCK_NORMS = ("attention_norm", "ffn_norm", "attention_out_norm", "ffn_out_norm")
+MAX_SCORES = 1 << 24  # attention scores materialized at once by the logit-max probe (64 MB in float32)
+
+
+def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Parameters by part: layer_{i} for block i, embed, head (an untied output layer) and other (final norm)."""
+    groups: dict[str, list[nn.Parameter]] = defaultdict(list)
+    for name, p in model.named_parameters():  # a tied head is the embedding, listed once
+        if name.startswith("layers."):
+            groups[f"layer_{name.split('.')[1]}"].append(p)
+        elif name.startswith("tok_embeddings."):
+            groups["embed"].append(p)
+        elif name.startswith("output."):
+            groups["head"].append(p)
+        else:
+            groups["other"].append(p)
+    return dict(groups)
+
+
+def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of a (non-empty) list of tensors taken together."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+
+def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
+    """max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, without keeping all scores."""
+    q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
+    B, H, T, hd = q.shape
+    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    chunk = max(1, MAX_SCORES // (H * T * T))
+    best = torch.zeros((), device=x.device)
+    for b in range(0, B, chunk):
+        scores = (q[b:b + chunk].float() @ k[b:b + chunk].float().transpose(-1, -2)).abs() / math.sqrt(hd)
+        best = torch.maximum(best, scores.masked_fill(~causal, 0).amax())
+    return best
+
+
+class StabilityProbe:
+    """Collects the per-layer metrics of DESIGN.md for one optimizer step of a Llama."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.groups = group_parameters(model)
+        self.layer_groups = {k: v for k, v in self.groups.items() if k.startswith("layer_")}
+        self.handles: list = []
+        self.values: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
+        self.before: dict[str, list[torch.Tensor]] = {}
+
+    # -- forward hooks ------------------------------------------------------------------------------
+    def attach(self) -> None:
+        for i, block in enumerate(self.model.layers):
+            self.handles.append(block.register_forward_hook(self._block_hook(i)))
+            self.handles.append(block.attention.register_forward_hook(self._attention_hook(i)))
+            for name in BLOCK_NORMS:
+                if hasattr(block, name):
+                    self.handles.append(getattr(block, name).register_forward_pre_hook(self._norm_hook(i)))
+
+    def _block_hook(self, i: int):
+        def hook(module, args, output):
+            self.sums[f"act/ms/layer_{i}"].append(output.detach().float().pow(2).mean())
+        return hook
+
+    def _norm_hook(self, i: int):
+        def hook(module, args):
+            x = args[0].detach().float()
+            self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())  # what LayerNorm removes
+            self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
+        return hook
+
+    def _attention_hook(self, i: int):
+        def hook(module, args, output):
+            with torch.no_grad():
+                self.sums[f"attn/logit_max/layer_{i}"].append(attention_logit_max(module, *args))
+        return hook
+
+    def record_logits(self, logits: torch.Tensor) -> None:
+        """Output-logit magnitude and mean log partition function of one forward pass."""
+        logits = logits.detach().float()
+        self.sums["logits/max"].append(logits.abs().amax())
+        self.sums["logits/log_z"].append(torch.logsumexp(logits, -1).mean())
+
+    # -- gradients and updates ------------------------------------------------------------------------
+    def record_grads(self) -> None:
+        """Gradient norm of each block, the embedding and the head (call before clipping)."""
+        for key, params in self.groups.items():
+            grads = [p.grad for p in params if p.grad is not None]
+            if key != "other" and grads:
+                self.values[f"grad/norm/{key}"] = _norm(grads)
+
+    def snapshot(self) -> None:
+        """Copy each block's parameters before the optimizer step (logged steps only)."""
+        self.before = {k: [p.detach().clone() for p in ps] for k, ps in self.layer_groups.items()}
+
+    def finish(self) -> dict[str, float]:
+        """Remove the hooks and return every metric as a float, read back with one device sync."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        values = dict(self.values)
+        for key, parts in self.sums.items():
+            mean = torch.stack(parts).mean()
+            if "/ms/" in key:  # mean squares average over forward passes; report their root
+                key, mean = key.replace("/ms/", "/rms/"), mean.sqrt()
+            elif key.startswith(("attn/", "logits/max")):
+                mean = torch.stack(parts).amax()
+            values[key] = mean
+        for key, old in self.before.items():
+            now = [p.detach() for p in self.layer_groups[key]]
+            old_norm = _norm(old)
+            values[f"param/norm/{key}"] = old_norm
+            values[f"update/ratio/{key}"] = _norm(torch._foreach_sub(now, old)) / old_norm
+        for i, block in enumerate(self.model.layers):
+            gains = [getattr(block, n).weight for n in BLOCK_NORMS
+                     if getattr(getattr(block, n, None), "weight", None) is not None]
+            if gains:
+                values[f"norm/gain/layer_{i}"] = torch.cat([g.detach().float().flatten() for g in gains]).mean()
+        self.values, self.sums, self.before = {}, defaultdict(list), {}
+        keys = list(values)
+        numbers = torch.stack([values[k].float().reshape(()) for k in keys]).tolist() if keys else []
+        return dict(zip(keys, numbers, strict=True))
