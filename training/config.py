@@ -61,6 +61,7 @@ class TrainConfig:
     checkpoint_every: int = 200  # steps between checkpoints (and always at the end); 0 = only at the end
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
+    malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
     sample_tokens: int = 64  # tokens of text generated at the end (0 = none)
 
 

@@ -1,0 +1,122 @@
+"""Fast paths for the norms: the same formulas and precision policy as model/norms.py, fused.
+
+- CPU: a C++ kernel (model/kernels/norms_cpu.cpp) built on first use with torch.utils.cpp_extension and
+  cached by torch under ~/.cache/torch_extensions. One pass for the row statistics, one for the output;
+  backward saves only the input and the per-row 1/rms (and mean), instead of every intermediate.
+- CUDA: torch's own fused kernels (F.rms_norm / F.layer_norm) on float32, then the gain.
+- Elsewhere, or where no compiler exists, the reference formula (with a warning once).
+
+Set `model.norm_impl: fast`; the reference stays the readable definition and the tests hold both equal.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from model.norms import LayerNorm, NoNorm, RMSNorm
+
+KERNEL = Path(__file__).parent / "kernels" / "norms_cpu.cpp"
+_kernel: bool | None = None  # None: not tried yet
+
+
+def kernel_available() -> bool:
+    """Build (or load the cached build of) the CPU kernel once per process; False if that fails."""
+    global _kernel
+    if _kernel is None:
+        try:
+            from torch.utils.cpp_extension import load
+
+            # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
+            flags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
+            load(name="normlab_norms", sources=[str(KERNEL)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                 is_python_module=False, verbose=False)
+            _register_fake()
+            _kernel = True
+        except Exception as e:  # no compiler, no headers...: stay correct, just slower
+            warnings.warn(f"normlab: fused CPU norm kernel unavailable, using the reference norms ({e})",
+                          stacklevel=2)
+            _kernel = False
+    return _kernel
+
+
+def _register_fake() -> None:
+    """Shape-only versions of the ops so torch.compile can trace through them."""
+
+    @torch.library.register_fake("normlab::norm_fwd")
+    def _(x, weight, bias, eps, center):
+        dtype = torch.promote_types(x.dtype, weight.dtype) if weight is not None else x.dtype
+        rows = x.new_empty(x.shape[0], dtype=torch.promote_types(x.dtype, torch.float32))
+        return x.new_empty(x.shape, dtype=dtype), rows, rows.new_empty(x.shape[0])
+
+    @torch.library.register_fake("normlab::norm_bwd")
+    def _(grad, x, weight, rstd, mean, center, has_bias):
+        dw = weight.new_empty(weight.shape) if weight is not None else None
+        db = weight.new_empty(weight.shape) if weight is not None and has_bias else None
+        return x.new_empty(x.shape), dw, db
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+class _FusedNorm(torch.autograd.Function):
+    """y = normalize(x) * w (+ b) over the rows of a 2-d x, with the fused CPU kernel both ways."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float, center: bool):
+        y, rstd, mean = torch.ops.normlab.norm_fwd(x, weight, bias, eps, center)
+        ctx.save_for_backward(x, weight, rstd, mean)
+        ctx.center, ctx.has_bias = center, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd, mean = ctx.saved_tensors
+        dx, dw, db = torch.ops.normlab.norm_bwd(grad, x, weight, rstd, mean, ctx.center, ctx.has_bias)
+        return dx, dw, db, None, None
+
+
+def fused_norm(norm, x: torch.Tensor, center: bool) -> torch.Tensor | None:
+    """`norm`'s output for x through a fused path of x's device, or None where there is none."""
+    shape = norm.normalized_shape
+    d = 1
+    for s in shape:
+        d *= s
+    w = norm.weight
+    supported = x.dtype in _DTYPES and (w is None or w.dtype in (x.dtype, torch.float32) and x.dtype != torch.float64
+                                        or w.dtype == x.dtype)
+    if x.device.type == "cpu" and supported and kernel_available():
+        flat = lambda p: None if p is None else p.reshape(d)
+        y = _FusedNorm.apply(x.reshape(-1, d).contiguous(), flat(norm.weight), flat(norm.bias), norm.eps, center)
+        return y.view(*x.shape[: x.dim() - len(shape)], *shape)
+    if x.device.type == "cuda":
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        fn = F.layer_norm if center else F.rms_norm
+        y = fn(xf, shape, eps=norm.eps).type_as(x)
+        if norm.weight is not None:
+            y = y * norm.weight
+        return y + norm.bias if norm.bias is not None else y
+    return None
+
+
+class FastRMSNorm(RMSNorm):
+    """RMSNorm (same formula and parameters) through a fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = fused_norm(self, x, center=False)
+        return super().forward(x) if y is None else y
+
+
+class FastLayerNorm(LayerNorm):
+    """LayerNorm (same formula and parameters) through a fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = fused_norm(self, x, center=True)
+        return super().forward(x) if y is None else y
+
+
+FAST_NORMS = {"rmsnorm": FastRMSNorm, "layernorm": FastLayerNorm, "none": NoNorm}

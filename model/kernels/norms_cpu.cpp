@@ -1,0 +1,220 @@
+// Fused CPU kernels for RMSNorm and LayerNorm, forward and backward, with the reference's precision
+// policy: statistics and normalization in float32 (float64 for float64 input), the normalized value
+// rounded to the input dtype, then the gain (and bias) applied with one rounding to the output dtype,
+// which is exactly what `xhat.type_as(x) * weight` does in torch.
+//
+// Per row: one pass for the statistics, one for the output. The backward re-reads x with the saved
+// per-row 1/rms (and mean) instead of saved intermediates. Rows run in parallel (at::parallel_for);
+// the gain / bias gradients are reduced from per-thread partial sums. Loops are written so that the
+// compiler vectorizes them (restrict pointers, no branches inside, `omp simd` reductions).
+//
+// Registered as torch.ops.normlab.{norm_fwd, norm_bwd}; built on first use by model/fast_norms.py.
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+namespace {
+
+constexpr int64_t kGrain = 16;  // rows per parallel task at least
+
+template <typename x_t, typename w_t, typename o_t>
+void forward_rows(const x_t* __restrict__ x, const w_t* __restrict__ w, const w_t* __restrict__ b,
+                  o_t* __restrict__ y, at::opmath_type<x_t>* __restrict__ rstd, at::opmath_type<x_t>* __restrict__ means,
+                  int64_t rows, int64_t d, double eps, bool center) {
+  using acc_t = at::opmath_type<x_t>;
+  using out_acc_t = at::opmath_type<o_t>;
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const x_t* __restrict__ xr = x + r * d;
+      o_t* __restrict__ yr = y + r * d;
+      acc_t mean = 0;
+      if (center) {
+        acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < d; ++j) s += static_cast<acc_t>(xr[j]);
+        mean = s / d;
+      }
+      acc_t ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < d; ++j) {
+        const acc_t v = static_cast<acc_t>(xr[j]) - mean;
+        ss += v * v;
+      }
+      const acc_t rs = acc_t(1) / std::sqrt(ss / d + static_cast<acc_t>(eps));
+      rstd[r] = rs;
+      means[r] = mean;
+      if (w && b) {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          const x_t xh = static_cast<x_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
+          const o_t t = static_cast<o_t>(static_cast<out_acc_t>(xh) * static_cast<out_acc_t>(w[j]));
+          yr[j] = static_cast<o_t>(static_cast<out_acc_t>(t) + static_cast<out_acc_t>(b[j]));
+        }
+      } else if (w) {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          const x_t xh = static_cast<x_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
+          yr[j] = static_cast<o_t>(static_cast<out_acc_t>(xh) * static_cast<out_acc_t>(w[j]));
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) yr[j] = static_cast<o_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
+      }
+    }
+  });
+}
+
+template <typename x_t, typename w_t, typename g_t>
+void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w_t* __restrict__ w,
+                   const at::opmath_type<x_t>* __restrict__ rstd, const at::opmath_type<x_t>* __restrict__ means,
+                   x_t* __restrict__ dx, at::opmath_type<x_t>* dw_part, at::opmath_type<x_t>* db_part,
+                   int64_t rows, int64_t d, int64_t stride, bool center) {
+  using acc_t = at::opmath_type<x_t>;
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    const int64_t t = at::get_thread_num();
+    acc_t* __restrict__ dw = dw_part ? dw_part + t * stride : nullptr;
+    acc_t* __restrict__ db = db_part ? db_part + t * stride : nullptr;
+    for (int64_t r = begin; r < end; ++r) {
+      const x_t* __restrict__ xr = x + r * d;
+      const g_t* __restrict__ gr = g + r * d;
+      x_t* __restrict__ dxr = dx + r * d;
+      const acc_t rs = rstd[r], mean = means[r];
+      // dx = rs * (g*w - c0 - xhat * c1), c0 = mean(g*w) (LayerNorm only), c1 = mean(g*w * xhat).
+      // First pass: the two sums, and the gain gradient (the gain saw xhat rounded to the input dtype).
+      acc_t c0 = 0, c1 = 0;
+      if (dw) {
+#pragma omp simd reduction(+ : c0, c1)
+        for (int64_t j = 0; j < d; ++j) {
+          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
+          const acc_t gj = static_cast<acc_t>(gr[j]);
+          const acc_t gw = gj * static_cast<acc_t>(w[j]);
+          c0 += gw;
+          c1 += gw * xh;
+          dw[j] += gj * static_cast<acc_t>(static_cast<x_t>(xh));
+        }
+      } else {
+#pragma omp simd reduction(+ : c0, c1)
+        for (int64_t j = 0; j < d; ++j) {
+          const acc_t gj = static_cast<acc_t>(gr[j]);
+          c0 += gj;
+          c1 += gj * (static_cast<acc_t>(xr[j]) - mean) * rs;
+        }
+      }
+      c0 = center ? c0 / d : acc_t(0);
+      c1 /= d;
+      // second pass: dx (the row is still in L1)
+      if (w) {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
+          dxr[j] = static_cast<x_t>(rs * (static_cast<acc_t>(gr[j]) * static_cast<acc_t>(w[j]) - c0 - xh * c1));
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
+          dxr[j] = static_cast<x_t>(rs * (static_cast<acc_t>(gr[j]) - c0 - xh * c1));
+        }
+      }
+      if (db) {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) db[j] += static_cast<acc_t>(gr[j]);
+      }
+    }
+  });
+}
+
+// Calls f(x_t{}, w_t{}, o_t{}) for the supported dtype combinations: weight in x's dtype or float32,
+// output dtype = promote(x, weight). Other combinations are refused (the Python side falls back).
+template <typename F>
+void dispatch(at::ScalarType x, at::ScalarType w, const F& f) {
+  using at::BFloat16;
+  using at::Half;
+  if (x == at::kFloat && w == at::kFloat) return f(float{}, float{}, float{});
+  if (x == at::kDouble && w == at::kDouble) return f(double{}, double{}, double{});
+  if (x == at::kBFloat16 && w == at::kBFloat16) return f(BFloat16{}, BFloat16{}, BFloat16{});
+  if (x == at::kBFloat16 && w == at::kFloat) return f(BFloat16{}, float{}, float{});
+  if (x == at::kHalf && w == at::kHalf) return f(Half{}, Half{}, Half{});
+  if (x == at::kHalf && w == at::kFloat) return f(Half{}, float{}, float{});
+  TORCH_CHECK(false, "normlab norm kernel: unsupported dtypes x=", x, " weight=", w);
+}
+
+// x: (rows, d) contiguous. Returns (y, rstd, mean): y in promote(x, weight) dtype, the per-row
+// statistics in x's compute dtype (float32, or float64 for float64 input).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, double eps,
+                                                        bool center) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "norm_fwd: x must be 2-d contiguous CPU");
+  const int64_t rows = x.size(0), d = x.size(1);
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = has_w && bias.has_value() && bias->defined();
+  const at::Tensor w = has_w ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = has_b ? bias->to(w.scalar_type()).contiguous() : at::Tensor();
+  const auto w_type = has_w ? w.scalar_type() : x.scalar_type();
+  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto y = at::empty({rows, d}, x.options().dtype(at::promote_types(x.scalar_type(), w_type)));
+  auto rstd = at::empty({rows}, x.options().dtype(acc_type));
+  auto mean = at::empty({rows}, x.options().dtype(acc_type));
+  dispatch(x.scalar_type(), w_type, [&](auto x0, auto w0, auto o0) {
+    using x_t = decltype(x0);
+    using w_t = decltype(w0);
+    using o_t = decltype(o0);
+    using acc_t = at::opmath_type<x_t>;
+    forward_rows<x_t, w_t, o_t>(x.data_ptr<x_t>(), has_w ? w.data_ptr<w_t>() : nullptr,
+                                has_b ? b.data_ptr<w_t>() : nullptr, y.data_ptr<o_t>(), rstd.data_ptr<acc_t>(),
+                                mean.data_ptr<acc_t>(), rows, d, eps, center);
+  });
+  return {y, rstd, mean};
+}
+
+// Returns (dx, dweight, dbias); dweight / dbias are undefined (None) when the norm has none.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad, const at::Tensor& x,
+                                                        const std::optional<at::Tensor>& weight,
+                                                        const at::Tensor& rstd, const at::Tensor& mean,
+                                                        bool center, bool has_bias) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  const bool has_w = weight.has_value() && weight->defined();
+  const at::Tensor w = has_w ? weight->contiguous() : at::Tensor();
+  const auto w_type = has_w ? w.scalar_type() : x.scalar_type();
+  // the incoming gradient has the output dtype; read it as such
+  const at::Tensor g = grad.to(at::promote_types(x.scalar_type(), w_type)).contiguous();
+  auto dx = at::empty_like(x);
+  const int64_t threads = at::get_num_threads();
+  const auto acc_options = x.options().dtype(rstd.scalar_type());
+  // per-thread partial sums, each row padded to its own 4 KiB + 64 B so threads and rows never alias
+  const int64_t stride = ((d + 1023) / 1024) * 1024 + 16;
+  auto dw_part = has_w ? at::zeros({threads, stride}, acc_options) : at::Tensor();
+  auto db_part = has_w && has_bias ? at::zeros({threads, stride}, acc_options) : at::Tensor();
+  dispatch(x.scalar_type(), w_type, [&](auto x0, auto w0, auto o0) {
+    using x_t = decltype(x0);
+    using w_t = decltype(w0);
+    using o_t = decltype(o0);
+    using acc_t = at::opmath_type<x_t>;
+    backward_rows<x_t, w_t, o_t>(g.data_ptr<o_t>(), x.data_ptr<x_t>(), has_w ? w.data_ptr<w_t>() : nullptr,
+                                 rstd.data_ptr<acc_t>(), mean.data_ptr<acc_t>(), dx.data_ptr<x_t>(),
+                                 has_w ? dw_part.data_ptr<acc_t>() : nullptr,
+                                 db_part.defined() ? db_part.data_ptr<acc_t>() : nullptr, rows, d, stride, center);
+  });
+  at::Tensor dw = has_w ? dw_part.narrow(1, 0, d).sum(0).to(w.scalar_type()) : at::Tensor();
+  at::Tensor db = db_part.defined() ? db_part.narrow(1, 0, d).sum(0).to(w.scalar_type()) : at::Tensor();
+  return {dx, dw, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(normlab, m) {
+  m.def("norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps, bool center) -> (Tensor, Tensor, Tensor)");
+  m.def("norm_bwd(Tensor grad, Tensor x, Tensor? weight, Tensor rstd, Tensor mean, bool center, bool has_bias)"
+        " -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  m.impl("norm_fwd", norm_fwd);
+  m.impl("norm_bwd", norm_bwd);
+}

@@ -1,0 +1,128 @@
+"""The fused norm kernels against the reference formulas (and float64 truth), and what they save."""
+
+import copy
+
+import pytest
+import torch
+
+from model import fast_norms
+from model.fast_norms import FastLayerNorm, FastRMSNorm
+from model.norms import LayerNorm, RMSNorm
+
+PAIRS = [(RMSNorm, FastRMSNorm), (LayerNorm, FastLayerNorm)]
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _run(module, x, g):
+    x = x.detach().clone().requires_grad_()
+    y = module(x)
+    y.backward(g)
+    grads = [x.grad] + [p.grad for p in module.parameters()]
+    return [y] + grads
+
+
+def _pair(ref_cls, fast_cls, shape, dtype, bias=False, affine=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ref = ref_cls(shape, eps=1e-5, bias=bias, elementwise_affine=affine)
+    if affine:
+        ref.weight.data = torch.rand(ref.weight.shape, generator=gen) + 0.5
+        if bias:
+            ref.bias.data = torch.randn(ref.bias.shape, generator=gen)
+    fast = fast_cls(shape, eps=1e-5, bias=bias, elementwise_affine=affine)
+    fast.load_state_dict(ref.state_dict())
+    return ref.to(dtype), fast.to(dtype)
+
+
+def test_kernel_builds_here():
+    assert fast_norms.kernel_available()  # gcc is part of the supported setup; the fallback is tested below
+
+
+CASES = [((4, 33, 768), 768), ((3, 7, 37), 37), ((2, 5, 6, 10), (6, 10)), ((1, 1, 13), 13)]
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls,bias", [(RMSNorm, FastRMSNorm, False), (LayerNorm, FastLayerNorm, False),
+                                                   (LayerNorm, FastLayerNorm, True)])
+@pytest.mark.parametrize("xshape,shape", CASES)
+def test_float32_matches_reference_within_rounding(ref_cls, fast_cls, bias, xshape, shape):
+    ref, fast = _pair(ref_cls, fast_cls, shape, torch.float32, bias)
+    gen = torch.Generator().manual_seed(1)
+    x, g = torch.randn(xshape, generator=gen) * 3 + 1, torch.randn(xshape, generator=gen)
+    for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert _rel(a, b) < 2e-6
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+def test_non_contiguous_input_and_no_affine(ref_cls, fast_cls):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 6, 9, generator=gen).transpose(0, 2)  # (9, 6, 40), non-contiguous
+    g = torch.randn(9, 6, 40, generator=gen)
+    assert not x.is_contiguous()
+    for affine in (True, False):
+        ref, fast = _pair(ref_cls, fast_cls, 40, torch.float32, affine=affine)
+        for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
+            assert _rel(a, b) < 2e-6
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_bfloat16_is_as_accurate_as_the_reference(ref_cls, fast_cls, weight_dtype):
+    """bfloat16 input (with a bfloat16 gain, or a float32 gain as under autocast): outputs and gradients
+    are as close to float64 math as the reference's are (both are limited by bfloat16 rounding)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2048, 96, generator=gen) * 3 + 1
+    g = torch.randn(2048, 96, generator=gen)
+    ref, fast = _pair(ref_cls, fast_cls, 96, torch.float32)
+    truth = _run(copy.deepcopy(ref).double(), x.double(), g.double())
+    ref, fast = ref.to(weight_dtype), fast.to(weight_dtype)
+    xb = x.bfloat16()
+    gb = g.to(torch.promote_types(torch.bfloat16, weight_dtype))
+    got_fast, got_ref = _run(fast, xb, gb), _run(ref, xb, gb)
+    for f, r, t in zip(got_fast, got_ref, truth, strict=True):
+        assert f.dtype == r.dtype
+        assert _rel(f, t) < max(1.5 * _rel(r, t), 1e-6) and _rel(f, t) < 1e-2
+    assert _rel(got_fast[0], got_ref[0]) < 4e-3  # same rounding points: outputs agree to bfloat16 ulps
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+def test_float64_gradcheck(ref_cls, fast_cls):
+    fast = fast_cls((3, 4), bias=ref_cls is LayerNorm).double()
+    fast.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
+    names = [n for n, _ in fast.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in fast.parameters()]
+    f = lambda x, *ps: torch.func.functional_call(fast, dict(zip(names, ps, strict=True)), (x,))
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+def _saved_bytes(module, x):
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x.detach().requires_grad_())
+    return sum(saved)
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saves_fewer_bytes_for_backward(ref_cls, fast_cls, dtype):
+    ref, fast = _pair(ref_cls, fast_cls, 256, dtype)
+    x = torch.randn(64, 256).to(dtype)
+    fast_bytes, ref_bytes = _saved_bytes(fast, x), _saved_bytes(ref, x)
+    # the input, the gain and two per-row statistics, nothing of the size of x more
+    assert fast_bytes <= x.numel() * x.element_size() + 256 * fast.weight.element_size() + 2 * 64 * 4
+    assert fast_bytes < ref_bytes / 2
+
+
+def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
+    monkeypatch.setattr(fast_norms, "kernel_available", lambda: False)
+    ref, fast = _pair(RMSNorm, FastRMSNorm, 16, torch.float32)
+    x = torch.randn(3, 16)
+    assert torch.equal(fast(x), ref(x))
