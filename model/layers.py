@@ -20,11 +20,12 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> Rope:
 
 
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout)."""
-    cos, sin = (t[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
-    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, T, H, hd) -> 2 x (B, T, H, hd/2)
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
+    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
+    the pair as a complex number times e^{i t theta_i}, one complex multiply in float32."""
+    cos, sin = rope
+    rot = torch.complex(cos, sin)[:, None, :]  # (T, 1, hd/2): broadcast over batch and heads
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, T, H, hd) -> (B, T, H, hd/2) complex
+    return torch.view_as_real(pairs * rot).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
