@@ -169,11 +169,15 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     start_step = 0
     if resume:
         state = load_checkpoint(ckpt_path)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
-        start_step = state["step"]
+        try:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            loader.load_state_dict(state["loader"])
+            set_rng_state(state["rng"])
+            start_step = state["step"]
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {ckpt_path} does not fit this config: "
+                                  f"{str(e).strip().splitlines()[0][:200]}") from None
         if start_step >= tc.steps:
             raise ConfigError(f"run {run_dir} already finished its {tc.steps} steps; "
                               f"pass train.steps=N with N > {start_step} to train further")
@@ -290,7 +294,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 
 
 def sample(model: Llama, prepared: Path, tc, device: torch.device) -> str:
-    """A short continuation of a fixed prompt, greedy-free but seeded (same text for the same weights)."""
+    """A short sampled continuation of a fixed prompt (seeded: the same text for the same weights)."""
     tok = Tokenizer(prepared / "tokenizer.model")
     prompt = torch.tensor([tok.encode("The ")], device=device)
     gen = torch.Generator(device=device).manual_seed(tc.seed)

@@ -279,19 +279,21 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     for key, fname, title, logy in (("train/loss", "loss_curves.png", "train loss", False),
                                     ("grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", True)):
         fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
+        lowest = math.inf
         for ax, lr in zip(axes[0], lrs, strict=True):
             for label, a in arms.items():
                 band = _band(a.at(lr), key, max(1, steps_total // 50))
                 if band:
                     s, med, lo, hi = band
+                    lowest = min(lowest, min(lo))
                     ax.plot(s, med, color=colors[label], label=label, lw=1.2)
                     ax.fill_between(s, lo, hi, color=colors[label], alpha=0.2, lw=0)
             ax.set_title(f"lr {lr:g}")
             ax.set_xlabel("step")
             if logy:
                 ax.set_yscale("log")
-            elif l0:
-                ax.set_ylim(top=l0 * 1.05)
+        if not logy and l0 and math.isfinite(lowest):
+            axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
         axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
@@ -323,20 +325,27 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     plt.close(fig)
     made.append(("stability_map.png", "final val loss vs learning rate per arm (the stability map)"))
 
-    fig, axes = plt.subplots(1, len(arms), figsize=(3.6 * len(arms), 3), squeeze=False)
-    for ax, (label, a) in zip(axes[0], arms.items(), strict=True):
+    grids = {}
+    for label, a in arms.items():
         run = next((r for r in a.at(a.best_lr)), None) if a.best_lr else None
         grid = _layer_matrix(run, "grad/norm/layer_") if run else None
         if grid:
-            steps, mat = grid
-            im = ax.imshow([[math.log10(max(v, 1e-12)) for v in row] for row in mat], aspect="auto",
-                           origin="lower", extent=(steps[0], steps[-1], -0.5, len(mat) - 0.5), cmap="viridis")
-            fig.colorbar(im, ax=ax, label="log10 grad norm")
+            grids[label] = (grid[0], [[math.log10(max(v, 1e-12)) for v in row] for row in grid[1]])
+    values = [v for _, mat in grids.values() for row in mat for v in row]
+    fig, axes = plt.subplots(1, len(arms), figsize=(3.4 * len(arms) + 1, 3), squeeze=False)
+    im = None
+    for ax, (label, a) in zip(axes[0], arms.items(), strict=True):
+        if label in grids:
+            steps, mat = grids[label]
+            im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis", vmin=min(values), vmax=max(values),
+                           extent=(steps[0], steps[-1], -0.5, len(mat) - 0.5))
+            ax.set_yticks(range(len(mat)))
         ax.set_title(f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylabel("layer")
-    fig.tight_layout()
-    fig.savefig(out / "grad_heatmaps.png", dpi=110)
+    axes[0][0].set_ylabel("layer")
+    if im is not None:  # one color scale for all arms, so they compare
+        fig.colorbar(im, ax=list(axes[0]), label="log10 grad norm")
+    fig.savefig(out / "grad_heatmaps.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     made.append(("grad_heatmaps.png", "per-layer gradient norm (layer x step) at each arm's best LR, first seed"))
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omegaconf import OmegaConf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from data.sources import DataError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     print(f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
           f"on {n_workers} workers x {threads} threads -> {study_dir}", file=sys.stderr)
-    prepare_once(study, runs)
+    try:
+        prepare_once(study, runs)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.time()
     free = list(range(n_workers))  # worker slots, for GPU assignment
     counts = {}

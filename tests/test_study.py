@@ -1,0 +1,132 @@
+"""The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's numbers."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import train
+from scripts import compare, sweep
+from training.config import ConfigError, load_config, to_yaml
+
+CONFIGS = train.REPO / "configs"
+
+
+def test_default_study_grid_expands_as_specified():
+    study = sweep.load_study(CONFIGS / "study.yaml")
+    runs = sweep.expand(study)
+    combos = set()
+    for r in runs:
+        cfg = load_config(study["config"], r["overrides"])
+        combos.add((cfg.model.norm, cfg.model.placement, cfg.optim.lr, cfg.train.seed))
+        assert cfg.model.dim == 64 and cfg.train.steps == 500  # the study's overrides reach every run
+    lrs = {c[2] for c in combos}
+    assert len(runs) == len(combos) == 40 and len({r["name"] for r in runs}) == 40
+    assert {c[0] for c in combos} == {"rmsnorm", "layernorm"} and {c[1] for c in combos} == {"pre", "post"}
+    assert len(lrs) >= 5 and min(lrs) == 1e-3 and max(lrs) == 1e-1 and {c[3] for c in combos} == {0, 1}
+    assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
+
+
+def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
+    with pytest.raises(ConfigError, match="model.norm='groupnorm' is not one of"):
+        sweep.expand(sweep.load_study(bad))
+    assert sweep.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert "error: model.norm='groupnorm'" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def data_set(prepared):
+    meta = json.loads((prepared / "meta.json").read_text())
+    return ["--set", f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
+            "data.val_fraction=0.1"]
+
+
+@pytest.mark.slow
+def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, capsys):
+    out = tmp_path / "studies"
+    assert sweep.main([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
+    study = out / "quick"
+    index = json.loads((study / "sweep.json").read_text())["runs"]
+    assert len(index) == 8 and all(e["status"] in ("ok", "plateau") for e in index)
+    report = (study / "report.md").read_text()
+    for fig in ("loss_curves", "grad_norm_curves", "stability_map", "grad_heatmaps", "act_rms_depth",
+                "attn_logit_max"):
+        assert (study / f"{fig}.png").stat().st_size > 1000 and f"({fig}.png)" in report
+    for arm in ("rmsnorm/pre", "rmsnorm/post", "layernorm/pre", "layernorm/post"):
+        assert f"| {arm} |" in report
+    stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
+    capsys.readouterr()
+    assert sweep.main([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
+    assert "8 already finished, 0 to run" in capsys.readouterr().err
+    assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
+
+
+@pytest.mark.slow
+def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
+    study = tmp_path / "s.yaml"
+    study.write_text(f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\n"
+                     "overrides: {optim: {grad_clip: 0, warmup_steps: 0}, train: {steps: 12, sample_tokens: 0}}\n"
+                     "grid: {lr: [3.0e-3, 1.0e+4], train.seq_len: [32, 100000]}\n")
+    assert sweep.main([str(study), "--out", str(tmp_path), *data_set, "--no-report"]) == 0
+    index = {e["name"]: e for e in json.loads((tmp_path / "s" / "sweep.json").read_text())["runs"]}
+    assert index["lr0.003-seq_len32"]["status"] in ("ok", "plateau")
+    assert index["lr10000.0-seq_len32"]["status"] == "diverged" and index["lr10000.0-seq_len32"]["exit_code"] == 3
+    failed = index["lr0.003-seq_len100000"]
+    assert failed["status"] == "failed" and failed["exit_code"] == 2 and "too few" in failed["error"]
+    # resuming an interrupted run: fake one by removing a finished run's summary (its checkpoint stays)
+    (tmp_path / "s" / "runs" / "lr0.003-seq_len32" / "summary.json").unlink()
+    assert sweep.state(tmp_path / "s" / "runs" / "lr0.003-seq_len32") == "resume"
+
+
+def _write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0):
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}"])
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(to_yaml(cfg))
+    records = [{"step": s, "train/loss": l0 - s * 0.1, "grad/norm": 1.0 + s, "grad/norm/layer_0": 0.5,
+                "grad/norm/layer_1": 0.25, "act/rms/layer_0": 1.0 + s, "act/rms/layer_1": 2.0 + s,
+                "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "summary.json").write_text(json.dumps({
+        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 2.6,
+        "spike_score/loss": 1.0, "spike_score/grad_norm": 3.0, "tokens_per_s": 1000.0 * (1 + seed),
+        "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))
+
+
+def test_compare_computes_hand_checkable_numbers(tmp_path):
+    rows = [  # arm rmsnorm: L0 = 5; clipped means 3.1, 2.1, 5.0 (diverged counts as L0)
+        ("rmsnorm", 1e-3, [(3.0, "ok"), (3.2, "ok")]), ("rmsnorm", 1e-2, [(2.0, "ok"), (2.2, "ok")]),
+        ("rmsnorm", 1e-1, [(None, "diverged"), (None, "diverged")]),
+        # arm layernorm: 3.0, 2.5 (plateau), 6.0 clipped to L0 = 5.0
+        ("layernorm", 1e-3, [(3.0, "ok"), (3.0, "ok")]), ("layernorm", 1e-2, [(2.5, "plateau"), (2.5, "plateau")]),
+        ("layernorm", 1e-1, [(6.0, "ok"), (6.0, "ok")])]
+    for norm, lr, seeds in rows:
+        for seed, (final, status) in enumerate(seeds):
+            _write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, status, final)
+    keys, grouped = compare.group_arms(compare.find_runs([tmp_path]))
+    assert keys == ["model.norm"]
+    arms = {label: compare.Arm(label, runs) for label, runs in grouped.items()}
+    rms, ln = arms["rmsnorm"], arms["layernorm"]
+    assert rms.l0 == pytest.approx(4.9)  # the first logged train loss
+    assert rms.clipped(1e-1) == pytest.approx(4.9) and rms.clipped(1e-3) == pytest.approx(3.1)
+    assert rms.best_lr == 1e-2 and ln.best_lr == 1e-2
+    assert rms.sensitivity == pytest.approx(((3.1 - 2.1) + 0 + (4.9 - 2.1)) / 3)
+    assert ln.sensitivity == pytest.approx(((3.0 - 2.5) + 0 + (4.9 - 2.5)) / 3)
+    assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-1
+    assert rms.outcomes() == {"ok": 4, "plateau": 0, "diverged": 2, "interrupted": 0, "failed": 0}
+    assert ln.outcomes()["plateau"] == 2 and ln.tokens_per_s() == 1500.0
+    path = compare.report([tmp_path], tmp_path / "out")
+    text = path.read_text()
+    assert "| rmsnorm | 0.01 | 2.100 +- 0.141 | 0.01 | 1.267 | 4 / 0 / 2 / 0 | 1.00 / 3.00 | 1,500 |" in text
+    assert "Lowest LR sensitivity: **layernorm** (0.967 nats); highest: **rmsnorm** (1.267)." in text
+    assert "**rmsnorm**: 2 diverged of 6 runs (at lr 0.1)." in text
+    for fig in ("loss_curves", "grad_norm_curves", "stability_map", "grad_heatmaps", "act_rms_depth",
+                "attn_logit_max"):
+        assert (tmp_path / "out" / f"{fig}.png").stat().st_size > 1000
+
+
+def test_compare_rejects_a_directory_without_runs(tmp_path, capsys):
+    assert compare.main([str(tmp_path)]) == 2
+    assert "no run directories" in capsys.readouterr().err
