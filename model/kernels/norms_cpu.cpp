@@ -16,19 +16,46 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 namespace {
 
 constexpr int64_t kGrain = 16;  // rows per parallel task at least
 
+// Conversions to and from the compute type that the compiler can vectorize: c10's bfloat16 ones are
+// opaque calls inside `omp simd` loops, which made bfloat16 rows several times slower than float32.
+template <typename T>
+inline at::opmath_type<T> up(T v) { return static_cast<at::opmath_type<T>>(v); }
+inline float up(at::BFloat16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+template <typename T>
+inline T down(at::opmath_type<T> v) { return static_cast<T>(v); }
+template <>
+inline at::BFloat16 down<at::BFloat16>(float f) {  // round to nearest even, as c10 does; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return at::BFloat16(static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded),
+                      at::BFloat16::from_bits());
+}
+template <typename T>
+inline at::opmath_type<T> round_to(at::opmath_type<T> v) { return up(down<T>(v)); }  // v as T would hold it
+
+// In every supported dtype combination (see dispatch) the compute type of x, of the weight and of the
+// output is the same: float, or double for double.
 template <typename x_t, typename w_t, typename o_t>
 void forward_rows(const x_t* __restrict__ x, const w_t* __restrict__ w, const w_t* __restrict__ b,
                   o_t* __restrict__ y, at::opmath_type<x_t>* __restrict__ rstd, at::opmath_type<x_t>* __restrict__ means,
                   int64_t rows, int64_t d, double eps, bool center) {
   using acc_t = at::opmath_type<x_t>;
-  using out_acc_t = at::opmath_type<o_t>;
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const x_t* __restrict__ xr = x + r * d;
@@ -37,34 +64,31 @@ void forward_rows(const x_t* __restrict__ x, const w_t* __restrict__ w, const w_
       if (center) {
         acc_t s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < d; ++j) s += static_cast<acc_t>(xr[j]);
+        for (int64_t j = 0; j < d; ++j) s += up(xr[j]);
         mean = s / d;
       }
       acc_t ss = 0;
 #pragma omp simd reduction(+ : ss)
       for (int64_t j = 0; j < d; ++j) {
-        const acc_t v = static_cast<acc_t>(xr[j]) - mean;
+        const acc_t v = up(xr[j]) - mean;
         ss += v * v;
       }
       const acc_t rs = acc_t(1) / std::sqrt(ss / d + static_cast<acc_t>(eps));
       rstd[r] = rs;
       means[r] = mean;
+      // xhat is rounded to the input dtype before the gain: the reference's .type_as(x)
       if (w && b) {
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) {
-          const x_t xh = static_cast<x_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
-          const o_t t = static_cast<o_t>(static_cast<out_acc_t>(xh) * static_cast<out_acc_t>(w[j]));
-          yr[j] = static_cast<o_t>(static_cast<out_acc_t>(t) + static_cast<out_acc_t>(b[j]));
+          const acc_t t = up(down<o_t>(round_to<x_t>((up(xr[j]) - mean) * rs) * up(w[j])));
+          yr[j] = down<o_t>(t + up(b[j]));
         }
       } else if (w) {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
-          const x_t xh = static_cast<x_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
-          yr[j] = static_cast<o_t>(static_cast<out_acc_t>(xh) * static_cast<out_acc_t>(w[j]));
-        }
+        for (int64_t j = 0; j < d; ++j) yr[j] = down<o_t>(round_to<x_t>((up(xr[j]) - mean) * rs) * up(w[j]));
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) yr[j] = static_cast<o_t>((static_cast<acc_t>(xr[j]) - mean) * rs);
+        for (int64_t j = 0; j < d; ++j) yr[j] = down<o_t>((up(xr[j]) - mean) * rs);
       }
     }
   });
@@ -88,22 +112,30 @@ void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w
       // dx = rs * (g*w - c0 - xhat * c1), c0 = mean(g*w) (LayerNorm only), c1 = mean(g*w * xhat).
       // First pass: the two sums, and the gain gradient (the gain saw xhat rounded to the input dtype).
       acc_t c0 = 0, c1 = 0;
-      if (dw) {
+      if (dw && std::is_same_v<x_t, acc_t>) {  // float / double: sums and gain gradient in one pass
 #pragma omp simd reduction(+ : c0, c1)
         for (int64_t j = 0; j < d; ++j) {
-          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
-          const acc_t gj = static_cast<acc_t>(gr[j]);
-          const acc_t gw = gj * static_cast<acc_t>(w[j]);
-          c0 += gw;
-          c1 += gw * xh;
-          dw[j] += gj * static_cast<acc_t>(static_cast<x_t>(xh));
+          const acc_t xh = (up(xr[j]) - mean) * rs;
+          const acc_t gj = up(gr[j]);
+          c0 += gj * up(w[j]);
+          c1 += gj * up(w[j]) * xh;
+          dw[j] += gj * xh;
         }
+      } else if (dw) {  // bfloat16 / half: that loop would not vectorize (GCC 12), so two loops
+#pragma omp simd reduction(+ : c0, c1)
+        for (int64_t j = 0; j < d; ++j) {
+          const acc_t gw = up(gr[j]) * up(w[j]);
+          c0 += gw;
+          c1 += gw * (up(xr[j]) - mean) * rs;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) dw[j] += up(gr[j]) * round_to<x_t>((up(xr[j]) - mean) * rs);
       } else {
 #pragma omp simd reduction(+ : c0, c1)
         for (int64_t j = 0; j < d; ++j) {
-          const acc_t gj = static_cast<acc_t>(gr[j]);
+          const acc_t gj = up(gr[j]);
           c0 += gj;
-          c1 += gj * (static_cast<acc_t>(xr[j]) - mean) * rs;
+          c1 += gj * (up(xr[j]) - mean) * rs;
         }
       }
       c0 = center ? c0 / d : acc_t(0);
@@ -111,20 +143,15 @@ void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w
       // second pass: dx (the row is still in L1)
       if (w) {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
-          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
-          dxr[j] = static_cast<x_t>(rs * (static_cast<acc_t>(gr[j]) * static_cast<acc_t>(w[j]) - c0 - xh * c1));
-        }
+        for (int64_t j = 0; j < d; ++j)
+          dxr[j] = down<x_t>(rs * (up(gr[j]) * up(w[j]) - c0 - (up(xr[j]) - mean) * rs * c1));
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
-          const acc_t xh = (static_cast<acc_t>(xr[j]) - mean) * rs;
-          dxr[j] = static_cast<x_t>(rs * (static_cast<acc_t>(gr[j]) - c0 - xh * c1));
-        }
+        for (int64_t j = 0; j < d; ++j) dxr[j] = down<x_t>(rs * (up(gr[j]) - c0 - (up(xr[j]) - mean) * rs * c1));
       }
       if (db) {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) db[j] += static_cast<acc_t>(gr[j]);
+        for (int64_t j = 0; j < d; ++j) db[j] += up(gr[j]);
       }
     }
   });
