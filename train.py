@@ -159,6 +159,10 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     val_tokens = load_tokens(prepared, "val")
 
     # model and optimizer: the same seed gives the same weights whatever the norm or placement
+    if cfg.model.norm_impl == "fast" and d.device.type == "cpu":
+        from model.fast_norms import kernel_available
+
+        kernel_available()  # build / load the kernel now, not silently inside the first step
     torch.manual_seed(tc.seed)
     model = Llama(cfg.model).to(d.device)
     opt = build_optimizer(model, cfg.optim)

@@ -12,6 +12,7 @@ Set `model.norm_impl: fast`; the reference stays the readable definition and the
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -28,6 +29,8 @@ def kernel_available() -> bool:
     """Build (or load the cached build of) the CPU kernel once per process; False if that fails."""
     global _kernel
     if _kernel is None:
+        print("[fast_norms] loading the fused CPU norm kernel (compiled on first use, about a minute; then cached)",
+              file=sys.stderr, flush=True)
         try:
             from torch.utils.cpp_extension import load
 

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-malloc-tuning", action="store_true")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {B * T / statistics.median(ts):,.0f} | {statistics.median(ratios):.2f} | "
               f"{min(ratios):.2f}..{max(ratios):.2f} |")
 
+    if a.no_breakdown:
+        return 0
     print("\n## Share of the step spent in norms (ablation: the same model with identity norms, alternated)\n")
     print("| model | step ms (median) | without norms ms | share in norms |")
     print("|---|---|---|---|")

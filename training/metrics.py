@@ -103,7 +103,8 @@ class StabilityProbe:
     def record_logits(self, logits: torch.Tensor) -> None:
         """Output-logit magnitude and mean log partition function of one forward pass."""
         logits = logits.detach().float()
-        self.sums["logits/max"].append(logits.abs().amax())
+        lo, hi = torch.aminmax(logits)  # one pass, no |logits| temporary
+        self.sums["logits/max"].append(torch.maximum(hi, -lo))
         self.sums["logits/log_z"].append(torch.logsumexp(logits, -1).mean())
 
     # -- gradients and updates ------------------------------------------------------------------------
