@@ -263,6 +263,25 @@ def _band(runs: list[Run], key: str, smooth: int):
     return steps, [statistics.median(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
 
 
+def _axes(ax, xlabel: str, ylabel: str, title: str, logx: bool = False, logy: bool = False, legend: int = 7):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=legend)
+
+
+def _save(fig, path: Path, made: list, caption: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    made.append((path.name, caption))
+
+
 def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -296,10 +315,7 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
             axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
         axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
         axes[0][-1].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        made.append((fname, f"{title} per arm and learning rate"))
+        _save(fig, out / fname, made, f"{title} per arm and learning rate")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
@@ -315,15 +331,9 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
     if l0:
         ax.axhline(l0, color="gray", ls=":", lw=1, label="loss at init (L0)")
-    ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("final val loss, min(L, L0), mean over seeds")
-    ax.set_title("stability map (x: diverged, hollow: plateau)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "stability_map.png", dpi=110)
-    plt.close(fig)
-    made.append(("stability_map.png", "final val loss vs learning rate per arm (the stability map)"))
+    _axes(ax, "peak learning rate", "final val loss, min(L, L0), mean over seeds",
+          "stability map (x: diverged, hollow: plateau)", logx=True)
+    _save(fig, out / "stability_map.png", made, "final val loss vs learning rate per arm (the stability map)")
 
     grids = {}
     for label, a in arms.items():
@@ -345,9 +355,8 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     axes[0][0].set_ylabel("layer")
     if im is not None:  # one color scale for all arms, so they compare
         fig.colorbar(im, ax=list(axes[0]), label="log10 grad norm")
-    fig.savefig(out / "grad_heatmaps.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    made.append(("grad_heatmaps.png", "per-layer gradient norm (layer x step) at each arm's best LR, first seed"))
+    _save(fig, out / "grad_heatmaps.png", made,
+          "per-layer gradient norm (layer x step) at each arm's best LR, first seed")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
@@ -358,15 +367,11 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
             first = [statistics.median(m[1][i][0] for m in mats) for i in range(len(mats[0][1]))]
             ax.plot(range(len(last)), last, marker="o", color=colors[label], label=f"{label} (end)")
             ax.plot(range(len(first)), first, ls=":", color=colors[label], label=f"{label} (step 1)")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("RMS of the residual stream after the block")
-    ax.set_title("activation RMS by depth at each arm's best LR")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "act_rms_depth.png", dpi=110)
-    plt.close(fig)
-    made.append(("act_rms_depth.png", "activation RMS by depth (step 1 and the last logged step)"))
+    layers = max((int(r.config.get("model.n_layers", 1)) for a in arms.values() for r in a.runs), default=1)
+    ax.set_xticks(range(layers))
+    _axes(ax, "layer", "RMS of the residual stream after the block", "activation RMS by depth at each arm's best LR",
+          logy=True, legend=6)
+    _save(fig, out / "act_rms_depth.png", made, "activation RMS by depth (step 1 and the last logged step)")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
@@ -377,16 +382,9 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
                 xs.append(lr)
                 ys.append(v)
         ax.plot(xs, ys, marker="o", color=colors[label], label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("max attention logit over steps and layers")
-    ax.set_title("attention-logit growth (Wortsman et al. 2023)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "attn_logit_max.png", dpi=110)
-    plt.close(fig)
-    made.append(("attn_logit_max.png", "max attention logit vs learning rate"))
+    _axes(ax, "peak learning rate", "max attention logit over steps and layers",
+          "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
+    _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
     return made
 
 
