@@ -39,11 +39,14 @@ from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.monitor import classify, is_finite
 from training.optim import build_optimizer, lr_at
-from training.runinfo import read_metrics, run_meta, summarize, truncate_metrics, write_json
+from training.runinfo import read_metrics, run_meta, summarize, truncate_metrics, write_json, write_text
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+# what a resumed run may change: its length and how it runs, not what it trains
+RESUMABLE = ("train.steps", "train.stop_at", "train.checkpoint_every", "train.eval_every", "train.threads",
+             "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb", "log.wandb_project")
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
@@ -69,6 +72,10 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
         saved = Path(cfg.log.out_dir) / cfg.log.name / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"cannot resume: {saved} does not exist")
+        changed = [o.split("=", 1)[0] for o in a.overrides] + [k for k in flags if k != "log.name"]
+        fixed = [k for k in changed if k not in RESUMABLE]
+        if fixed:  # the checkpoint holds a model and optimizer built from the saved config
+            raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
         cfg = load_config(saved, a.overrides, flags)
     return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
 
@@ -135,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         if d.is_master:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # before the training loop (e.g. while preparing data): nothing to save
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         distributed.teardown()
 
@@ -157,6 +167,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     accum = per_rank // micro
     loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.rank, d.world_size)
     val_tokens = load_tokens(prepared, "val")
+    eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
 
     # model and optimizer: the same seed gives the same weights whatever the norm or placement
     if cfg.model.norm_impl == "fast" and d.device.type == "cpu":
@@ -167,7 +178,16 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     model = Llama(cfg.model).to(d.device)
     opt = build_optimizer(model, cfg.optim)
 
-    run_dir = Path(distributed.broadcast_object(str(run_directory(cfg, default_name, resume)) if d.is_master else None))
+    found = None
+    if d.is_master:  # rank 0 decides; every rank learns the directory, or the error, so all stop alike
+        try:
+            found = ("ok", str(run_directory(cfg, default_name, resume)))
+        except ConfigError as e:
+            found = ("error", str(e))
+    kind, value = distributed.broadcast_object(found)
+    if kind == "error":
+        raise ConfigError(value)
+    run_dir = Path(value)
     cfg.log.name = run_dir.name
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
     start_step = 0
@@ -187,9 +207,11 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                               f"pass train.steps=N with N > {start_step} to train further")
         if d.is_master:
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
-    elif d.is_master:  # everything above validated: only now does the run directory appear
+            write_text(run_dir / "config.yaml", to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
+    stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
+    if not resume and d.is_master:  # everything above validated: only now does the run directory appear
         run_dir.mkdir(parents=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        write_text(run_dir / "config.yaml", to_yaml(cfg))
         write_json(run_dir / "meta.json", run_meta(model, d.device, tc.dtype, d.world_size, data_meta))
 
     ddp = DistributedDataParallel(model) if d.world_size > 1 else model
@@ -208,7 +230,6 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                                         "loader": loader.state_dict(), "rng": rng_state(), "step": step})
 
     probe = StabilityProbe(model)
-    stop = StopRequest()
     status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
     clip = cfg.optim.grad_clip or math.inf
     tokens_per_step = tc.batch_size * tc.seq_len
@@ -263,7 +284,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 logger.message(f"step {done}: train loss {loss_value:.4f}, val loss {last_val:.4f}")
             logger.log(done, metrics)
             planned_stop = done == tc.stop_at and done < tc.steps
-            stop_now = planned_stop or distributed.any_rank(stop.requested, d.device)
+            # a stop request during the last step just lets the run finish
+            stop_now = (planned_stop or distributed.any_rank(stop.requested, d.device)) and done < tc.steps
             if done == tc.steps or stop_now or (tc.checkpoint_every and done % tc.checkpoint_every == 0):
                 checkpoint(done)
             if stop_now:
@@ -278,6 +300,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 
     if status == "ok":
         status = classify(last_val, data_meta.get("unigram_entropy"), cfg.log.plateau_margin)
+        diverged_at = done if status == "diverged" else None  # a non-finite final val loss
         if d.is_master and tc.sample_tokens:
             logger.message("sample: " + sample(model, prepared, tc, d.device))
     summary = None

@@ -83,12 +83,17 @@ class BatchLoader:
 def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: int, rank: int = 0,
                  world_size: int = 1):
     """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across ranks
-    (window i goes to rank i % world_size), yielded as (x, y) batches of at most batch_size."""
+    (window i goes to rank i % world_size), as an iterator of (x, y) batches of at most batch_size.
+    Too little data raises DataError here, when called, not at the first batch."""
     n = min(max(1, max_tokens // seq_len), (len(tokens) - 1) // seq_len)
     if n < 1:
         raise DataError(f"{len(tokens)} val tokens are too few for one window of seq_len={seq_len}")
     mine = list(range(rank, n, world_size))
-    for i in range(0, len(mine), batch_size):
-        w = np.stack([tokens[j * seq_len: j * seq_len + seq_len + 1] for j in mine[i:i + batch_size]])
-        w = torch.from_numpy(w.astype(np.int64))
-        yield w[:, :-1], w[:, 1:]
+
+    def batches():
+        for i in range(0, len(mine), batch_size):
+            w = np.stack([tokens[j * seq_len: j * seq_len + seq_len + 1] for j in mine[i:i + batch_size]])
+            w = torch.from_numpy(w.astype(np.int64))
+            yield w[:, :-1], w[:, 1:]
+
+    return batches()

@@ -46,19 +46,22 @@ class ModelArgs:
 
     def check(self) -> ModelArgs:
         """Raise ValueError on shapes the model cannot build."""
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", "multiple_of"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("n_kv_heads", "hidden_dim"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive or null, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
-        for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.norm_bias and self.norm != "layernorm":
             raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
+        if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
+            raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
         return self
 
 

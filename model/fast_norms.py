@@ -29,8 +29,9 @@ def kernel_available() -> bool:
     """Build (or load the cached build of) the CPU kernel once per process; False if that fails."""
     global _kernel
     if _kernel is None:
-        print("[fast_norms] loading the fused CPU norm kernel (compiled on first use, about a minute; then cached)",
-              file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
+            print("[fast_norms] loading the fused CPU norm kernel (compiled on first use, about a minute; "
+                  "then cached)", file=sys.stderr, flush=True)
         try:
             from torch.utils.cpp_extension import load
 

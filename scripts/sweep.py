@@ -52,7 +52,12 @@ def load_study(path: Path) -> dict:
     """The study file as a dict, with the grid's keys resolved to dotted config fields."""
     if not path.is_file():
         raise ConfigError(f"study file {str(path)!r} does not exist")
-    study = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        study = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as e:
+        raise ConfigError(f"cannot parse {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
+    if not isinstance(study, dict) or not isinstance(study.get("grid"), dict):
+        raise ConfigError(f"{path}: a study is a mapping with a 'grid' mapping of config fields to value lists")
     unknown = set(study) - STUDY_KEYS
     if unknown:
         raise ConfigError(f"unknown study key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(STUDY_KEYS))}")
@@ -64,6 +69,8 @@ def load_study(path: Path) -> dict:
             raise ConfigError(f"grid.{key} must be a non-empty list of values")
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
+    if int(study.get("threads_per_worker", 1)) < 1 or int(study.get("workers") or 1) < 1:
+        raise ConfigError("threads_per_worker and workers must be >= 1")
     study["name"] = study.get("name") or path.stem
     study["config"] = str((path.parent / study.get("config", "default.yaml")).resolve())
     return study
@@ -108,7 +115,7 @@ def state(run_dir: Path) -> str:
     return "resume" if (run_dir / "checkpoints" / "latest.pt").is_file() else "new"
 
 
-def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: int | None) -> dict:
+def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None) -> dict:
     """Train (or resume) one run in a subprocess; return its index entry."""
     runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
     how = state(run_dir)
@@ -120,13 +127,13 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: int | No
     cmd = [sys.executable, str(REPO / "train.py"), *cmd, f"log.out_dir={runs_dir}", f"train.threads={threads}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     log = study_dir / "logs" / f"{run['name']}.log"
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode  # same cwd as us
     try:
         status = json.loads((run_dir / "summary.json").read_text())["status"]
     except (OSError, ValueError, KeyError):
@@ -141,14 +148,16 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: int | No
     return entry
 
 
-def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[int | None]]:
+def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str | None]]:
     """(workers, threads per worker, gpu per worker slot)."""
     import torch
 
     threads = int(study.get("threads_per_worker", 1))
     if torch.cuda.is_available():
-        n = requested or torch.cuda.device_count()
-        return n, threads, [i % torch.cuda.device_count() for i in range(n)]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # respect a restriction made by the caller
+        ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        n = requested or len(ids)
+        return n, threads, [ids[i % len(ids)] for i in range(n)]
     n = requested or study.get("workers") or max(1, (os.cpu_count() or 1) // threads)
     return n, threads, [None] * n
 
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    study_dir = a.out / study["name"]
+    study_dir = a.out.resolve() / study["name"]
     if a.dry_run:
         for r in runs:
             print(r["name"], " ".join(r["overrides"]))

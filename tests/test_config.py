@@ -6,7 +6,7 @@ import train
 from model import Llama
 from model.blocks import PostNormBlock, PreNormBlock
 from model.norms import LayerNorm, RMSNorm
-from training.config import ConfigError, load_config
+from training.config import ConfigError, load_config, to_yaml
 
 
 def test_precedence_defaults_yaml_cli(tmp_path):
@@ -32,6 +32,8 @@ def test_precedence_defaults_yaml_cli(tmp_path):
     ("train.steps=0", "train.steps must be > 0"),
     ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
     ("optim.lr", "expected key=value overrides"),
+    ("model.n_heads=0", "model.n_heads must be positive"),
+    ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
 ])
 def test_bad_values_raise_one_clear_line(override, message):
     with pytest.raises(ConfigError) as e:
@@ -58,3 +60,25 @@ def test_norm_and_placement_flags_change_the_model():
     cfg, _, _ = train.parse_cli(["--config", str(train.REPO / "configs/tiny.yaml")])
     model = Llama(cfg.model)
     assert isinstance(model.layers[0], PreNormBlock) and isinstance(model.layers[0].ffn_norm, RMSNorm)
+
+
+def test_resume_may_change_length_not_what_is_trained(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(load_config(train.REPO / "configs/tiny.yaml")))
+    base = ["--name", "r", "--resume", f"log.out_dir={tmp_path}"]
+    cfg, resume, _ = train.parse_cli([*base, "train.steps=50"])
+    assert resume and cfg.train.steps == 50 and cfg.model.dim == 32
+    for change in (["--norm", "layernorm"], ["optim.weight_decay=0.5"], ["model.dim=64"]):
+        with pytest.raises(ConfigError, match="--resume cannot change"):
+            train.parse_cli([*base, *change])
+
+
+def test_lr_schedule_warms_up_then_reaches_the_floor_at_the_last_step():
+    from training.optim import lr_at
+
+    cfg = load_config(train.DEFAULT_CONFIG, ["optim.lr=1.0", "optim.warmup_steps=5", "optim.min_lr_ratio=0.1"]).optim
+    lrs = [lr_at(s, cfg, 20) for s in range(20)]
+    assert lrs[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and lrs.count(1.0) == 1
+    assert lrs[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(0.1)  # one decay step still ends low

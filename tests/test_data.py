@@ -111,6 +111,13 @@ def test_two_ranks_draw_disjoint_halves_of_the_global_batch(prepared):
     assert sum(x.shape[0] for x, _ in ev[0] + ev[1]) == 10
 
 
+def test_too_small_eval_set_fails_when_asked_not_at_the_first_batch():
+    from data.sources import DataError
+
+    with pytest.raises(DataError, match="too few"):
+        eval_batches(np.arange(5, dtype=np.uint16), 16, 4, 1024)
+
+
 def _run_prepare(args, tmp_path):
     return subprocess.run([sys.executable, "-m", "data.prepare", "--root", str(tmp_path / "out"), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -36,6 +36,16 @@ def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     assert "error: model.norm='groupnorm'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("text,message", [("grid: [1, 2\n", "cannot parse"), ("grid: [1, 2]\n", "a 'grid' mapping"),
+                                          ("grid: {lr: [0.1]}\nthreads_per_worker: 0\n", "must be >= 1")])
+def test_malformed_study_files_are_one_line(tmp_path, capsys, text, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert sweep.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
 @pytest.fixture
 def data_set(prepared):
     meta = json.loads((prepared / "meta.json").read_text())

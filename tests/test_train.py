@@ -166,3 +166,20 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
     assert r.returncode == 10, r.stderr[-2000:]  # ran fine, and did use wandb
     runs = list((tmp_path / "on" / "wandb").glob("offline-run-*"))
     assert runs and list(runs[0].glob("*.wandb"))
+
+
+class _StopAtOnce(train.StopRequest):
+    """A Ctrl-C that arrived before the first step."""
+
+    def __init__(self):
+        super().__init__()
+        self.requested = True
+
+
+@pytest.mark.slow
+def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, data_args, monkeypatch):
+    monkeypatch.setattr(train, "StopRequest", _StopAtOnce)
+    assert run(tmp_path, data_args, "--name", "last", "train.steps=1") == train.EXIT_OK  # finishes: nothing to resume
+    assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in ("ok", "plateau")
+    assert run(tmp_path, data_args, "--name", "early", "train.steps=3") == train.EXIT_INTERRUPTED
+    assert load_checkpoint(tmp_path / "early" / "checkpoints" / "latest.pt")["step"] == 1

@@ -173,6 +173,15 @@ def validate(cfg: Config) -> Config:
     if t.micro_batch_size and t.batch_size % t.micro_batch_size:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
                           f"train.micro_batch_size={t.micro_batch_size}")
+    o = cfg.optim
+    if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
+        raise ConfigError("optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "
+                          "optim.min_lr_ratio in [0, 1]")
+    if t.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
     if cfg.log.spike_window < 2 or cfg.log.spike_k <= 0:
         raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
     try:

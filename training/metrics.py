@@ -22,8 +22,10 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-# the norms of a block that sit on the residual stream / sublayer outputs (qk-norms act on heads instead)
-BLOCK_NORMS = ("attention_norm", "ffn_norm", "attention_out_norm", "ffn_out_norm")
+# The block's two main norms: what they receive is the residual stream (pre, peri) or the residual sum
+# x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are left out, so
+# norm_in/* and norm/gain/* mean the same thing for every placement.
+BLOCK_NORMS = ("attention_norm", "ffn_norm")
 MAX_SCORES = 1 << 24  # attention scores materialized at once by the logit-max probe (64 MB in float32)
 
 
@@ -79,8 +81,7 @@ class StabilityProbe:
             self.handles.append(block.register_forward_hook(self._block_hook(i)))
             self.handles.append(block.attention.register_forward_hook(self._attention_hook(i)))
             for name in BLOCK_NORMS:
-                if hasattr(block, name):
-                    self.handles.append(getattr(block, name).register_forward_pre_hook(self._norm_hook(i)))
+                self.handles.append(getattr(block, name).register_forward_pre_hook(self._norm_hook(i)))
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
@@ -138,8 +139,7 @@ class StabilityProbe:
             values[f"param/norm/{key}"] = old_norm
             values[f"update/ratio/{key}"] = _norm(torch._foreach_sub(now, old)) / old_norm
         for i, block in enumerate(self.model.layers):
-            gains = [getattr(block, n).weight for n in BLOCK_NORMS
-                     if getattr(getattr(block, n, None), "weight", None) is not None]
+            gains = [getattr(block, n).weight for n in BLOCK_NORMS if getattr(block, n).weight is not None]
             if gains:
                 values[f"norm/gain/layer_{i}"] = torch.cat([g.detach().float().flatten() for g in gains]).mean()
         self.values, self.sums, self.before = {}, defaultdict(list), {}

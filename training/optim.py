@@ -26,10 +26,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Learning rate of step `step` (0-based): linear warmup to cfg.lr over warmup_steps, then a cosine,
-    linear or constant decay to cfg.lr * min_lr_ratio at the last step."""
-    if step < cfg.warmup_steps:
+    """Learning rate of step `step` (0-based): linear warmup reaching cfg.lr at step warmup_steps - 1, then a
+    cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:  # a warmup as long as the run never leaves it
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - 1 - cfg.warmup_steps))
+    progress = min(1.0, (step - cfg.warmup_steps + 1) / max(1, total_steps - cfg.warmup_steps))
     decay = {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": 1 - progress, "constant": 1.0}
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay[cfg.schedule])

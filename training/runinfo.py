@@ -58,9 +58,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop records after `step` (logged after the checkpoint a run resumes from), atomically."""
     keep = [r for r in read_metrics(path) if r["step"] <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def series(records: list[dict], key: str) -> list[float]:
@@ -86,7 +84,12 @@ def summarize(records: list[dict], status: str, steps_done: int, total_steps: in
     }
 
 
-def write_json(path: Path, obj: dict) -> None:
+def write_text(path: Path, text: str) -> None:
+    """Replace a file atomically (a reader sees the old or the new content, never half)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
