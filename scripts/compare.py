@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from training import monitor  # noqa: E402
 from training.runinfo import read_metrics, series  # noqa: E402
 
 IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
-OUTCOMES = ("ok", "plateau", "diverged", "interrupted", "failed")
+OUTCOMES = (*monitor.OUTCOMES, "failed")  # failed: crashed without a summary (sweep.json has the error)
 
 
 @dataclass
