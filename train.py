@@ -156,8 +156,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         tune_cpu(tc.threads, malloc=tc.malloc_tuning)
 
     # data: prepared once (cached; concurrent processes wait for each other)
-    dc = cfg.data
-    prepared = prepare(dc.source, dc.vocab_size, dc.val_fraction, dc.seed, dc.text_field, dc.root, verbose=d.is_master)
+    prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
     data_meta = json.loads((prepared / "meta.json").read_text())
     per_rank = tc.batch_size // d.world_size
     micro = tc.micro_batch_size or per_rank

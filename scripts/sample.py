@@ -25,8 +25,7 @@ def load_run(run_dir: Path) -> tuple[Llama, Tokenizer]:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml")
-    dc = cfg.data
-    prepared = prepare(dc.source, dc.vocab_size, dc.val_fraction, dc.seed, dc.text_field, dc.root, verbose=False)
+    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
     model = Llama(cfg.model)
     model.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "latest.pt")["model"])
     return model.eval(), Tokenizer(prepared / "tokenizer.model")
