@@ -1,8 +1,8 @@
 """Fast paths for the norms: the same formulas and precision policy as model/norms.py, fused.
 
-- CPU: a C++ kernel (model/kernels/norms_cpu.cpp) built on first use with torch.utils.cpp_extension and
-  cached by torch under ~/.cache/torch_extensions. One pass for the row statistics, one for the output;
-  backward saves only the input and the per-row 1/rms (and mean), instead of every intermediate.
+- CPU: a C++ kernel (model/kernels/norms_cpu.cpp, built on first use by model/kernels/__init__.py). One
+  pass for the row statistics, one for the output; backward saves only the input and the per-row 1/rms
+  (and mean), instead of every intermediate.
 - CUDA: torch's own fused kernels (F.rms_norm / F.layer_norm) on float32, then the gain.
 - Elsewhere, or where no compiler exists, the reference formula (with a warning once).
 
@@ -11,58 +11,11 @@ Set `model.norm_impl: fast`; the reference stays the readable definition and the
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
+from model.kernels import kernel_available
 from model.norms import LayerNorm, NoNorm, RMSNorm
-
-KERNEL = Path(__file__).parent / "kernels" / "norms_cpu.cpp"
-_kernel: bool | None = None  # None: not tried yet
-
-
-def kernel_available() -> bool:
-    """Build (or load the cached build of) the CPU kernel once per process; False if that fails."""
-    global _kernel
-    if _kernel is None:
-        if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
-            print("[fast_norms] loading the fused CPU norm kernel (compiled on first use, about a minute; "
-                  "then cached)", file=sys.stderr, flush=True)
-        try:
-            from torch.utils.cpp_extension import load
-
-            # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
-            flags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
-            load(name="normlab_norms", sources=[str(KERNEL)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                 is_python_module=False, verbose=False)
-            _register_fake()
-            _kernel = True
-        except Exception as e:  # no compiler, no headers...: stay correct, just slower
-            warnings.warn(f"normlab: fused CPU norm kernel unavailable, using the reference norms ({e})",
-                          stacklevel=2)
-            _kernel = False
-    return _kernel
-
-
-def _register_fake() -> None:
-    """Shape-only versions of the ops so torch.compile can trace through them."""
-
-    @torch.library.register_fake("normlab::norm_fwd")
-    def _(x, weight, bias, eps, center):
-        dtype = torch.promote_types(x.dtype, weight.dtype) if weight is not None else x.dtype
-        rows = x.new_empty(x.shape[0], dtype=torch.promote_types(x.dtype, torch.float32))
-        return x.new_empty(x.shape, dtype=dtype), rows, rows.new_empty(x.shape[0])
-
-    @torch.library.register_fake("normlab::norm_bwd")
-    def _(grad, x, weight, rstd, mean, center, has_bias):
-        dw = weight.new_empty(weight.shape) if weight is not None else None
-        db = weight.new_empty(weight.shape) if weight is not None and has_bias else None
-        return x.new_empty(x.shape), dw, db
-
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.args import ModelArgs, lookup
 from model.blocks import BLOCKS, build_block
 from model.layers import rope_tables
+from model.loss import LOSS_IMPLS
 from model.norms import build_norm
 
 
@@ -25,6 +25,7 @@ class Llama(nn.Module):
         final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
         self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.cross_entropy = lookup(LOSS_IMPLS, args.loss_impl, "loss_impl")
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -60,7 +61,7 @@ class Llama(nn.Module):
         logits = self.output(self.norm(h))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+            loss = self.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()

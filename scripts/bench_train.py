@@ -1,13 +1,18 @@
-"""Tokens/s of a full training step (forward, backward, AdamW) of our model against transformers'
-LlamaForCausalLM at the same configuration, dtype and batch, measured side by side in one process.
+"""Tokens/s of a full training step (forward, loss, backward, AdamW) of our model against transformers'
+LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side by side in one process.
 
-    python scripts/bench_train.py [--config configs/default.yaml] [--rounds 5] [--steps 5] [--no-compile]
+    python scripts/bench_train.py [--config configs/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
 
-Variants run in alternating rounds (each round times every variant for --steps steps after one warm-up
-step), so that machine noise hits them alike; the table reports tokens/s (median over rounds) and each
-variant's ratio to transformers' Llama (median and min..max over rounds). Then "where the time goes":
-the share of the step spent in norms, measured by ablation (the same model with the norms replaced by
-identity, alternated with it), and the profiler's top operators of one step.
+Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
+`model.loss_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`
+(F.cross_entropy on float32 logits). Both start from the same weights and the script checks that their
+first losses agree. One row also runs our model with the loss computed outside it by F.cross_entropy
+(as for transformers), which separates what the model and what the fused loss contribute.
+
+Variants alternate within each round, in reverse order every other round, so that this shared machine's
+noise hits them alike; the tables report tokens/s (median over rounds) and paired per-round ratios
+(median, and the interquartile range). Then "where the time goes": the share of the step spent in norms,
+by ablation (the same model with identity norms, alternated with it), and the profiler's top operators.
 
 The CPU allocator setting is stated: train.py applies `tune_cpu` (glibc mallopt) and so does this
 script, unless --no-malloc-tuning is given.
@@ -33,15 +38,21 @@ from training.cpu import tune_cpu  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_step(model: torch.nn.Module, hf: bool, dtype: str, device: torch.device):
-    """One optimizer step on (x, y) as a closure, for our Llama or a transformers LlamaForCausalLM."""
+def make_step(model: torch.nn.Module, kind: str, dtype: str, device: torch.device):
+    """One optimizer step on (x, y) as a closure. kind: "ours" (our model computes its loss), "hf" (a
+    transformers LlamaForCausalLM computes its loss from labels) or "logits" (our model's logits, then
+    F.cross_entropy outside it)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
     def step(x, y):
         with autocast:
-            logits = model(input_ids=x).logits if hf else model(x)[0]
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())  # the same loss for both
+            if kind == "ours":
+                loss = model(x, y)[1]
+            elif kind == "hf":  # shift_labels: the targets as given, no shift inside transformers
+                loss = model(input_ids=x, labels=y, shift_labels=y).loss
+            else:
+                loss = F.cross_entropy(model(x)[0].flatten(0, 1).float(), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -55,51 +66,69 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def _ours(cfg, device, **changes) -> Llama:
+    torch.manual_seed(0)  # the same weights for every variant
+    return Llama(cfg.model.__class__(**{**vars(cfg.model), **changes})).to(device)
+
+
 def build_variants(cfg, device, compile_too: bool) -> dict:
     from model.hf import to_hf
 
-    variants = {}
+    def hf_model():
+        m = to_hf(_ours(cfg, "cpu", norm="rmsnorm", norm_impl="reference", loss_impl="reference"))
+        m.config._attn_implementation = "sdpa"
+        return m.to(device)
+
+    fast, ref = {"norm_impl": "fast", "loss_impl": "fast"}, {"norm_impl": "reference", "loss_impl": "reference"}
+    models = {}
     for norm in ("rmsnorm", "layernorm"):
-        for impl in ("fast", "reference"):
-            torch.manual_seed(0)
-            args = cfg.model.__class__(**{**vars(cfg.model), "norm": norm, "norm_impl": impl})
-            variants[f"ours {norm} ({impl})"] = (Llama(args).to(device), False)
-    torch.manual_seed(0)
-    ref_args = cfg.model.__class__(**{**vars(cfg.model), "norm": "rmsnorm", "norm_impl": "reference"})
-    hf = to_hf(Llama(ref_args))
-    hf.config._attn_implementation = "sdpa"
-    variants["transformers Llama"] = (hf.to(device), True)
-    steps = {name: make_step(m, is_hf, cfg.train.dtype, device) for name, (m, is_hf) in variants.items()}
+        models[f"ours {norm} (fast)"] = (_ours(cfg, device, norm=norm, **fast), "ours")
+        models[f"ours {norm} (reference)"] = (_ours(cfg, device, norm=norm, **ref), "ours")
+    models["ours rmsnorm (fast norms), loss outside"] = (_ours(cfg, device, norm="rmsnorm", **fast), "logits")
+    models["transformers Llama"] = (hf_model(), "hf")
+    steps = {name: make_step(m, kind, cfg.train.dtype, device) for name, (m, kind) in models.items()}
     if compile_too:
-        for name in ("ours rmsnorm (fast)", "ours layernorm (fast)", "transformers Llama"):
-            torch.manual_seed(0)
-            m, is_hf = variants[name]
-            m2 = Llama(m.args).to(device) if not is_hf else to_hf(Llama(ref_args)).to(device)
-            steps[f"{name} compiled"] = make_step(torch.compile(m2), is_hf, cfg.train.dtype, device)
+        for norm in ("rmsnorm", "layernorm"):
+            steps[f"ours {norm} (fast) compiled"] = make_step(torch.compile(_ours(cfg, device, norm=norm, **fast)),
+                                                              "ours", cfg.train.dtype, device)
+        steps["transformers Llama compiled"] = make_step(torch.compile(hf_model()), "hf", cfg.train.dtype, device)
     return steps
 
 
 def time_rounds(steps: dict, x, y, device, rounds: int, n: int) -> dict[str, list[float]]:
-    """Seconds per step of every variant, one value per round, variants alternating within a round."""
-    for step in steps.values():  # warm-up (and compilation) outside the timed rounds
-        step(x, y)
+    """Seconds per step of every variant, one value per round; variants alternate within a round, in
+    reverse order every other round. The first step of each (and compilation) is not timed; the first
+    losses of all variants must agree (same weights, same batch)."""
+    first = {name: step(x, y).item() for name, step in steps.items()}
+    ref = first["transformers Llama"] if "transformers Llama" in first else next(iter(first.values()))
+    for name, value in first.items():
+        if abs(value - ref) > 1e-3 * abs(ref):
+            raise SystemExit(f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same model")
     out = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    names = list(steps)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
             sync(device)
             t = time.perf_counter()
             for _ in range(n):
-                step(x, y)
+                steps[name](x, y)
             sync(device)
             out[name].append((time.perf_counter() - t) / n)
     return out
 
 
+def ratio_stats(num: list[float], den: list[float]) -> str:
+    """Paired per-round speed ratio den/num (>1: num is faster): median and interquartile range."""
+    r = sorted(d / t for t, d in zip(num, den, strict=True))
+    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+    return f"{statistics.median(r):.2f} | {q[0]:.2f}..{q[2]:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--steps", type=int, default=1, help="timed steps per variant per round")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-malloc-tuning", action="store_true")
     p.add_argument("--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler")
@@ -119,14 +148,21 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, {cfg.train.dtype}, "
           f"batch {B}x{T}, dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {V}; allocator: {allocator}; "
-          f"{a.rounds} alternating rounds of {a.steps} steps)\n")
-    print("| variant | tokens/s (median) | ratio to transformers Llama: median | min..max |")
+          f"{a.rounds} alternating rounds of {a.steps} step(s))\n")
+    print("| variant | tokens/s (median) | ratio to transformers Llama: median | IQR |")
     print("|---|---|---|---|")
     hf = times["transformers Llama"]
     for name, ts in times.items():
-        ratios = [h / t for t, h in zip(ts, hf, strict=True)]
-        print(f"| {name} | {B * T / statistics.median(ts):,.0f} | {statistics.median(ratios):.2f} | "
-              f"{min(ratios):.2f}..{max(ratios):.2f} |")
+        print(f"| {name} | {B * T / statistics.median(ts):,.0f} | {ratio_stats(ts, hf)} |")
+    print("\n| pair | speed ratio: median | IQR |")
+    print("|---|---|---|")
+    pairs = [("ours rmsnorm (fast)", "ours layernorm (fast)"),
+             ("ours rmsnorm (reference)", "ours layernorm (reference)"),
+             ("ours rmsnorm (fast) compiled", "ours layernorm (fast) compiled"),
+             ("ours rmsnorm (fast)", "ours rmsnorm (fast norms), loss outside")]
+    for fast_one, slow_one in pairs:
+        if fast_one in times and slow_one in times:
+            print(f"| {fast_one} / {slow_one} | {ratio_stats(times[fast_one], times[slow_one])} |")
 
     if a.no_breakdown:
         return 0
@@ -137,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for impl in ("fast", "reference"):
             pair = {}
             for n in (norm, "none"):
-                torch.manual_seed(0)
-                args = cfg.model.__class__(**{**vars(cfg.model), "norm": n, "norm_impl": impl})
-                pair[n] = make_step(Llama(args).to(device), False, cfg.train.dtype, device)
+                pair[n] = make_step(_ours(cfg, device, norm=n, norm_impl=impl, loss_impl=impl), "ours",
+                                    cfg.train.dtype, device)
             t = time_rounds(pair, x, y, device, a.rounds, a.steps)
             with_n, without = statistics.median(t[norm]), statistics.median(t["none"])
             print(f"| {norm} ({impl}) | {with_n * 1e3:.1f} | {without * 1e3:.1f} | "
@@ -147,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n## Profiler: top operators of one step, ours rmsnorm (reference) vs (fast)\n")
     for impl in ("reference", "fast"):
-        torch.manual_seed(0)
-        args = cfg.model.__class__(**{**vars(cfg.model), "norm": "rmsnorm", "norm_impl": impl})
-        step = make_step(Llama(args).to(device), False, cfg.train.dtype, device)
+        step = make_step(_ours(cfg, device, norm="rmsnorm", norm_impl=impl, loss_impl=impl), "ours",
+                         cfg.train.dtype, device)
         step(x, y)
         with torch.profiler.profile() as prof:
             step(x, y)

@@ -163,14 +163,14 @@ def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str 
 
 
 def prepare_once(study: dict, runs: list[dict]) -> None:
-    """Prepare the data and build the norm kernel before the workers start, instead of in each of them."""
+    """Prepare the data and build the CPU kernels before the workers start, instead of in each of them."""
     from data.prepare import prepare
 
     cfgs = [load_config(study["config"], r["overrides"]) for r in runs]
     for data in {tuple(sorted(vars(c.data).items())) for c in cfgs}:
         prepare(**dict(data))
-    if any(c.model.norm_impl == "fast" for c in cfgs):
-        from model.fast_norms import kernel_available
+    if any("fast" in (c.model.norm_impl, c.model.loss_impl) for c in cfgs):
+        from model.kernels import kernel_available
 
         kernel_available()
 

@@ -8,12 +8,14 @@
 // the gain / bias gradients are reduced from per-thread partial sums. Loops are written so that the
 // compiler vectorizes them (restrict pointers, no branches inside, `omp simd` reductions).
 //
-// Registered as torch.ops.normlab.{norm_fwd, norm_bwd}; built on first use by model/fast_norms.py.
+// Registered as torch.ops.normlab.{norm_fwd, norm_bwd}; built on first use by model/kernels/__init__.py.
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "convert.h"
 
 #include <cmath>
 #include <cstdint>
@@ -24,30 +26,11 @@
 
 namespace {
 
-constexpr int64_t kGrain = 16;  // rows per parallel task at least
+using normlab::down;
+using normlab::round_to;
+using normlab::up;
 
-// Conversions to and from the compute type that the compiler can vectorize: c10's bfloat16 ones are
-// opaque calls inside `omp simd` loops, which made bfloat16 rows several times slower than float32.
-template <typename T>
-inline at::opmath_type<T> up(T v) { return static_cast<at::opmath_type<T>>(v); }
-inline float up(at::BFloat16 v) {
-  const uint32_t u = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-template <typename T>
-inline T down(at::opmath_type<T> v) { return static_cast<T>(v); }
-template <>
-inline at::BFloat16 down<at::BFloat16>(float f) {  // round to nearest even, as c10 does; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return at::BFloat16(static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded),
-                      at::BFloat16::from_bits());
-}
-template <typename T>
-inline at::opmath_type<T> round_to(at::opmath_type<T> v) { return up(down<T>(v)); }  // v as T would hold it
+constexpr int64_t kGrain = 16;  // rows per parallel task at least
 
 // In every supported dtype combination (see dispatch) the compute type of x, of the weight and of the
 // output is the same: float, or double for double.

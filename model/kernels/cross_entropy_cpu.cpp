@@ -1,0 +1,152 @@
+// Fused softmax cross-entropy for CPU, forward and backward: loss_r = logsumexp(x_r) - x_r[t_r].
+//
+// F.cross_entropy runs log_softmax (writes a (rows, vocab) tensor), nll_loss, and in the backward a
+// (rows, vocab) one-hot gradient plus the log_softmax backward: five passes over the logits' size. Here the
+// forward reads each row twice (max, then sum of exp) and keeps only the per-row logsumexp; the backward
+// reads the row once and writes softmax(x) - onehot(t), scaled by the incoming gradient, straight into
+// the logits' gradient. Compute in float32 (float64 for float64 logits), as F.cross_entropy on
+// `logits.float()`; the gradient is rounded once to the logits' dtype.
+//
+// Registered as torch.ops.normlab.{cross_entropy_fwd, cross_entropy_bwd}; loaded by model/kernels/__init__.py.
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <tuple>
+
+#if defined(__GLIBC__) && defined(__x86_64__) && defined(NORMLAB_LIBMVEC)
+// glibc's vector math library (libmvec) has SIMD versions of expf (8 lanes with AVX2, 16 with AVX-512,
+// at most 4 ulp from the exact value); declaring them lets the `omp simd` loops below use them.
+#pragma omp declare simd notinbranch
+extern "C" float expf(float);
+#endif
+
+namespace {
+
+using normlab::down;
+using normlab::up;
+
+constexpr int64_t kGrain = 4;  // rows per parallel task at least (a row is a whole vocabulary)
+
+template <typename acc_t>
+inline acc_t exp_(acc_t v) {
+  if constexpr (std::is_same_v<acc_t, float>) return expf(v);
+  else return std::exp(v);
+}
+
+template <typename x_t>
+void forward_rows(const x_t* __restrict__ x, const int64_t* __restrict__ target,
+                  at::opmath_type<x_t>* __restrict__ loss, at::opmath_type<x_t>* __restrict__ lse, int64_t rows,
+                  int64_t vocab, int64_t ignore_index) {
+  using acc_t = at::opmath_type<x_t>;
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const x_t* __restrict__ xr = x + r * vocab;
+      acc_t m = -std::numeric_limits<acc_t>::infinity();
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j < vocab; ++j) m = std::max(m, up(xr[j]));
+      acc_t s = 0;  // a NaN anywhere in the row makes s (and the loss) NaN, as in torch
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < vocab; ++j) s += exp_(up(xr[j]) - m);
+      const acc_t l = m + std::log(s);
+      lse[r] = l;
+      loss[r] = target[r] == ignore_index ? acc_t(0) : l - up(xr[target[r]]);
+    }
+  });
+}
+
+// dx_r = scale * (softmax(x_r) - onehot(t_r)); rows whose target is ignore_index get 0.
+template <typename x_t>
+void backward_rows(const x_t* __restrict__ x, const int64_t* __restrict__ target,
+                   const at::opmath_type<x_t>* __restrict__ lse, x_t* __restrict__ dx, at::opmath_type<x_t> scale,
+                   int64_t rows, int64_t vocab, int64_t ignore_index) {
+  using acc_t = at::opmath_type<x_t>;
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const x_t* __restrict__ xr = x + r * vocab;
+      x_t* __restrict__ dxr = dx + r * vocab;
+      const int64_t t = target[r];
+      if (t == ignore_index) {
+        std::fill(dxr, dxr + vocab, down<x_t>(acc_t(0)));
+        continue;
+      }
+      const acc_t l = lse[r];
+#pragma omp simd
+      for (int64_t j = 0; j < vocab; ++j) dxr[j] = down<x_t>(exp_(up(xr[j]) - l) * scale);
+      dxr[t] = down<x_t>((exp_(up(xr[t]) - l) - acc_t(1)) * scale);
+    }
+  });
+}
+
+template <typename F>
+void dispatch(at::ScalarType x, const F& f) {
+  if (x == at::kFloat) return f(float{});
+  if (x == at::kDouble) return f(double{});
+  if (x == at::kBFloat16) return f(at::BFloat16{});
+  if (x == at::kHalf) return f(at::Half{});
+  TORCH_CHECK(false, "normlab cross_entropy kernel: unsupported logits dtype ", x);
+}
+
+void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu(),
+              "cross_entropy: logits must be 2-d contiguous CPU");
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) && target.scalar_type() == at::kLong &&
+                  target.is_contiguous(),
+              "cross_entropy: targets must be 1-d int64 with one entry per row of logits");
+  const int64_t* t = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < target.size(0); ++r)  // checked up front: the parallel loops cannot throw
+    TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < logits.size(1)), "Target ", t[r],
+                      " is out of bounds.");
+}
+
+// Returns (per-row loss, per-row logsumexp), both in the compute dtype; ignored rows have loss 0.
+std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd(const at::Tensor& logits, const at::Tensor& target,
+                                                     int64_t ignore_index) {
+  check_inputs(logits, target, ignore_index);
+  const auto acc_type = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto loss = at::empty({logits.size(0)}, logits.options().dtype(acc_type));
+  auto lse = at::empty({logits.size(0)}, logits.options().dtype(acc_type));
+  dispatch(logits.scalar_type(), [&](auto x0) {
+    using x_t = decltype(x0);
+    using acc_t = at::opmath_type<x_t>;
+    forward_rows<x_t>(logits.data_ptr<x_t>(), target.data_ptr<int64_t>(), loss.data_ptr<acc_t>(),
+                      lse.data_ptr<acc_t>(), logits.size(0), logits.size(1), ignore_index);
+  });
+  return {loss, lse};
+}
+
+// grad_scale: the gradient of each non-ignored row's loss (a 0-d tensor, e.g. grad_output / count).
+at::Tensor cross_entropy_bwd(const at::Tensor& grad_scale, const at::Tensor& logits, const at::Tensor& target,
+                             const at::Tensor& lse, int64_t ignore_index) {
+  check_inputs(logits, target, ignore_index);
+  auto dx = at::empty_like(logits);
+  dispatch(logits.scalar_type(), [&](auto x0) {
+    using x_t = decltype(x0);
+    using acc_t = at::opmath_type<x_t>;
+    const acc_t scale = grad_scale.item<double>();
+    backward_rows<x_t>(logits.data_ptr<x_t>(), target.data_ptr<int64_t>(), lse.data_ptr<acc_t>(),
+                       dx.data_ptr<x_t>(), scale, logits.size(0), logits.size(1), ignore_index);
+  });
+  return dx;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(normlab, m) {
+  m.def("cross_entropy_fwd(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)");
+  m.def("cross_entropy_bwd(Tensor grad_scale, Tensor logits, Tensor target, Tensor lse, int ignore_index) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  m.impl("cross_entropy_fwd", cross_entropy_fwd);
+  m.impl("cross_entropy_bwd", cross_entropy_bwd);
+}

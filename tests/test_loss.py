@@ -1,0 +1,125 @@
+"""The fused cross-entropy kernel against float64 truth and F.cross_entropy, and the model's loss paths."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import Llama, ModelArgs, loss
+from model.kernels import kernel_available
+from model.loss import fast_cross_entropy, reference_cross_entropy
+
+
+def test_kernel_builds_here():
+    assert kernel_available()  # gcc is part of the supported setup; the fallback is tested below
+
+
+def _logits(rows, vocab, dtype, seed=0, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, vocab, generator=gen) * scale).to(dtype)
+    t = torch.randint(0, vocab, (rows,), generator=gen)
+    t[::5] = -1  # some ignored rows
+    return x, t
+
+
+def _loss_and_grad(fn, x, t):
+    x = x.detach().clone().requires_grad_()
+    value = fn(x, t, ignore_index=-1)
+    value.backward()
+    return value, x.grad
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 7), (37, 33), (64, 4099), (300, 512)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matches_float64_as_closely_as_the_reference(rows, vocab, dtype):
+    x, t = _logits(rows, vocab, dtype)
+    if (t == -1).all():
+        t[0] = 0
+    truth, truth_grad = _loss_and_grad(F.cross_entropy, x.double(), t)
+    fast, fast_grad = _loss_and_grad(fast_cross_entropy, x, t)
+    ref, ref_grad = _loss_and_grad(reference_cross_entropy, x, t)
+    assert fast.dtype == ref.dtype == torch.float32 and fast_grad.dtype == ref_grad.dtype == dtype
+    assert abs(fast.item() - truth.item()) <= 1e-6 * max(1.0, abs(truth.item()))
+    # the gradient is rounded once to the logits' dtype: as close to float64 as the reference's
+    eps = torch.finfo(dtype).eps
+    assert _rel(fast_grad, truth_grad) <= max(2 * _rel(ref_grad, truth_grad), 4 * eps)
+    # element by element: one rounding step of the dtype apart (float32: a few ulp of exp)
+    torch.testing.assert_close(fast_grad.float(), ref_grad.float(), rtol=max(2 * eps, 1e-5),
+                               atol=2 * eps * ref_grad.abs().max().item())
+
+
+def test_float64_gradcheck():
+    x, t = _logits(6, 11, torch.float64)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: fast_cross_entropy(x, t, ignore_index=-1), (x,))
+    assert fast_cross_entropy(x, t).dtype == torch.float64
+
+
+def test_non_contiguous_logits_and_large_values():
+    x, t = _logits(40, 64, torch.float32, scale=200.0)  # logits in the hundreds: no overflow in exp
+    x_t = x.t().contiguous().t()  # the same values, column-major
+    assert not x_t.is_contiguous()
+    torch.testing.assert_close(fast_cross_entropy(x_t, t), F.cross_entropy(x.double(), t, ignore_index=-1).float())
+
+
+def test_nan_and_edge_cases_behave_like_torch():
+    x, t = _logits(8, 16, torch.float32)
+    x[3, 5] = float("nan")
+    assert fast_cross_entropy(x, t).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
+    all_ignored = torch.full((8,), -1)
+    assert fast_cross_entropy(x, all_ignored).isnan() and F.cross_entropy(x, all_ignored, ignore_index=-1).isnan()
+    bad = t.clone()
+    bad[0] = 16
+    with pytest.raises(IndexError, match="out of bounds"):
+        fast_cross_entropy(x, bad)
+
+
+def _saved_bytes(fn, x, t):
+    saved = []
+
+    def pack(s):
+        saved.append(s.numel() * s.element_size())
+        return s
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda s: s):
+        fn(x.detach().requires_grad_(), t)
+    return sum(saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saves_only_the_logits_and_per_row_values(dtype):
+    x, t = _logits(64, 1000, dtype)
+    fast, ref = _saved_bytes(fast_cross_entropy, x, t), _saved_bytes(reference_cross_entropy, x, t)
+    assert fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8  # logits, targets, logsumexp, count
+    assert fast < ref
+
+
+def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
+    monkeypatch.setattr(loss, "kernel_available", lambda: False)
+    x, t = _logits(5, 9, torch.float32)
+    assert torch.equal(fast_cross_entropy(x, t), reference_cross_entropy(x, t))
+
+
+def test_model_loss_is_the_same_with_either_implementation():
+    args = ModelArgs(dim=32, n_layers=2, n_heads=4, vocab_size=97, max_seq_len=16)
+    grads, losses = [], []
+    for impl in ("reference", "fast"):
+        torch.manual_seed(0)
+        model = Llama(ModelArgs(**{**vars(args), "loss_impl": impl}))
+        idx = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(1))
+        targets = idx.roll(-1, 1)
+        targets[:, -1] = -1
+        _, value = model(idx, targets)
+        value.backward()
+        losses.append(value)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_loss_impl_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="fast.*reference|reference.*fast"):
+        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, loss_impl="fused"))
