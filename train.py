@@ -169,7 +169,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
 
     # model and optimizer: the same seed gives the same weights whatever the norm or placement
-    if "fast" in (cfg.model.norm_impl, cfg.model.loss_impl) and d.device.type == "cpu":
+    if "fast" in (cfg.model.norm_impl, cfg.model.ops_impl) and d.device.type == "cpu":
         from model.kernels import kernel_available
 
         kernel_available()  # build / load the kernels now, not silently inside the first step

@@ -17,7 +17,7 @@ class ModelArgs:
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # rmsnorm | layernorm | none
     norm_impl: str = "reference"  # reference | fast (see model/fast_norms.py)
-    loss_impl: str = "reference"  # reference | fast (see model/loss.py)
+    ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
     placement: str = "pre"  # pre | post | peri

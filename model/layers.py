@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs
+from model.args import ModelArgs, lookup
 from model.norms import build_norm
+from model.ops import OPS_IMPLS
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
 
@@ -74,6 +75,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(args.dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, args.dim, bias=False)
         self.w3 = nn.Linear(args.dim, hidden, bias=False)
+        self.swiglu = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").swiglu  # silu(a) * b, maybe fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.swiglu(self.w1(x), self.w3(x)))

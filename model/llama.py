@@ -10,8 +10,8 @@ from torch import nn
 from model.args import ModelArgs, lookup
 from model.blocks import BLOCKS, build_block
 from model.layers import rope_tables
-from model.loss import LOSS_IMPLS
 from model.norms import build_norm
+from model.ops import OPS_IMPLS
 
 
 class Llama(nn.Module):
@@ -25,7 +25,7 @@ class Llama(nn.Module):
         final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
         self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.cross_entropy = lookup(LOSS_IMPLS, args.loss_impl, "loss_impl")
+        self.cross_entropy = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").cross_entropy
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)

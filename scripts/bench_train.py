@@ -4,7 +4,7 @@ LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer,
     python scripts/bench_train.py [--config configs/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
 
 Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
-`model.loss_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`
+`model.ops_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`
 (F.cross_entropy on float32 logits). Both start from the same weights and the script checks that their
 first losses agree. One row also runs our model with the loss computed outside it by F.cross_entropy
 (as for transformers), which separates what the model and what the fused loss contribute.
@@ -75,11 +75,11 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
     from model.hf import to_hf
 
     def hf_model():
-        m = to_hf(_ours(cfg, "cpu", norm="rmsnorm", norm_impl="reference", loss_impl="reference"))
+        m = to_hf(_ours(cfg, "cpu", norm="rmsnorm", norm_impl="reference", ops_impl="reference"))
         m.config._attn_implementation = "sdpa"
         return m.to(device)
 
-    fast, ref = {"norm_impl": "fast", "loss_impl": "fast"}, {"norm_impl": "reference", "loss_impl": "reference"}
+    fast, ref = {"norm_impl": "fast", "ops_impl": "fast"}, {"norm_impl": "reference", "ops_impl": "reference"}
     models = {}
     for norm in ("rmsnorm", "layernorm"):
         models[f"ours {norm} (fast)"] = (_ours(cfg, device, norm=norm, **fast), "ours")
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for impl in ("fast", "reference"):
             pair = {}
             for n in (norm, "none"):
-                pair[n] = make_step(_ours(cfg, device, norm=n, norm_impl=impl, loss_impl=impl), "ours",
+                pair[n] = make_step(_ours(cfg, device, norm=n, norm_impl=impl, ops_impl=impl), "ours",
                                     cfg.train.dtype, device)
             t = time_rounds(pair, x, y, device, a.rounds, a.steps)
             with_n, without = statistics.median(t[norm]), statistics.median(t["none"])
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n## Profiler: top operators of one step, ours rmsnorm (reference) vs (fast)\n")
     for impl in ("reference", "fast"):
-        step = make_step(_ours(cfg, device, norm="rmsnorm", norm_impl=impl, loss_impl=impl), "ours",
+        step = make_step(_ours(cfg, device, norm="rmsnorm", norm_impl=impl, ops_impl=impl), "ours",
                          cfg.train.dtype, device)
         step(x, y)
         with torch.profiler.profile() as prof:

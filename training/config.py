@@ -142,11 +142,11 @@ def validate(cfg: Config) -> Config:
     """Check choices and ranges, and derive the fields other sections determine."""
     from data.sources import DataError, parse_source
     from model.blocks import BLOCKS
-    from model.loss import LOSS_IMPLS
     from model.norms import NORM_IMPLS, NORMS
+    from model.ops import OPS_IMPLS
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
-               "model.norm_impl": tuple(NORM_IMPLS), "model.loss_impl": tuple(LOSS_IMPLS)}
+               "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:

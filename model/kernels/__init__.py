@@ -1,6 +1,7 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
 under ~/.cache/torch_extensions): the norms (norms_cpu.cpp, used by model/fast_norms.py) and the
-cross-entropy (cross_entropy_cpu.cpp, used by model/loss.py). Both register ops under torch.ops.normlab.
+cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, used by model/ops.py). All register ops
+under torch.ops.normlab.
 
 Where no compiler exists the build fails once, with a warning, and every fast path runs its reference.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / "norms_cpu.cpp", Path(__file__).parent / "cross_entropy_cpu.cpp"]
+SOURCES = [Path(__file__).parent / f"{name}_cpu.cpp" for name in ("norms", "cross_entropy", "swiglu")]
 _loaded: bool | None = None  # None: not tried yet
 
 
@@ -31,7 +32,7 @@ def kernel_available() -> bool:
             # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
             cflags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
             ldflags = ["-fopenmp"]
-            if sys.platform.startswith("linux"):  # glibc's vector exp for the cross-entropy
+            if sys.platform.startswith("linux"):  # glibc's vector exp (libmvec) for the exp loops
                 cflags, ldflags = cflags + ["-DNORMLAB_LIBMVEC"], ldflags + ["-lmvec"]
             load(name="normlab_kernels", sources=[str(s) for s in SOURCES], extra_cflags=cflags,
                  extra_ldflags=ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
@@ -67,3 +68,11 @@ def _register_fake() -> None:
     @torch.library.register_fake("normlab::cross_entropy_bwd")
     def _(grad_scale, logits, target, lse, ignore_index):
         return logits.new_empty(logits.shape)
+
+    @torch.library.register_fake("normlab::swiglu_fwd")
+    def _(a, b):
+        return a.new_empty(a.shape)
+
+    @torch.library.register_fake("normlab::swiglu_bwd")
+    def _(grad, a, b):
+        return a.new_empty(a.shape), b.new_empty(b.shape)

@@ -1,12 +1,13 @@
-"""The fused cross-entropy kernel against float64 truth and F.cross_entropy, and the model's loss paths."""
+"""The fused cross-entropy and SwiGLU kernels against float64 truth and the torch-op references, and the
+model built with either implementation."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model import Llama, ModelArgs, loss
+from model import Llama, ModelArgs, ops
 from model.kernels import kernel_available
-from model.loss import fast_cross_entropy, reference_cross_entropy
+from model.ops import fast_cross_entropy, fast_swiglu, reference_cross_entropy, reference_swiglu
 
 
 def test_kernel_builds_here():
@@ -98,9 +99,52 @@ def test_saves_only_the_logits_and_per_row_values(dtype):
 
 
 def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
-    monkeypatch.setattr(loss, "kernel_available", lambda: False)
+    monkeypatch.setattr(ops, "kernel_available", lambda: False)
     x, t = _logits(5, 9, torch.float32)
     assert torch.equal(fast_cross_entropy(x, t), reference_cross_entropy(x, t))
+
+
+def _swiglu_grads(fn, a, b, g):
+    a, b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    h = fn(a, b)
+    h.backward(g.to(h.dtype))
+    return h, a.grad, b.grad
+
+
+@pytest.mark.parametrize("shape", [(1,), (3, 7), (4, 129, 33), (2, 8192 * 3 + 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_swiglu_matches_float64_at_least_as_closely_as_the_reference(shape, dtype):
+    gen = torch.Generator().manual_seed(0)
+    a, b, g = (torch.randn(shape, generator=gen) * 4 for _ in range(3))  # silu's both tails
+    a, b = a.to(dtype), b.to(dtype)
+    truth = _swiglu_grads(reference_swiglu, a.double(), b.double(), g.double())
+    fast = _swiglu_grads(fast_swiglu, a, b, g)
+    ref = _swiglu_grads(reference_swiglu, a, b, g)
+    eps = torch.finfo(dtype).eps
+    for f, r, t in zip(fast, ref, truth, strict=True):  # output, da, db
+        assert f.dtype == dtype and f.shape == t.shape
+        assert _rel(f, t) <= max(1.01 * _rel(r, t), 4 * eps)
+
+
+def test_swiglu_float64_gradcheck_and_non_contiguous_inputs():
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(fast_swiglu, (a, b))
+    both = torch.randn(4, 10, generator=gen)
+    x, y = both[:, :5], both[:, 5:]  # halves of one projection: strided views
+    torch.testing.assert_close(fast_swiglu(x, y), reference_swiglu(x, y))
+
+
+def test_swiglu_saves_two_tensors_not_three():
+    a, b = torch.randn(64, 100), torch.randn(64, 100)
+    saved = {}
+    for name, fn in (("fast", fast_swiglu), ("reference", reference_swiglu)):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda s, sizes=sizes: sizes.append(s.numel()) or s,
+                                                      lambda s: s):
+            fn(a.clone().requires_grad_(), b.clone().requires_grad_())
+        saved[name] = sum(sizes)
+    assert saved["fast"] == 2 * a.numel() < saved["reference"]
 
 
 def test_model_loss_is_the_same_with_either_implementation():
@@ -108,7 +152,7 @@ def test_model_loss_is_the_same_with_either_implementation():
     grads, losses = [], []
     for impl in ("reference", "fast"):
         torch.manual_seed(0)
-        model = Llama(ModelArgs(**{**vars(args), "loss_impl": impl}))
+        model = Llama(ModelArgs(**{**vars(args), "ops_impl": impl}))
         idx = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(1))
         targets = idx.roll(-1, 1)
         targets[:, -1] = -1
@@ -120,6 +164,6 @@ def test_model_loss_is_the_same_with_either_implementation():
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
-def test_unknown_loss_impl_lists_the_valid_ones():
+def test_unknown_ops_impl_lists_the_valid_ones():
     with pytest.raises(ValueError, match="fast.*reference|reference.*fast"):
-        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, loss_impl="fused"))
+        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, ops_impl="fused"))
