@@ -9,8 +9,8 @@ Each model trains the way its library does: ours returns the loss from `model(x,
 first losses agree. One row also runs our model with the loss computed outside it by F.cross_entropy
 (as for transformers), which separates what the model and what the fused loss contribute.
 
-Variants alternate within each round, in reverse order every other round, so that this shared machine's
-noise hits them alike; the tables report tokens/s (median over rounds) and paired per-round ratios
+Variants alternate within each round, in a fresh random order every round, so that this shared
+machine's noise hits them alike; the tables report tokens/s (median over rounds) and paired per-round ratios
 (median, and the interquartile range). Then "where the time goes": the share of the step spent in norms,
 by ablation (the same model with identity norms, alternated with it), and the profiler's top operators.
 
@@ -21,6 +21,7 @@ script, unless --no-malloc-tuning is given.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -96,8 +97,8 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
 
 
 def time_rounds(steps: dict, x, y, device, rounds: int, n: int, same_model: bool = True) -> dict[str, list[float]]:
-    """Seconds per step of every variant, one value per round; variants alternate within a round, in
-    reverse order every other round. The first step of each (and compilation) is not timed; with
+    """Seconds per step of every variant, one value per round; variants alternate within a round, in a
+    fresh random order every round. The first step of each (and compilation) is not timed; with
     same_model, the first losses of all variants must agree (same weights, same batch)."""
     first = {name: step(x, y).item() for name, step in steps.items()}
     ref = first["transformers Llama"] if "transformers Llama" in first else next(iter(first.values()))
@@ -105,9 +106,11 @@ def time_rounds(steps: dict, x, y, device, rounds: int, n: int, same_model: bool
         if same_model and abs(value - ref) > 1e-3 * abs(ref):
             raise SystemExit(f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same model")
     out = {name: [] for name in steps}
-    names = list(steps)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+    order = random.Random(0)
+    for _ in range(rounds):
+        names = list(steps)
+        order.shuffle(names)  # no variant always runs first, last or after the same one
+        for name in names:
             sync(device)
             t = time.perf_counter()
             for _ in range(n):
@@ -130,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=1, help="timed steps per variant per round")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--only", action="append", metavar="TEXT",
+                   help="time only the variants whose name contains TEXT (repeatable; transformers' Llama "
+                        "always runs), e.g. --only '(fast)' for more rounds of the ones that matter")
     p.add_argument("--no-malloc-tuning", action="store_true")
     p.add_argument("--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)")
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randint(0, V, (B, T), generator=gen).to(device)
     y = torch.randint(0, V, (B, T), generator=gen).to(device)
     steps = build_variants(cfg, device, not a.no_compile)
+    if a.only:
+        steps = {k: v for k, v in steps.items() if k == "transformers Llama" or any(t in k for t in a.only)}
     times = time_rounds(steps, x, y, device, a.rounds, a.steps)
 
     print(f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, {cfg.train.dtype}, "
