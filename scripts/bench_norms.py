@@ -5,10 +5,12 @@
 Implementations: ours (reference formula, eager ops), ours fast (model/fast_norms.py), torch.nn.RMSNorm,
 torch.nn.LayerNorm without and with bias, and torch.compile of our reference. The memory floor is what
 any norm must at least cost: a copy of the tensor (forward) plus one elementwise pass producing the
-input gradient (backward). All implementations of one shape and dtype are timed in alternating rounds
-(median and min..max over rounds); "x floor" is the median time over the floor's. "saved" counts the
-bytes autograd keeps for backward (saved-tensor hooks); "peak" the extra memory one forward+backward
-allocates at its peak (CUDA: the allocator's peak; CPU: the profiler's allocation trace).
+input gradient (backward). All implementations of one shape and dtype are timed in alternating rounds,
+in a fresh random order each round (median and min..max over rounds); "x floor" is the median time over
+the floor's; the paired column is the median (and IQR) of per-round ratios to
+torch.nn.LayerNorm(bias=False). "saved" counts the bytes autograd keeps for backward (saved-tensor
+hooks); "peak" the extra memory one forward+backward allocates at its peak (CUDA: the allocator's
+peak; CPU: the profiler's allocation trace).
 
 CPU allocator: by default this script applies the same glibc setting as train.py (training/cpu.py);
 --no-malloc-tuning measures glibc's default, where every fresh large tensor page-faults.
@@ -18,6 +20,7 @@ On CUDA it times with CUDA events in bfloat16 and float32.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -50,12 +53,15 @@ class _Copy(torch.autograd.Function):
         return g * 1.0001  # reads g, writes dx
 
 
+BASELINE = "layernorm | torch.nn.LayerNorm(bias=False)"
+
+
 def implementations(d: int, dtype: torch.dtype, device, compiled: bool) -> dict[str, torch.nn.Module]:
     impls = {
         "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fast)": FastRMSNorm(d),
         "rmsnorm | torch.nn.RMSNorm": torch.nn.RMSNorm(d, eps=1e-5),
         "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fast)": FastLayerNorm(d),
-        "layernorm | torch.nn.LayerNorm(bias=False)": torch.nn.LayerNorm(d, bias=False),
+        BASELINE: torch.nn.LayerNorm(d, bias=False),
         "layernorm | torch.nn.LayerNorm": torch.nn.LayerNorm(d),
         "floor | copy + elementwise backward": Floor(),
     }
@@ -128,8 +134,12 @@ def bench(shape, dtype, device, repeats: int, compiled: bool) -> list[dict]:
         fwd(m)
         fwd_bwd(m)
     times = {k: {"fwd": [], "fwd+bwd": []} for k in impls}
-    for _ in range(repeats):  # alternating: every implementation once per round
-        for k, m in impls.items():
+    order = random.Random(0)
+    for _ in range(repeats):  # alternating: every implementation once per round, in a fresh random order
+        names = list(impls)
+        order.shuffle(names)
+        for k in names:
+            m = impls[k]
             times[k]["fwd"].append(timer(lambda m=m: fwd(m)))
             times[k]["fwd+bwd"].append(timer(lambda m=m: fwd_bwd(m)))
     floor = {mode: statistics.median(times["floor | copy + elementwise backward"][mode]) for mode in ("fwd", "fwd+bwd")}
@@ -139,6 +149,10 @@ def bench(shape, dtype, device, repeats: int, compiled: bool) -> list[dict]:
         for mode in ("fwd", "fwd+bwd"):
             ts = times[k][mode]
             row[mode] = (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3, statistics.median(ts) / floor[mode])
+        # paired per-round ratio to torch.nn.LayerNorm(bias=False), the bar the fast path has to clear
+        ratios = sorted(t / b for t, b in zip(ts, times[BASELINE]["fwd+bwd"], strict=True))
+        quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        row["vs_ln"] = (statistics.median(ratios), quart[0], quart[2])
         row["saved"] = saved_bytes(m, x) / 2**20
         row["peak"] = peak_bytes(lambda m=m: fwd_bwd(m), device) / 2**20
         rows.append(row)
@@ -160,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
           f"{torch.__version__}; allocator: {allocator}; ours (fast) = {fast}; {a.repeats} alternating rounds)\n")
     print("| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "
-          "fwd+bwd min..max | fwd+bwd x floor | saved for bwd MB | peak MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median (IQR) | "
+          "saved for bwd MB | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in a.shapes:
         for dtype in a.dtypes:
             dims = tuple(int(s) for s in shape.split("x"))
@@ -169,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                 norm, impl = r["impl"].split(" | ")
                 f, fb = r["fwd"], r["fwd+bwd"]
                 print(f"| {norm} | {impl} | {r['dtype']} | {r['shape']} | {f[0]:.2f} | {f[1]:.2f}..{f[2]:.2f} | "
-                      f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | {r['saved']:.1f} | "
+                      f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | {r['vs_ln'][0]:.2f} "
+                      f"({r['vs_ln'][1]:.2f}..{r['vs_ln'][2]:.2f}) | {r['saved']:.1f} | "
                       f"{r['peak']:.1f} |", flush=True)
     return 0
 

@@ -56,6 +56,18 @@ def test_float32_matches_reference_within_rounding(ref_cls, fast_cls, bias, xsha
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+def test_large_inputs_take_the_streaming_store_path_and_still_match(ref_cls, fast_cls):
+    # >= 32 MiB of float32 gradient: dx is written with non-temporal stores (norms_cpu.cpp, kStreamBytes);
+    # an odd width exercises the unaligned head and tail of every row
+    ref, fast = _pair(ref_cls, fast_cls, 1025, torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    x, g = torch.randn(8195, 1025, generator=gen) * 3 + 1, torch.randn(8195, 1025, generator=gen)
+    assert x.numel() * 4 >= 32 << 20
+    for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
+        assert _rel(a, b) < 2e-6
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
 def test_non_contiguous_input_and_no_affine(ref_cls, fast_cls):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(40, 6, 9, generator=gen).transpose(0, 2)  # (9, 6, 40), non-contiguous
