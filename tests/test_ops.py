@@ -167,3 +167,24 @@ def test_model_loss_is_the_same_with_either_implementation():
 def test_unknown_ops_impl_lists_the_valid_ones():
     with pytest.raises(ValueError, match="fast.*reference|reference.*fast"):
         Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, ops_impl="fused"))
+
+
+def test_kernel_build_retries_without_libmvec_then_falls_back(monkeypatch):
+    from model import kernels
+
+    calls = []
+
+    def build(cflags, ldflags):
+        calls.append("-lmvec" in ldflags)
+        if "-lmvec" in ldflags or fail_all:
+            raise OSError("cannot find -lmvec")
+
+    monkeypatch.setattr(kernels, "_build", build)
+    monkeypatch.setattr(kernels.sys, "platform", "linux")
+    fail_all = False
+    monkeypatch.setattr(kernels, "_loaded", None)
+    assert kernels.kernel_available() and calls == [True, False]
+    fail_all = True
+    monkeypatch.setattr(kernels, "_loaded", None)
+    with pytest.warns(UserWarning, match="reference paths"):
+        assert not kernels.kernel_available()

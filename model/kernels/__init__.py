@@ -26,23 +26,32 @@ def kernel_available() -> bool:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
             print("[normlab] loading the fused CPU kernels (compiled on first use, about a minute; then cached)",
                   file=sys.stderr, flush=True)
-        try:
-            from torch.utils.cpp_extension import load
-
-            # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
-            cflags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
-            ldflags = ["-fopenmp"]
-            if sys.platform.startswith("linux"):  # glibc's vector exp (libmvec) for the exp loops
-                cflags, ldflags = cflags + ["-DNORMLAB_LIBMVEC"], ldflags + ["-lmvec"]
-            load(name="normlab_kernels", sources=[str(s) for s in SOURCES], extra_cflags=cflags,
-                 extra_ldflags=ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
-                 verbose=False)
-            _register_fake()
-            _loaded = True
-        except Exception as e:  # no compiler, no headers...: stay correct, just slower
-            warnings.warn(f"normlab: fused CPU kernels unavailable, using the reference paths ({e})", stacklevel=2)
+        # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
+        cflags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
+        attempts = [(cflags, ["-fopenmp"])]
+        if sys.platform.startswith("linux"):  # first with glibc's vector exp (libmvec), then without
+            attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
+        for extra_cflags, extra_ldflags in attempts:
+            try:
+                _build(extra_cflags, extra_ldflags)
+                _loaded = True
+                break
+            except Exception as e:  # no compiler, no headers...: stay correct, just slower
+                error = e
+        else:
+            warnings.warn(f"normlab: fused CPU kernels unavailable, using the reference paths ({error})",
+                          stacklevel=2)
             _loaded = False
     return _loaded
+
+
+def _build(extra_cflags: list[str], extra_ldflags: list[str]) -> None:
+    from torch.utils.cpp_extension import load
+
+    load(name="normlab_kernels", sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
+         extra_ldflags=extra_ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
+         verbose=False)
+    _register_fake()
 
 
 def _register_fake() -> None:
