@@ -14,7 +14,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "convert.h"
+#include "common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,25 +23,13 @@
 #include <type_traits>
 #include <tuple>
 
-#if defined(__GLIBC__) && defined(__x86_64__) && defined(NORMLAB_LIBMVEC)
-// glibc's vector math library (libmvec) has SIMD versions of expf (8 lanes with AVX2, 16 with AVX-512,
-// at most 4 ulp from the exact value); declaring them lets the `omp simd` loops below use them.
-#pragma omp declare simd notinbranch
-extern "C" float expf(float);
-#endif
-
 namespace {
 
 using normlab::down;
+using normlab::exp_;
 using normlab::up;
 
 constexpr int64_t kGrain = 4;  // rows per parallel task at least (a row is a whole vocabulary)
-
-template <typename acc_t>
-inline acc_t exp_(acc_t v) {
-  if constexpr (std::is_same_v<acc_t, float>) return expf(v);
-  else return std::exp(v);
-}
 
 template <typename x_t>
 void forward_rows(const x_t* __restrict__ x, const int64_t* __restrict__ target,
@@ -87,23 +75,18 @@ void backward_rows(const x_t* __restrict__ x, const int64_t* __restrict__ target
   });
 }
 
-template <typename F>
-void dispatch(at::ScalarType x, const F& f) {
-  if (x == at::kFloat) return f(float{});
-  if (x == at::kDouble) return f(double{});
-  if (x == at::kBFloat16) return f(at::BFloat16{});
-  if (x == at::kHalf) return f(at::Half{});
-  TORCH_CHECK(false, "normlab cross_entropy kernel: unsupported logits dtype ", x);
-}
-
-void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index) {
+void check_shapes(const at::Tensor& logits, const at::Tensor& target) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu(),
               "cross_entropy: logits must be 2-d contiguous CPU");
   TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) && target.scalar_type() == at::kLong &&
                   target.is_contiguous(),
               "cross_entropy: targets must be 1-d int64 with one entry per row of logits");
+}
+
+// Once, in the forward (the backward gets the same targets): the parallel loops cannot throw.
+void check_targets(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index) {
   const int64_t* t = target.data_ptr<int64_t>();
-  for (int64_t r = 0; r < target.size(0); ++r)  // checked up front: the parallel loops cannot throw
+  for (int64_t r = 0; r < target.size(0); ++r)
     TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < logits.size(1)), "Target ", t[r],
                       " is out of bounds.");
 }
@@ -111,11 +94,12 @@ void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t ig
 // Returns (per-row loss, per-row logsumexp), both in the compute dtype; ignored rows have loss 0.
 std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd(const at::Tensor& logits, const at::Tensor& target,
                                                      int64_t ignore_index) {
-  check_inputs(logits, target, ignore_index);
+  check_shapes(logits, target);
+  check_targets(logits, target, ignore_index);
   const auto acc_type = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto loss = at::empty({logits.size(0)}, logits.options().dtype(acc_type));
   auto lse = at::empty({logits.size(0)}, logits.options().dtype(acc_type));
-  dispatch(logits.scalar_type(), [&](auto x0) {
+  normlab::dispatch_floating(logits.scalar_type(), "cross_entropy", [&](auto x0) {
     using x_t = decltype(x0);
     using acc_t = at::opmath_type<x_t>;
     forward_rows<x_t>(logits.data_ptr<x_t>(), target.data_ptr<int64_t>(), loss.data_ptr<acc_t>(),
@@ -127,9 +111,9 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd(const at::Tensor& logits, c
 // grad_scale: the gradient of each non-ignored row's loss (a 0-d tensor, e.g. grad_output / count).
 at::Tensor cross_entropy_bwd(const at::Tensor& grad_scale, const at::Tensor& logits, const at::Tensor& target,
                              const at::Tensor& lse, int64_t ignore_index) {
-  check_inputs(logits, target, ignore_index);
+  check_shapes(logits, target);
   auto dx = at::empty_like(logits);
-  dispatch(logits.scalar_type(), [&](auto x0) {
+  normlab::dispatch_floating(logits.scalar_type(), "cross_entropy", [&](auto x0) {
     using x_t = decltype(x0);
     using acc_t = at::opmath_type<x_t>;
     const acc_t scale = grad_scale.item<double>();

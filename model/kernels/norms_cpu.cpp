@@ -17,7 +17,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "convert.h"
+#include "common.h"
 
 #include <cmath>
 #include <cstdint>
@@ -34,7 +34,7 @@ using normlab::round_to;
 using normlab::up;
 
 constexpr int64_t kGrain = 16;  // rows per parallel task at least
-constexpr int64_t kStreamBytes = int64_t(32) << 20;  // outputs this large bypass the caches (see convert.h)
+constexpr int64_t kStreamBytes = int64_t(32) << 20;  // outputs this large bypass the caches (see common.h)
 
 // In every supported dtype combination (see dispatch) the compute type of x, of the weight and of the
 // output is the same: float, or double for double.

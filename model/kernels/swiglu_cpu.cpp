@@ -12,17 +12,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "convert.h"
+#include "common.h"
 
 #include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
-
-#if defined(__GLIBC__) && defined(__x86_64__) && defined(NORMLAB_LIBMVEC)
-#pragma omp declare simd notinbranch
-extern "C" float expf(float);  // glibc's vector expf (libmvec), see cross_entropy_cpu.cpp
-#endif
 
 namespace {
 
@@ -32,10 +27,7 @@ using normlab::up;
 constexpr int64_t kGrain = 8192;  // elements per parallel task at least
 
 template <typename acc_t>
-inline acc_t sigmoid(acc_t v) {
-  if constexpr (std::is_same_v<acc_t, float>) return 1.0f / (1.0f + expf(-v));
-  else return acc_t(1) / (acc_t(1) + std::exp(-v));
-}
+inline acc_t sigmoid(acc_t v) { return acc_t(1) / (acc_t(1) + normlab::exp_(-v)); }
 
 // The loops index local __restrict__ pointers: through the lambda's captured references GCC would
 // not vectorize them.
@@ -72,15 +64,6 @@ void backward(const T* g_, const T* a_, const T* b_, T* da_, T* db_, int64_t n) 
   });
 }
 
-template <typename F>
-void dispatch(at::ScalarType t, const F& f) {
-  if (t == at::kFloat) return f(float{});
-  if (t == at::kDouble) return f(double{});
-  if (t == at::kBFloat16) return f(at::BFloat16{});
-  if (t == at::kHalf) return f(at::Half{});
-  TORCH_CHECK(false, "normlab swiglu kernel: unsupported dtype ", t);
-}
-
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && a.is_contiguous() &&
                   b.is_contiguous() && a.device().is_cpu() && b.device().is_cpu(),
@@ -90,7 +73,7 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
 at::Tensor swiglu_fwd(const at::Tensor& a, const at::Tensor& b) {
   check_same(a, b, "a and b");
   auto h = at::empty_like(a);
-  dispatch(a.scalar_type(), [&](auto t0) {
+  normlab::dispatch_floating(a.scalar_type(), "swiglu", [&](auto t0) {
     using T = decltype(t0);
     forward<T>(a.data_ptr<T>(), b.data_ptr<T>(), h.data_ptr<T>(), a.numel());
   });
@@ -103,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> swiglu_bwd(const at::Tensor& grad, const at::
   check_same(g, a, "grad and a");
   auto da = at::empty_like(a);
   auto db = at::empty_like(b);
-  dispatch(a.scalar_type(), [&](auto t0) {
+  normlab::dispatch_floating(a.scalar_type(), "swiglu", [&](auto t0) {
     using T = decltype(t0);
     backward<T>(g.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(), da.data_ptr<T>(), db.data_ptr<T>(), a.numel());
   });
