@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python data/prepare.py`: make the repository root importable
@@ -30,6 +31,9 @@ import numpy as np
 from data.sources import DataError, corpus_sha256, describe, load_documents, parse_source, source_key
 
 FORMAT = 1  # bump when the output layout changes, to invalidate old caches
+N_META_PIECES = 3 + 256  # unk, bos, eos and the byte-fallback pieces
+MIN_COVERAGE = 0.98  # the lowest character_coverage SentencePiece accepts
+MIN_VOCAB = 300  # the meta pieces + room for the commonest characters and some merges
 PARALLEL_BYTES = 16 << 20  # tokenize with several processes above this corpus size (below it, start-up dominates)
 
 
@@ -46,6 +50,27 @@ def tokenizer_settings(vocab_size: int) -> dict:
                 shuffle_input_sentence=False, input_sentence_size=0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
 
 
+def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> float:
+    """`coverage`, or lower where SentencePiece would need more single-character pieces than the vocabulary
+    has room for (vocab_size - the 259 ids of unk/bos/eos and the 256 byte pieces - 1 merge): then the share
+    of the text covered by the most frequent characters that fit, and byte fallback encodes the rest.
+
+    SentencePiece adds characters, most frequent first, while the share covered so far is below the
+    coverage, so a coverage between the shares of the top k-1 and top k characters keeps exactly k."""
+    room = vocab_size - N_META_PIECES - 1
+    total = sum(chars.values())
+    counts = [n for _, n in chars.most_common()]
+    if total == 0 or room >= len(counts) or sum(counts[:room]) >= coverage * total:
+        return coverage
+    covered_k, covered_before = sum(counts[:room]), sum(counts[:room - 1])
+    if covered_k < MIN_COVERAGE * total:  # SentencePiece refuses a coverage below 0.98
+        needed = next(k for k in range(1, len(counts) + 1) if sum(counts[:k]) >= MIN_COVERAGE * total)
+        raise DataError(f"data.vocab_size={vocab_size} is too small for this corpus: its commonest characters "
+                        f"covering {MIN_COVERAGE:.0%} of the text need data.vocab_size >= "
+                        f"{N_META_PIECES + needed + 1}")
+    return (covered_before + covered_k) / 2 / total
+
+
 def dataset_name(source: str, vocab_size: int, digest: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", source).strip("-").lower()[:40]
     return f"{slug}-v{vocab_size}-{digest[:10]}"
@@ -57,8 +82,9 @@ def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float 
     """The prepared directory for this source and these settings, building it if it is not cached."""
     if not 0 < val_fraction < 1:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
-    if vocab_size < 300:  # 256 byte pieces + the special ids + room for merges
-        raise DataError(f"data.vocab_size must be >= 300 (byte fallback needs 259 ids), got {vocab_size}")
+    if vocab_size < MIN_VOCAB:
+        raise DataError(f"data.vocab_size must be >= {MIN_VOCAB} ({N_META_PIECES} ids for the special and byte "
+                        f"pieces, the rest for characters and merges), got {vocab_size}")
     key = {"format": FORMAT, **source_key(source, text_field), "vocab_size": vocab_size,
            "val_fraction": val_fraction, "seed": seed, "max_tokenizer_lines": max_tokenizer_lines}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -115,6 +141,12 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
 
     _log(verbose, f"training a {vocab_size}-piece BPE tokenizer on {len(splits['train'])} train documents")
     settings = tokenizer_settings(vocab_size)
+    settings["character_coverage"] = character_coverage(
+        Counter(c for line in _lines(splits["train"], max_tokenizer_lines) for c in line),
+        vocab_size, settings["character_coverage"])
+    if settings["character_coverage"] < tokenizer_settings(vocab_size)["character_coverage"]:
+        _log(verbose, f"character_coverage lowered to {settings['character_coverage']:.4f} so that the characters fit "
+                      f"a {vocab_size}-piece vocabulary; rarer characters are encoded as bytes")
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=_lines(splits["train"], max_tokenizer_lines),

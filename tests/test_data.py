@@ -59,6 +59,36 @@ def test_interrupted_prepare_is_not_mistaken_for_finished(corpus_file, tmp_path,
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
+def test_vocab_below_the_character_count_trains_with_byte_fallback(tmp_path):
+    # 120 distinct characters (Greek, Cyrillic, CJK) need more single-character pieces than a 320-piece
+    # vocabulary has room for next to the 259 byte and special pieces: the rarest go through byte fallback
+    rng = np.random.default_rng(0)
+    alphabet = [chr(c) for c in [*range(0x61, 0x7B), *range(0x3B1, 0x3C9), *range(0x430, 0x450), *range(0x4E00, 0x4E2A)]]
+    weights = 1.0 / np.arange(1, len(alphabet) + 1) ** 2  # a few common, many rare characters
+    text = "\n\n".join(" ".join("".join(rng.choice(alphabet, size=rng.integers(2, 8), p=weights / weights.sum()))
+                                 for _ in range(12)) for _ in range(400))
+    (tmp_path / "many.txt").write_text(text)
+    out = prep.prepare(f"text:{tmp_path / 'many.txt'}", vocab_size=320, val_fraction=0.1, root=tmp_path / "p",
+                       verbose=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"]["character_coverage"] < 0.9995
+    tok = Tokenizer(out / "tokenizer.model")
+    held_out = "".join(alphabet) + " αβγ 一丁"
+    assert tok.decode(tok.encode(held_out)) == held_out  # rare characters round-trip as bytes
+
+
+def test_character_coverage_keeps_exactly_what_fits():
+    from collections import Counter
+
+    chars = Counter({chr(65 + i): 10**6 // (i + 1) ** 2 for i in range(90)})  # the top 60 cover > 98%
+    assert prep.character_coverage(chars, 4096, 0.9995) == 0.9995  # everything fits: unchanged
+    c = prep.character_coverage(chars, 320, 0.9995)  # room for 320 - 259 - 1 = 60 characters
+    total, counts = sum(chars.values()), sorted(chars.values(), reverse=True)
+    assert sum(counts[:59]) / total < c <= sum(counts[:60]) / total  # SentencePiece then keeps the top 60
+    with pytest.raises(prep.DataError, match="need data.vocab_size >= 347"):  # 87 of 88 cover 98%
+        prep.character_coverage(Counter({chr(65 + i): 1 for i in range(88)}), 320, 0.9995)
+
+
 def test_token_dtype_rule():
     assert prep.token_dtype(4096) == np.uint16 and prep.token_dtype(65536) == np.uint16
     assert prep.token_dtype(65537) == np.uint32 and prep.token_dtype(128_256) == np.uint32
@@ -128,6 +158,7 @@ def _run_prepare(args, tmp_path):
     ("missing", "matches no files"),
     ("empty", "has 0 non-empty documents"),
     ("vocab", "cannot train the tokenizer"),
+    ("tiny_vocab", "data.vocab_size must be >= 300"),
     ("hf", "could not load Hugging Face dataset"),
     ("kind", "unknown data source 'ftp:x'; valid: pydocs, text:"),
 ])
@@ -138,6 +169,7 @@ def test_bad_input_one_clear_line(case, match, tmp_path):
     write_corpus(small, paragraphs=5)
     args = {"missing": ["--source", f"text:{tmp_path}/nope/*.txt"], "empty": ["--source", f"text:{empty}"],
             "vocab": ["--source", f"text:{small}", "--vocab-size", "5000"],
+            "tiny_vocab": ["--source", f"text:{small}", "--vocab-size", "280"],
             "hf": ["--source", "hf:nonexistent/dataset-xyz"], "kind": ["--source", "ftp:x"]}[case]
     r = _run_prepare(args, tmp_path)
     assert r.returncode == 2

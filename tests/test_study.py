@@ -56,6 +56,7 @@ def data_set(prepared):
 @pytest.mark.slow
 def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, capsys):
     out = tmp_path / "studies"
+    data_set = [*data_set, "train.steps=30", "train.eval_every=15"]  # the synthetic corpus needs fewer steps
     assert sweep.main([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
     study = out / "quick"
     index = json.loads((study / "sweep.json").read_text())["runs"]
