@@ -60,18 +60,47 @@ def hf_config(args: ModelArgs):
     )
 
 
+def _rope(config) -> tuple[float, dict]:
+    """(theta, the non-default scaling settings) of a LlamaConfig in either form: transformers 5.x's
+    rope_parameters (theta included) or 4.x's rope_theta plus rope_scaling (None = default RoPE)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    theta = params.pop("rope_theta", getattr(config, "rope_theta", 10000.0))
+    if not params:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    return float(theta), ({} if kind == "default" else params)
+
+
+def inexpressible(config) -> list[str]:
+    """What a transformers LlamaConfig has that our Llama cannot represent (empty: it converts exactly)."""
+    problems = []
+    if getattr(config, "attention_bias", False):
+        problems.append("attention_bias=True (our q/k/v/o projections have no bias)")
+    if getattr(config, "mlp_bias", False):
+        problems.append("mlp_bias=True (our SwiGLU projections have no bias)")
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        problems.append(f"hidden_act={act!r} (our feed-forward is SwiGLU: silu only)")
+    _, scaling = _rope(config)
+    if scaling:
+        problems.append(f"RoPE scaling {scaling} (only default RoPE is supported)")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim not in (None, config.hidden_size // config.num_attention_heads):
+        problems.append(f"head_dim={head_dim} (ours is hidden_size / num_attention_heads)")
+    return problems
+
+
 def args_from_hf(config) -> ModelArgs:
-    """ModelArgs equivalent to a transformers LlamaConfig."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    if rope.get("rope_type", "default") != "default" or getattr(config, "head_dim", None) not in (
-            None, config.hidden_size // config.num_attention_heads):
-        raise ValueError("only default RoPE and head_dim = hidden_size / num_attention_heads are supported")
+    """ModelArgs equivalent to a transformers LlamaConfig; ValueError naming what cannot be expressed."""
+    problems = inexpressible(config)
+    if problems:
+        raise ValueError("our Llama cannot express this LlamaConfig: " + "; ".join(problems))
+    theta, _ = _rope(config)
     return ModelArgs(
         dim=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads,
         n_kv_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
         hidden_dim=config.intermediate_size, norm="rmsnorm", placement="pre", norm_eps=config.rms_norm_eps,
-        rope_theta=float(theta), max_seq_len=config.max_position_embeddings,
+        rope_theta=theta, max_seq_len=config.max_position_embeddings,
         tie_embeddings=bool(config.tie_word_embeddings), init_std=config.initializer_range,
     )
 

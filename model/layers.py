@@ -13,20 +13,22 @@ from model.ops import OPS_IMPLS
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> Rope:
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> Rope:
     """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as LLaMA)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.int64).float(), inv_freq)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.int64, device=device).float(), inv_freq)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
-    the pair as a complex number times e^{i t theta_i}, one complex multiply in float32."""
-    cos, sin = rope
-    rot = torch.complex(cos, sin)[:, None, :]  # (T, 1, hd/2): broadcast over batch and heads
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, T, H, hd) -> (B, T, H, hd/2) complex
-    return torch.view_as_real(pairs * rot).flatten(-2).type_as(x)
+    (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
+
+    Real-valued rather than a complex multiply: the same numbers, and torch.compile fuses it (complex ops
+    fall back to eager) and bfloat16 / float16 models work (torch.complex rejects them)."""
+    cos, sin = (t.float()[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
+    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, T, H, hd) -> two (B, T, H, hd/2)
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):

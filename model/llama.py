@@ -33,6 +33,14 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
+    def _apply(self, fn, recurse: bool = True):
+        """Casts and moves the module as usual, but the RoPE tables stay float32 (recomputed on the new device):
+        a bfloat16 model rotates q and k with float32 angles, as LLaMA does."""
+        super()._apply(fn, recurse)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.rope_cos.device)
+        self.rope_cos, self.rope_sin = cos, sin
+        return self
+
     def reset_parameters(self) -> None:
         """Every matrix ~ N(0, init_std^2); the residual projections (wo, w2) use init_std / sqrt(2 n_layers)
         so the stream's variance does not grow with depth (GPT-2); norm gains stay 1 and biases 0.
