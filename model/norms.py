@@ -32,7 +32,14 @@ class _Norm(nn.Module):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError unless x's last dims are normalized_shape (as torch's F.layer_norm requires)."""
+        if tuple(x.shape[max(0, x.dim() - len(self.normalized_shape)):]) != self.normalized_shape:
+            raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an input of "
+                             f"shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         # at least float32: bfloat16/float16 are upcast, float64 stays float64 (for gradcheck)
         y = self.normalize(x.to(torch.promote_types(x.dtype, torch.float32))).type_as(x)
         if self.weight is not None:

@@ -138,3 +138,47 @@ def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
     ref, fast = _pair(RMSNorm, FastRMSNorm, 16, torch.float32)
     x = torch.randn(3, 16)
     assert torch.equal(fast(x), ref(x))
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+@pytest.mark.parametrize("xshape,shape", [((4, 16), 8), ((4, 3, 8), (4, 8)), ((8,), (2, 4))])
+def test_input_whose_last_dims_are_not_normalized_shape_is_refused(ref_cls, fast_cls, xshape, shape):
+    # before: the fast path reshaped (4, 16) into rows of 8 and returned a silently different tensor
+    for cls in (ref_cls, fast_cls):
+        with pytest.raises(ValueError, match="last dims must be"):
+            cls(shape)(torch.randn(xshape))
+
+
+def test_kernels_check_their_arguments():
+    """A wrong-sized weight, bias, statistics or gradient is a RuntimeError, never an out-of-bounds read."""
+    x, w = torch.randn(4, 8), torch.ones(8)
+    ops = torch.ops.normlab
+    y, rstd, mean = ops.norm_fwd(x, w, None, 1e-5, True)
+    bad_calls = {
+        "weight numel": lambda: ops.norm_fwd(x, torch.ones(3), None, 1e-5, False),
+        "bias numel": lambda: ops.norm_fwd(x, w, torch.zeros(3), 1e-5, True),
+        "bwd weight numel": lambda: ops.norm_bwd(torch.ones_like(x), x, torch.ones(3), rstd, mean, True, False),
+        "bwd grad shape": lambda: ops.norm_bwd(torch.ones(2, 8), x, w, rstd, mean, True, False),
+        "bwd stats": lambda: ops.norm_bwd(torch.ones_like(x), x, w, rstd[:2], mean[:2], True, False),
+        "bwd x 1-d": lambda: ops.norm_bwd(torch.ones(8), x[0], w, rstd, mean, True, False),
+        "ce bwd lse": lambda: ops.cross_entropy_bwd(torch.tensor(1.0), x, torch.zeros(4, dtype=torch.long),
+                                                    torch.zeros(2), -1),
+        "ce bwd target": lambda: ops.cross_entropy_bwd(torch.tensor(1.0), x, torch.full((4,), 99, dtype=torch.long),
+                                                       torch.zeros(4), -1),
+        "ce bwd scale": lambda: ops.cross_entropy_bwd(torch.ones(2), x, torch.zeros(4, dtype=torch.long),
+                                                      torch.zeros(4), -1),
+    }
+    for what, call in bad_calls.items():
+        with pytest.raises((RuntimeError, IndexError)):  # TORCH_CHECK / TORCH_CHECK_INDEX
+            call()
+            pytest.fail(f"{what}: accepted")
+
+
+@pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
+@pytest.mark.parametrize("xshape,shape", [((0, 8), 8), ((2, 0, 8), 8), ((3, 0), 0)])
+def test_zero_size_inputs_behave_as_the_reference(ref_cls, fast_cls, xshape, shape):
+    ref, fast = _pair(ref_cls, fast_cls, shape, torch.float32)
+    x, g = torch.randn(xshape), torch.randn(xshape)
+    for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b)

@@ -83,7 +83,8 @@ void check_shapes(const at::Tensor& logits, const at::Tensor& target) {
               "cross_entropy: targets must be 1-d int64 with one entry per row of logits");
 }
 
-// Once, in the forward (the backward gets the same targets): the parallel loops cannot throw.
+// Before the parallel loops (they cannot throw), in both entry points: each can be called directly, and the
+// scan costs 1/V of the pass over the logits.
 void check_targets(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index) {
   const int64_t* t = target.data_ptr<int64_t>();
   for (int64_t r = 0; r < target.size(0); ++r)
@@ -112,6 +113,11 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd(const at::Tensor& logits, c
 at::Tensor cross_entropy_bwd(const at::Tensor& grad_scale, const at::Tensor& logits, const at::Tensor& target,
                              const at::Tensor& lse, int64_t ignore_index) {
   check_shapes(logits, target);
+  const auto acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(lse.dim() == 1 && lse.size(0) == logits.size(0) && lse.scalar_type() == acc && lse.is_contiguous(),
+              "cross_entropy_bwd: lse must be a contiguous ", acc, " vector of one entry per row of logits");
+  TORCH_CHECK(grad_scale.numel() == 1, "cross_entropy_bwd: grad_scale must hold one value");
+  check_targets(logits, target, ignore_index);
   auto dx = at::empty_like(logits);
   normlab::dispatch_floating(logits.scalar_type(), "cross_entropy", [&](auto x0) {
     using x_t = decltype(x0);

@@ -177,6 +177,13 @@ void dispatch(at::ScalarType x, at::ScalarType w, const F& f) {
   TORCH_CHECK(false, "normlab norm kernel: unsupported dtypes x=", x, " weight=", w);
 }
 
+// A gain or bias must hold exactly one value per normalized element: the loops read d of them.
+void check_affine(const char* op, const std::optional<at::Tensor>& p, int64_t d) {
+  if (p.has_value() && p->defined())
+    TORCH_CHECK(p->numel() == d && p->device().is_cpu(), op, ": weight and bias must have ", d,
+                " elements (one per normalized element) on the CPU, got ", p->numel());
+}
+
 // x: (rows, d) contiguous. Returns (y, rstd, mean): y in promote(x, weight) dtype, the per-row
 // statistics in x's compute dtype (float32, or float64 for float64 input).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -186,6 +193,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& x, con
   const int64_t rows = x.size(0), d = x.size(1);
   const bool has_w = weight.has_value() && weight->defined();
   const bool has_b = has_w && bias.has_value() && bias->defined();
+  check_affine("norm_fwd", weight, d);
+  check_affine("norm_fwd", bias, d);
   const at::Tensor w = has_w ? weight->contiguous() : at::Tensor();
   const at::Tensor b = has_b ? bias->to(w.scalar_type()).contiguous() : at::Tensor();
   const auto w_type = has_w ? w.scalar_type() : x.scalar_type();
@@ -214,7 +223,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad, 
                                                         const std::optional<at::Tensor>& weight,
                                                         const at::Tensor& rstd, const at::Tensor& mean,
                                                         bool center, bool has_bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "norm_bwd: x must be 2-d contiguous CPU");
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.device().is_cpu(), "norm_bwd: grad must have x's shape ", x.sizes(),
+              ", got ", grad.sizes());
   const int64_t rows = x.size(0), d = x.size(1);
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  for (const at::Tensor* s : {&rstd, &mean})
+    TORCH_CHECK(s->dim() == 1 && s->size(0) == rows && s->scalar_type() == acc && s->is_contiguous(),
+                "norm_bwd: rstd and mean must be contiguous ", acc, " vectors of one entry per row (", rows, ")");
+  check_affine("norm_bwd", weight, d);
   const bool has_w = weight.has_value() && weight->defined();
   const at::Tensor w = has_w ? weight->contiguous() : at::Tensor();
   const auto w_type = has_w ? w.scalar_type() : x.scalar_type();
