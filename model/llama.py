@@ -10,8 +10,29 @@ from torch import nn
 from model.args import ModelArgs, lookup
 from model.blocks import BLOCKS, build_block
 from model.layers import rope_tables
-from model.norms import build_norm
+from model.norms import _Norm, build_norm
 from model.ops import OPS_IMPLS
+
+
+def parameter_kinds(model: nn.Module) -> dict[str, str]:
+    """Each named parameter's kind, told by the module that owns it (never by its shape): 'matrix' (a Linear's
+    weight), 'embedding', 'gain' (a norm's weight) or 'bias'. Tied weights are listed once, under their first name.
+    """
+    owner = {}
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if isinstance(module, nn.Embedding):
+                kind = "embedding"
+            elif pname == "bias":
+                kind = "bias"
+            elif isinstance(module, nn.Linear):
+                kind = "matrix"
+            elif isinstance(module, (_Norm, nn.LayerNorm, nn.RMSNorm)) or hasattr(module, "normalized_shape"):
+                kind = "gain"
+            else:
+                raise TypeError(f"parameter_kinds: no rule for {type(module).__name__}.{pname}")
+            owner.setdefault(id(p), kind)  # a tied head is the embedding: first owner wins
+    return {name: owner[id(p)] for name, p in model.named_parameters()}
 
 
 class Llama(nn.Module):
@@ -49,11 +70,13 @@ class Llama(nn.Module):
         or its placement start from identical weights for the same seed.
         """
         std = self.args.init_std
+        kinds = parameter_kinds(self)
         for name, p in self.named_parameters():
-            if p.dim() < 2:
-                continue
-            residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
-            nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.args.n_layers) if residual else std)
+            if kinds[name] in ("matrix", "embedding"):
+                residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.args.n_layers) if residual else std)
+            else:  # by module, not by p.dim(): a gain over a multi-dim normalized_shape is still a gain
+                nn.init.constant_(p, 1.0 if kinds[name] == "gain" else 0.0)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

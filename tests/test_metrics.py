@@ -89,21 +89,51 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
     torch.testing.assert_close(model.output(model.norm(h)), logits)  # the written-out forward is the model's
 
 
-def test_update_ratio_and_param_norm():
+def test_update_ratio_per_matrix_and_gains_apart():
     torch.manual_seed(2)
     model = Llama(tiny())
     x, y = torch.randint(0, 50, (2, 3, 12))
     probe = StabilityProbe(model)
     _step(model, x, y, probe)
-    before = [p.detach().clone() for p in model.layers[1].parameters()]
+    named = dict(model.layers[1].named_parameters())
+    before = {n: p.detach().clone() for n, p in named.items()}
     probe.snapshot()
     torch.optim.SGD(model.parameters(), lr=0.5).step()
     metrics = probe.finish()
-    after = list(model.layers[1].parameters())
-    delta = math.sqrt(sum((a - b).pow(2).sum().item() for a, b in zip(after, before, strict=True)))
-    norm = math.sqrt(sum(b.pow(2).sum().item() for b in before))
+    matrices = [n for n in named if n.endswith("weight") and named[n].dim() == 2]
+    gains = [n for n in named if n not in matrices]
+    assert len(matrices) == 7 and len(gains) == 2  # wq wk wv wo w1 w2 w3; attention_norm, ffn_norm
+
+    def ratio(names):
+        delta = math.sqrt(sum((named[n] - before[n]).pow(2).sum().item() for n in names))
+        return delta / math.sqrt(sum(before[n].pow(2).sum().item() for n in names))
+
+    norm = math.sqrt(sum(before[n].pow(2).sum().item() for n in matrices))
     assert metrics["param/norm/layer_1"] == pytest.approx(norm, rel=1e-5)
-    assert metrics["update/ratio/layer_1"] == pytest.approx(delta / norm, rel=1e-4)
+    assert metrics["update/ratio/layer_1"] == pytest.approx(ratio(matrices), rel=1e-4)  # the matrices only
+    assert metrics["update/ratio/layer_1/gains"] == pytest.approx(ratio(gains), rel=1e-4)
+    for n in matrices:
+        assert metrics[f"update/ratio/layer_1/{n.removesuffix('.weight')}"] == pytest.approx(ratio([n]), rel=1e-4)
+
+
+def test_gains_are_told_from_matrices_by_module_not_shape():
+    """A gain over a 2-d normalized_shape is initialised to 1 and never decayed; a Linear's weight always is."""
+    from model.llama import parameter_kinds
+    from model.norms import RMSNorm
+    from training.config import OptimConfig
+    from training.optim import param_groups
+
+    model = Llama(tiny())
+    model.layers[0].ffn_norm = RMSNorm((2, 16))  # a 2-d gain, as a norm over (heads, head_dim) would have
+    model.layers[0].ffn_norm.weight.data.fill_(3.0)
+    torch.manual_seed(0)
+    model.reset_parameters()
+    assert torch.equal(model.layers[0].ffn_norm.weight, torch.ones(2, 16))
+    assert parameter_kinds(model)["layers.0.ffn_norm.weight"] == "gain"
+    decay, no_decay = param_groups(model, OptimConfig())
+    assert any(p is model.layers[0].ffn_norm.weight for p in no_decay["params"])
+    assert not any(p is model.layers[0].ffn_norm.weight for p in decay["params"])
+    assert any(p is model.layers[0].attention.wq.weight for p in decay["params"])
 
 
 @pytest.mark.parametrize("placement", ["pre", "post", "peri"])

@@ -46,6 +46,9 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
                  "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm/gain/layer_{i}", "attn/logit_max/layer_{i}"]
     design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "grad/norm", "grad/clipped",
               "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
+    per_layer += [f"update/ratio/layer_{{i}}/{m}" for m in ("attention.wq", "attention.wk", "attention.wv",
+                                                              "attention.wo", "feed_forward.w1", "feed_forward.w2",
+                                                              "feed_forward.w3", "gains")]
     design |= {name.format(i=i) for name in per_layer for i in range(2)}
     assert set().union(*records) == design  # exactly DESIGN's names
     stats_steps = [r["step"] for r in records if "act/rms/layer_0" in r]

@@ -22,6 +22,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from model.llama import parameter_kinds
+
 # The block's two main norms: what they receive is the residual stream (pre, peri) or the residual sum
 # x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are left out, so
 # norm_in/* and norm/gain/* mean the same thing for every placement.
@@ -69,11 +71,12 @@ class StabilityProbe:
     def __init__(self, model: nn.Module):
         self.model = model
         self.groups = group_parameters(model)
-        self.layer_groups = {k: v for k, v in self.groups.items() if k.startswith("layer_")}
+        self.kinds = parameter_kinds(model)
+        self.layer_params = {n: p for n, p in model.named_parameters() if n.startswith("layers.")}
         self.handles: list = []
         self.values: dict[str, torch.Tensor] = {}
         self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
-        self.before: dict[str, list[torch.Tensor]] = {}
+        self.before: dict[str, torch.Tensor] = {}
 
     # -- forward hooks ------------------------------------------------------------------------------
     def attach(self) -> None:
@@ -118,7 +121,32 @@ class StabilityProbe:
 
     def snapshot(self) -> None:
         """Copy each block's parameters before the optimizer step (logged steps only)."""
-        self.before = {k: [p.detach().clone() for p in ps] for k, ps in self.layer_groups.items()}
+        self.before = {name: p.detach().clone() for name, p in self.layer_params.items()}
+
+    def _update_ratios(self) -> dict[str, torch.Tensor]:
+        """||delta W|| / ||W|| per matrix, per layer over its matrices, and over its norm gains (and biases) apart:
+        the gains are most of a small block's parameter norm and would otherwise drown the matrices' updates."""
+        names = list(self.before)
+        old = [self.before[n] for n in names]
+        old_norms = torch._foreach_norm(old)
+        delta_norms = torch._foreach_norm(torch._foreach_sub([self.layer_params[n].detach() for n in names], old))
+        out, parts = {}, defaultdict(lambda: defaultdict(list))  # layer -> "matrices" / "gains" -> [(delta, old)]
+        for name, o, d in zip(names, old_norms, delta_norms, strict=True):
+            _, i, rest = name.split(".", 2)  # layers.{i}.attention.wq.weight
+            if self.kinds[name] == "matrix":
+                out[f"update/ratio/layer_{i}/{rest.removesuffix('.weight')}"] = d / o
+                parts[i]["matrices"].append((d, o))
+            else:
+                parts[i]["gains"].append((d, o))
+        for i, groups in parts.items():
+            for group, pairs in groups.items():
+                delta = torch.linalg.vector_norm(torch.stack([d for d, _ in pairs]))
+                norm = torch.linalg.vector_norm(torch.stack([o for _, o in pairs]))
+                if group == "matrices":
+                    out[f"param/norm/layer_{i}"], out[f"update/ratio/layer_{i}"] = norm, delta / norm
+                else:
+                    out[f"update/ratio/layer_{i}/gains"] = delta / norm
+        return out
 
     def finish(self) -> dict[str, float]:
         """Remove the hooks and return every metric as a float, read back with one device sync."""
@@ -133,11 +161,8 @@ class StabilityProbe:
             elif key.startswith(("attn/", "logits/max")):
                 mean = torch.stack(parts).amax()
             values[key] = mean
-        for key, old in self.before.items():
-            now = [p.detach() for p in self.layer_groups[key]]
-            old_norm = _norm(old)
-            values[f"param/norm/{key}"] = old_norm
-            values[f"update/ratio/{key}"] = _norm(torch._foreach_sub(now, old)) / old_norm
+        if self.before:
+            values.update(self._update_ratios())
         for i, block in enumerate(self.model.layers):
             gains = [getattr(block, n).weight for n in BLOCK_NORMS if getattr(block, n).weight is not None]
             if gains:

@@ -7,17 +7,19 @@ import math
 import torch
 from torch import nn
 
+from model.llama import parameter_kinds
 from training.config import OptimConfig
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """Two groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings)."""
+    """Two groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings).
+    Kinds come from the owning module (model.llama.parameter_kinds), so a 2-d norm gain is never decayed."""
+    decayed = {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}  # a tied head is the embedding
     decay, no_decay = [], []
+    kinds = parameter_kinds(model)
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        is_embedding = "tok_embeddings" in name  # a tied output head is this same parameter
-        (decay if p.dim() >= 2 and (cfg.decay_embeddings or not is_embedding) else no_decay).append(p)
+        if p.requires_grad:
+            (decay if kinds[name] in decayed else no_decay).append(p)
     return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
