@@ -45,7 +45,7 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # what a resumed run may change: its length and how it runs, not what it trains
-RESUMABLE = ("train.steps", "train.stop_at", "train.checkpoint_every", "train.eval_every", "train.threads",
+RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every", "train.threads",
              "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb", "log.wandb_project")
 
 
@@ -76,6 +76,8 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
         fixed = [k for k in changed if k not in RESUMABLE]
         if fixed:  # the checkpoint holds a model and optimizer built from the saved config
             raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
+        if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
+            flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
         cfg = load_config(saved, a.overrides, flags)
     return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
 
@@ -95,6 +97,27 @@ def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
         run_dir = out / f"{default_name}-{i}"
     cfg.log.name = run_dir.name
     return run_dir
+
+
+def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
+    """What a resume does to the LR schedule, for meta.json's `resumes` and the console.
+
+    The horizon (optim.schedule_steps) is kept unless given anew: extending a run past it holds the final LR
+    (a silent re-stretch of the cosine would jump the LR, and its spike would be blamed on the norm). An explicit
+    optim.schedule_steps=N re-schedules from this step on, jump included, and says so."""
+    horizon, steps = cfg.optim.schedule_steps, cfg.train.steps
+    lr_before = lr_at(step - 1, cfg.optim, saved_horizon) if step else 0.0
+    lr_after = lr_at(step, cfg.optim, horizon)
+    event = {"at_step": step, "train.steps": steps, "schedule_steps": horizon, "previous_schedule_steps": saved_horizon,
+             "lr_before": lr_before, "lr_after": lr_after, "note": ""}
+    if horizon != saved_horizon:
+        event["note"] = (f"LR re-scheduled at step {step}: horizon {saved_horizon} -> {horizon} steps "
+                         f"(optim.schedule_steps), lr {lr_before:.3g} -> {lr_after:.3g}")
+    elif steps > horizon:
+        event["note"] = (f"train.steps={steps} extends the run past its {horizon}-step LR schedule: steps after "
+                         f"{horizon} hold the final lr {cfg.optim.lr * cfg.optim.min_lr_ratio:.3g} "
+                         f"(pass optim.schedule_steps=N to re-schedule instead)")
+    return event
 
 
 class StopRequest:
@@ -190,6 +213,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     cfg.log.name = run_dir.name
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
     start_step = 0
+    resumed = None
     if resume:
         state = load_checkpoint(ckpt_path)
         try:
@@ -198,15 +222,21 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             loader.load_state_dict(state["loader"])
             set_rng_state(state["rng"])
             start_step = state["step"]
-        except (RuntimeError, KeyError, ValueError) as e:
+        except CheckpointError:
+            raise
+        except Exception as e:  # any mismatch is one line and exit 2, never a traceback
             raise CheckpointError(f"checkpoint {ckpt_path} does not fit this config: "
-                                  f"{str(e).strip().splitlines()[0][:200]}") from None
+                                  f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
         if start_step >= tc.steps:
             raise ConfigError(f"run {run_dir} already finished its {tc.steps} steps; "
                               f"pass train.steps=N with N > {start_step} to train further")
+        resumed = schedule_change(start_step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
         if d.is_master:
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
             write_text(run_dir / "config.yaml", to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
+            meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
+            meta["resumes"] = meta.get("resumes", []) + [resumed]
+            write_json(run_dir / "meta.json", meta)
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     if not resume and d.is_master:  # everything above validated: only now does the run directory appear
         run_dir.mkdir(parents=True)
@@ -222,11 +252,14 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
                        f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
                        f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resume else ""))
+        if resumed and resumed["note"]:
+            logger.message(resumed["note"])
 
     def checkpoint(step: int) -> None:
         if d.is_master:
             save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                        "loader": loader.state_dict(), "rng": rng_state(), "step": step})
+                                        "loader": loader.state_dict(), "rng": rng_state(), "step": step,
+                                        "schedule_steps": cfg.optim.schedule_steps})
 
     probe = StabilityProbe(model)
     status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
@@ -235,7 +268,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     try:
         for step in range(start_step, tc.steps):
             t0 = time.perf_counter()
-            lr = lr_at(step, cfg.optim, tc.steps)
+            lr = lr_at(step, cfg.optim, cfg.optim.schedule_steps)
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = next(loader)
@@ -300,7 +333,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     if status == "ok":
         status = classify(last_val, data_meta.get("unigram_entropy"), cfg.log.plateau_margin)
         diverged_at = done if status == "diverged" else None  # a non-finite final val loss
-        if d.is_master and tc.sample_tokens:
+        if d.is_master and tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
             logger.message("sample: " + sample(model, prepared, tc, d.device))
     summary = None
     if d.is_master:

@@ -53,6 +53,8 @@ class ModelArgs:
         for name in ("n_kv_heads", "hidden_dim"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive or null, got {getattr(self, name)}")
+        if self.ffn_dim_multiplier is not None and self.ffn_dim_multiplier <= 0:
+            raise ValueError(f"model.ffn_dim_multiplier must be positive or null, got {self.ffn_dim_multiplier}")
         if self.dim % self.n_heads:
             raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:

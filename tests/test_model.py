@@ -93,6 +93,9 @@ def test_unknown_placement_and_bad_shapes():
         Llama(tiny(norm="groupnorm"))
     with pytest.raises(ValueError, match="n_kv_heads"):
         Llama(tiny(n_kv_heads=3))
+    for bad in (0, -1.0):  # before: a zero-width feed-forward built without an error
+        with pytest.raises(ValueError, match="ffn_dim_multiplier must be positive"):
+            Llama(tiny(ffn_dim_multiplier=bad))
     with pytest.raises(ValueError, match="norm_bias"):
         Llama(tiny(norm="rmsnorm", norm_bias=True))
 

@@ -186,3 +186,66 @@ def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, data_a
     assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in ("ok", "plateau")
     assert run(tmp_path, data_args, "--name", "early", "train.steps=3") == train.EXIT_INTERRUPTED
     assert load_checkpoint(tmp_path / "early" / "checkpoints" / "latest.pt")["step"] == 1
+
+
+@pytest.mark.slow
+def test_extending_a_finished_run_holds_the_final_lr(tmp_path, data_args):
+    """Before: train.steps=24 on resume re-stretched the cosine, jumping the LR from its floor to near its peak."""
+    assert run(tmp_path, data_args, "--name", "x", "train.steps=12", "optim.lr=1e-2") == 0
+    assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=24"]) == 0
+    lrs = losses(tmp_path / "x", "train/lr")
+    assert len(lrs) == 24 and lrs[11] == pytest.approx(1e-3) and lrs[12:] == [pytest.approx(1e-3)] * 12
+    assert "schedule_steps: 12" in (tmp_path / "x" / "config.yaml").read_text()
+    event = json.loads((tmp_path / "x" / "meta.json").read_text())["resumes"][-1]
+    assert event["at_step"] == 12 and event["schedule_steps"] == 12 and "hold the final lr" in event["note"]
+    # an explicit new horizon re-schedules, and the run's files say so
+    assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=30",
+                       "optim.schedule_steps=40"]) == 0
+    event = json.loads((tmp_path / "x" / "meta.json").read_text())["resumes"][-1]
+    assert event["previous_schedule_steps"] == 12 and event["schedule_steps"] == 40
+    assert event["lr_after"] > 3 * event["lr_before"] and "re-scheduled" in event["note"]
+
+
+def test_checkpoint_from_more_gpus_than_visible_is_one_line(tmp_path, monkeypatch):
+    """A checkpoint saved with 2 GPUs' RNG states, resumed where the process drives device 1 of... 1 visible."""
+    from training.checkpoint import CheckpointError, set_rng_state
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    state = {"torch": torch.get_rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}
+    with pytest.raises(CheckpointError, match="RNG states for 2 devices"):
+        set_rng_state(state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: (_ for _ in ()).throw(IndexError("list index")))
+    with pytest.raises(CheckpointError, match="cannot restore the RNG state"):
+        set_rng_state({"torch": torch.get_rng_state(), "cuda": torch.zeros(16, dtype=torch.uint8)})
+    with pytest.raises(CheckpointError, match="cannot restore the RNG state"):
+        set_rng_state({"torch": torch.zeros(3)})
+
+
+@pytest.mark.slow
+def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, data_args, capsys):
+    assert run(tmp_path, data_args, "--name", "r", "train.steps=4", "train.stop_at=2") == 0
+    path = tmp_path / "r" / "checkpoints" / "latest.pt"
+    state = load_checkpoint(path)
+    state["rng"]["torch"] = torch.zeros(3, dtype=torch.uint8)
+    save_checkpoint(path, state)
+    capsys.readouterr()
+    assert train.main(["--name", "r", "--resume", f"log.out_dir={tmp_path}"]) == train.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "RNG" in err[0]
+
+
+@pytest.mark.slow
+def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, monkeypatch):
+    """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
+    def nan_at_the_end(model, *args):  # eval_every > steps: called once, after the last step
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))  # the weights went bad in the last step
+        return float("nan")
+
+    monkeypatch.setattr(train, "evaluate", nan_at_the_end)
+    code = run(tmp_path, data_args, "--name", "n", "train.steps=4", "train.eval_every=100")
+    assert code == train.EXIT_DIVERGED
+    summary = json.loads((tmp_path / "n" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at"] == 4

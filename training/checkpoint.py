@@ -44,13 +44,29 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def rng_state() -> dict:
+    """The CPU generator and, on a GPU machine, the current device's: a process drives one device, and a
+    checkpoint must resume where fewer (or other) GPUs are visible."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    """Restore rng_state(); CheckpointError (one line) when it does not fit this machine."""
+    try:
+        torch.set_rng_state(state["torch"])
+        cuda = state.get("cuda")
+        if cuda is not None and torch.cuda.is_available():
+            if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per visible device
+                device = torch.cuda.current_device()
+                if device >= len(cuda):
+                    raise CheckpointError(f"the checkpoint holds CUDA RNG states for {len(cuda)} devices; this "
+                                          f"process drives device {device}")
+                cuda = cuda[device]
+            torch.cuda.set_rng_state(cuda)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"cannot restore the RNG state: {(str(e).strip().splitlines() or [repr(e)])[0][:200]}"
+                              ) from None

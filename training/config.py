@@ -36,6 +36,7 @@ class OptimConfig:
     lr: float = 3e-3  # peak learning rate
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
     warmup_steps: int = 50
+    schedule_steps: int = 0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
     beta1: float = 0.9
     beta2: float = 0.95
@@ -166,7 +167,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key} must be > 0, got {value}")
     nonneg = {"train.micro_batch_size": t.micro_batch_size, "train.checkpoint_every": t.checkpoint_every,
               "train.stop_at": t.stop_at, "train.threads": t.threads, "train.z_loss": t.z_loss,
-              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.weight_decay": cfg.optim.weight_decay,
+              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.schedule_steps": cfg.optim.schedule_steps, "optim.weight_decay": cfg.optim.weight_decay,
               "optim.grad_clip": cfg.optim.grad_clip, "log.stats_every": cfg.log.stats_every}
     for key, value in nonneg.items():
         if value < 0:
@@ -175,6 +176,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
                           f"train.micro_batch_size={t.micro_batch_size}")
     o = cfg.optim
+    o.schedule_steps = o.schedule_steps or t.steps  # resolved once, recorded in config.yaml: a resume keeps it
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
         raise ConfigError("optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "
                           "optim.min_lr_ratio in [0, 1]")

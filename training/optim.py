@@ -29,7 +29,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     """Learning rate of step `step` (0-based): linear warmup reaching cfg.lr at step warmup_steps - 1, then a
-    cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at the last step."""
+    cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at step total_steps - 1 (the schedule's
+    horizon, optim.schedule_steps) and holds it after that (a run extended past its horizon)."""
     if step < cfg.warmup_steps:  # a warmup as long as the run never leaves it
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps + 1) / max(1, total_steps - cfg.warmup_steps))
