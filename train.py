@@ -31,6 +31,7 @@ from data.prepare import prepare
 from data.sources import DataError
 from data.tokenizer import Tokenizer
 from model import Llama
+from model.kernels import kernel_paths
 from training import distributed
 from training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, load_config, to_dict, to_yaml
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
     t_start = time.time()
     tc = cfg.train
-    if d.device.type == "cpu":  # denormal flushing and the allocator: same results, faster steps
-        tune_cpu(tc.threads, malloc=tc.malloc_tuning)
+    cpu_settings = None
+    if d.device.type == "cpu":  # the allocator (speed) and denormal flushing (speed, and |x| < 1.2e-38 -> 0)
+        cpu_settings = {"flush_denormal": True, "allocator": tune_cpu(tc.threads, malloc=tc.malloc_tuning)}
 
     # data: prepared once (cached; concurrent processes wait for each other)
     prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
@@ -192,10 +194,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
 
     # model and optimizer: the same seed gives the same weights whatever the norm or placement
-    if "fast" in (cfg.model.norm_impl, cfg.model.ops_impl) and d.device.type == "cpu":
-        from model.kernels import kernel_available
-
-        kernel_available()  # build / load the kernels now, not silently inside the first step
+    # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
+    kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
     torch.manual_seed(tc.seed)
     model = Llama(cfg.model).to(d.device)
     opt = build_optimizer(model, cfg.optim)
@@ -235,13 +235,14 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
             write_text(run_dir / "config.yaml", to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
             meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
-            meta["resumes"] = meta.get("resumes", []) + [resumed]
+            meta["resumes"] = meta.get("resumes", []) + [{**resumed, "kernels": kernels, "cpu": cpu_settings}]
             write_json(run_dir / "meta.json", meta)
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     if not resume and d.is_master:  # everything above validated: only now does the run directory appear
         run_dir.mkdir(parents=True)
         write_text(run_dir / "config.yaml", to_yaml(cfg))
-        write_json(run_dir / "meta.json", run_meta(model, d.device, tc.dtype, d.world_size, data_meta))
+        write_json(run_dir / "meta.json", {**run_meta(model, d.device, tc.dtype, d.world_size, data_meta),
+                                           "kernels": kernels, "cpu": cpu_settings})
 
     ddp = DistributedDataParallel(model) if d.world_size > 1 else model
     step_model = torch.compile(ddp) if tc.compile else ddp
@@ -252,6 +253,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
                        f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
                        f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resume else ""))
+        fallbacks = [f"{op}: {path}" for op, path in kernels.items() if op != "build" and path.startswith("reference (")]
+        if fallbacks:
+            logger.message("fast paths that fall back: " + "; ".join(fallbacks))
         if resumed and resumed["note"]:
             logger.message(resumed["note"])
 

@@ -14,6 +14,27 @@ def test_kernel_builds_here():
     assert kernel_available()  # gcc is part of the supported setup; the fallback is tested below
 
 
+def test_kernel_builds_are_keyed_by_the_cpu():
+    """A -march=native build from one node must not be loaded on a node with other instructions (shared home)."""
+    from model.kernels import build_target, cpu_features
+
+    avx512 = build_target("avx avx2 avx512f fma sse4_2", portable=False)
+    avx2 = build_target("avx avx2 fma sse4_2", portable=False)
+    assert avx512[1] == avx2[1] == ["-march=native"] and avx512[0] != avx2[0]
+    assert build_target("avx avx2 fma sse4_2", portable=False) == avx2  # stable: the cache is reused
+    assert build_target(None, portable=False) == build_target("avx2", portable=True) == ("normlab_kernels_portable", [])
+    assert cpu_features() is None or len(cpu_features()) > 0
+
+
+def test_fallbacks_are_named():
+    from model.kernels import kernel_paths
+
+    cuda = kernel_paths("cuda", "fast", "fast")
+    assert cuda["cross_entropy"].startswith("reference (no fused") and cuda["swiglu"].startswith("reference (")
+    assert kernel_paths("cpu", "fast", "reference")["cross_entropy"] == "reference"
+    assert kernel_paths("cpu", "fast", "fast")["norm"] == "fused CPU kernel"
+
+
 def _logits(rows, vocab, dtype, seed=0, scale=3.0):
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, vocab, generator=gen) * scale).to(dtype)
@@ -174,7 +195,7 @@ def test_kernel_build_retries_without_libmvec_then_falls_back(monkeypatch):
 
     calls = []
 
-    def build(cflags, ldflags):
+    def build(name, cflags, ldflags):
         calls.append("-lmvec" in ldflags)
         if "-lmvec" in ldflags or fail_all:
             raise OSError("cannot find -lmvec")

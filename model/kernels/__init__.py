@@ -1,14 +1,16 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
-under ~/.cache/torch_extensions): the norms (norms_cpu.cpp, used by model/fast_norms.py) and the
-cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, used by model/ops.py). All register ops
-under torch.ops.normlab.
+under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp, used by
+model/fast_norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, used by
+model/ops.py). All register ops under torch.ops.normlab.
 
 Where no compiler exists the build fails once, with a warning, and every fast path runs its reference.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import sys
 import warnings
 from pathlib import Path
@@ -17,6 +19,29 @@ import torch
 
 SOURCES = [Path(__file__).parent / f"{name}_cpu.cpp" for name in ("norms", "cross_entropy", "swiglu")]
 _loaded: bool | None = None  # None: not tried yet
+_built: dict = {}  # how the loaded build was made (for meta.json)
+
+
+def cpu_features() -> str | None:
+    """The CPU's instruction-set flags (Linux /proc/cpuinfo), or None where they cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):  # x86 / Arm
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return None
+
+
+def build_target(features: str | None, portable: bool) -> tuple[str, list[str]]:
+    """(extension name, arch flags). -march=native code only runs on CPUs with the same instructions, and torch
+    caches a build by name (under ~/.cache/torch_extensions, often a home directory shared across a cluster's
+    nodes): a native build is named after a hash of the CPU's flags, so a node with other flags builds its own.
+    Where the flags cannot be read, or NORMLAB_PORTABLE is set, the build is portable."""
+    if portable or not features:
+        return "normlab_kernels_portable", []
+    tag = hashlib.sha256(f"{platform.machine()} {features}".encode()).hexdigest()[:12]
+    return f"normlab_kernels_native_{tag}", ["-march=native"]
 
 
 def kernel_available() -> bool:
@@ -26,15 +51,16 @@ def kernel_available() -> bool:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
             print("[normlab] loading the fused CPU kernels (compiled on first use, about a minute; then cached)",
                   file=sys.stderr, flush=True)
-        # -fopenmp: at::parallel_for is an inline OpenMP loop; -march=native: AVX2/AVX-512 where present
-        cflags = ["-O3", "-fopenmp"] + ([] if os.environ.get("NORMLAB_PORTABLE") else ["-march=native"])
+        name, arch = build_target(cpu_features(), bool(os.environ.get("NORMLAB_PORTABLE")))
+        cflags = ["-O3", "-fopenmp"] + arch  # -fopenmp: at::parallel_for is an inline OpenMP loop
         attempts = [(cflags, ["-fopenmp"])]
         if sys.platform.startswith("linux"):  # first with glibc's vector exp (libmvec), then without
             attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
         for extra_cflags, extra_ldflags in attempts:
             try:
-                _build(extra_cflags, extra_ldflags)
+                _build(name, extra_cflags, extra_ldflags)
                 _loaded = True
+                _built.update(name=name, cflags=extra_cflags)
                 break
             except Exception as e:  # no compiler, no headers...: stay correct, just slower
                 error = e
@@ -42,13 +68,32 @@ def kernel_available() -> bool:
             warnings.warn(f"normlab: fused CPU kernels unavailable, using the reference paths ({error})",
                           stacklevel=2)
             _loaded = False
+            _built.update(error=str(error).strip().splitlines()[0][:200] if str(error) else repr(error))
     return _loaded
 
 
-def _build(extra_cflags: list[str], extra_ldflags: list[str]) -> None:
+def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
+    """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json: the
+    fused path, or the reference and why (a fast path that falls back says so instead of doing it silently)."""
+    def fast(what: str) -> str:
+        if device == "cpu":
+            return "fused CPU kernel" if kernel_available() else f"reference (kernel build failed: {_built['error']})"
+        if device == "cuda" and what == "norm":
+            return "torch's fused F.rms_norm / F.layer_norm in float32"
+        return f"reference (no fused {what} kernel on {device})"
+
+    paths = {"norm": fast("norm") if norm_impl == "fast" else "reference",
+             "cross_entropy": fast("cross_entropy") if ops_impl == "fast" else "reference",
+             "swiglu": fast("swiglu") if ops_impl == "fast" else "reference"}
+    if _loaded:
+        paths["build"] = dict(_built)
+    return paths
+
+
+def _build(name: str, extra_cflags: list[str], extra_ldflags: list[str]) -> None:
     from torch.utils.cpp_extension import load
 
-    load(name="normlab_kernels", sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
+    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
          extra_ldflags=extra_ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
          verbose=False)
     _register_fake()
