@@ -252,3 +252,34 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, 
     assert code == train.EXIT_DIVERGED
     summary = json.loads((tmp_path / "n" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged_at"] == 4
+
+
+@pytest.mark.slow
+def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, monkeypatch):
+    """A crash after step 6 with the checkpoint at 4: the resume re-trains 5 and 6. wandb drops records logged at
+    or below the last step it received, so they must be logged against our own step metric, not wandb's step."""
+    wandb = pytest.importorskip("wandb")
+    from wandb.sdk import wandb_run
+
+    sent, axes = [], []
+    real_log, real_define = wandb_run.Run.log, wandb_run.Run.define_metric
+    monkeypatch.setattr(wandb_run.Run, "log", lambda self, data, step=None, **kw: (
+        sent.append((dict(data), step)), real_log(self, data, step=step, **kw))[1])
+    monkeypatch.setattr(wandb_run.Run, "define_metric", lambda self, name, *a, **kw: (
+        axes.append((name, kw.get("step_metric"))), real_define(self, name, *a, **kw))[1])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    common = [f"log.out_dir={tmp_path}", "log.wandb=offline"]
+    assert run(tmp_path, data_args, "--name", "w", "train.steps=8", "train.checkpoint_every=4", "train.stop_at=4",
+               "log.wandb=offline") == 0
+    ckpt = tmp_path / "w" / "checkpoints" / "latest.pt"
+    at_4 = ckpt.read_bytes()
+    assert train.main(["--name", "w", "--resume", *common, "train.stop_at=6"]) == 0
+    ckpt.write_bytes(at_4)  # the crash: steps 5 and 6 were logged, the checkpoint still says 4
+    assert train.main(["--name", "w", "--resume", *common, "train.stop_at=0"]) == 0
+    assert ("*", "train/step") in axes and all(step is None for _, step in sent)
+    logged = [d["train/step"] for d, _ in sent if "train/loss" in d]
+    assert logged == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # the re-trained 5 and 6 are sent again
+    final = {d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d}  # last value per step
+    assert [final[s] for s in range(1, 9)] == losses(tmp_path / "w")  # the dashboard ends where metrics.jsonl does
+    assert len(list((tmp_path / "w" / "wandb").glob("offline-run-*"))) == 3

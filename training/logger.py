@@ -10,6 +10,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 
+STEP = "train/step"  # the x axis of every wandb chart
+
+
 def _clean(v):
     """JSON has no NaN / inf: non-finite numbers are written as null (the run's summary says why)."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -35,6 +38,11 @@ class Logger:
 
                 self.wandb = wandb.init(project=wandb_project, name=name, dir=str(run_dir), mode=wandb_mode,
                                         config=config, resume="allow", id=_wandb_id(run_dir))
+                # Every chart's x axis is our step, logged as a value, never as wandb's own step: wandb drops
+                # records at or below the last step it received, so after a crash and --resume the re-trained
+                # steps (between the checkpoint and the crash) would never reach the dashboard.
+                self.wandb.define_metric(STEP)
+                self.wandb.define_metric("*", step_metric=STEP)
             except Exception as e:
                 self.message(f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}")
 
@@ -49,7 +57,7 @@ class Logger:
             self.bar.update(step - self.bar.n)
         if self.wandb is not None:
             try:
-                self.wandb.log(metrics, step=step)
+                self.wandb.log({STEP: step, **metrics})  # wandb's own step just counts calls
             except Exception as e:
                 self.message(f"wandb logging stopped: {e}")
                 self.wandb = None
