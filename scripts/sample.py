@@ -13,22 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from data.prepare import prepare  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from model import Llama  # noqa: E402
-from training.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
-from training.config import ConfigError, load_config  # noqa: E402
-
-
-def load_run(run_dir: Path) -> tuple[Llama, Tokenizer]:
-    """The model of a run (weights from its latest checkpoint, in eval mode) and its tokenizer."""
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml")
-    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
-    model = Llama(cfg.model)
-    model.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "latest.pt")["model"])
-    return model.eval(), Tokenizer(prepared / "tokenizer.model")
+from training.checkpoint import CheckpointError  # noqa: E402
+from training.config import ConfigError  # noqa: E402
+from training.runinfo import load_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
-        model, tok = load_run(a.run_dir)
+        model, prepared = load_run(a.run_dir)
+        tok = Tokenizer(prepared / "tokenizer.model")
     except (ConfigError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,6 +40,29 @@ def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_siz
     }
 
 
+def load_run(run_dir: Path):
+    """(model, prepared data directory) of a run: its config.yaml's model with the weights of its latest
+    checkpoint, in eval mode; ConfigError / CheckpointError (one line) when run_dir is not a usable run."""
+    from data.prepare import prepare
+    from model import Llama
+    from training.checkpoint import CheckpointError, load_checkpoint
+    from training.config import ConfigError, load_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml")
+    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
+    model = Llama(cfg.model)
+    path = run_dir / "checkpoints" / "latest.pt"
+    try:
+        model.load_state_dict(load_checkpoint(path)["model"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit {run_dir / 'config.yaml'}: "
+                              f"{str(e).strip().splitlines()[0][:200]}") from None
+    return model.eval(), prepared
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a metrics.jsonl (a torn last line, from a crash mid-write, is skipped)."""
     records = []

@@ -1,0 +1,73 @@
+"""Export a run as a transformers model directory: LlamaForCausalLM weights (safetensors) and the run's
+SentencePiece tokenizer as a Llama tokenizer, loadable with AutoModelForCausalLM / AutoTokenizer.
+
+    python scripts/export_hf.py runs/default-rmsnorm-pre exports/default
+
+Only what LlamaForCausalLM can express exports (pre-norm RMSNorm, no qk-norm, no norm bias); anything else is
+refused with the reason. The directory appears only once it is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.sources import DataError  # noqa: E402
+from model.hf import check_expressible  # noqa: E402
+from training.checkpoint import CheckpointError  # noqa: E402
+from training.config import ConfigError, load_config  # noqa: E402
+from training.runinfo import load_run  # noqa: E402
+
+
+def export(run_dir: Path, out_dir: Path) -> Path:
+    """Write the run's model and tokenizer to out_dir (built beside it, then renamed into place)."""
+    from transformers import LlamaTokenizer
+
+    from model.hf import to_hf
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError(f"{out_dir} already exists and is not empty; choose another output directory")
+    if (run_dir / "config.yaml").is_file():  # refuse before loading anything
+        check_expressible(load_config(run_dir / "config.yaml").model)
+    model, prepared = load_run(run_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        to_hf(model).save_pretrained(tmp, safe_serialization=True)
+        # transformers converts the SentencePiece model to its tokenizers BPE (tokenizer.json); our tokenizer adds
+        # no BOS / EOS and no dummy prefix space, so the export must not either
+        shutil.copy(prepared / "tokenizer.model", tmp / "tokenizer.model")
+        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False, add_prefix_space=False)
+        tok.save_pretrained(tmp)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path, help="a run directory (config.yaml, checkpoints/latest.pt)")
+    p.add_argument("out_dir", type=Path, help="the transformers model directory to write")
+    a = p.parse_args(argv)
+    try:
+        out = export(a.run_dir, a.out_dir)
+    except (ConfigError, CheckpointError, DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt", file=sys.stderr)
+        return 2
+    print(f"exported {a.run_dir} -> {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
