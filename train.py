@@ -46,8 +46,9 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # what a resumed run may change: its length and how it runs, not what it trains
-RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every", "train.threads",
-             "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb", "log.wandb_project")
+RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
+             "train.threads", "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb",
+             "log.wandb_project")
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
@@ -253,7 +254,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
                        f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
                        f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resume else ""))
-        fallbacks = [f"{op}: {path}" for op, path in kernels.items() if op != "build" and path.startswith("reference (")]
+        fallbacks = [f"{op}: {path}" for op, path in kernels.items()
+                     if op != "build" and path.startswith("reference (")]
         if fallbacks:
             logger.message("fast paths that fall back: " + "; ".join(fallbacks))
         if resumed and resumed["note"]:

@@ -63,7 +63,8 @@ def test_vocab_below_the_character_count_trains_with_byte_fallback(tmp_path):
     # 120 distinct characters (Greek, Cyrillic, CJK) need more single-character pieces than a 320-piece
     # vocabulary has room for next to the 259 byte and special pieces: the rarest go through byte fallback
     rng = np.random.default_rng(0)
-    alphabet = [chr(c) for c in [*range(0x61, 0x7B), *range(0x3B1, 0x3C9), *range(0x430, 0x450), *range(0x4E00, 0x4E2A)]]
+    codes = [*range(0x61, 0x7B), *range(0x3B1, 0x3C9), *range(0x430, 0x450), *range(0x4E00, 0x4E2A)]
+    alphabet = [chr(c) for c in codes]
     weights = 1.0 / np.arange(1, len(alphabet) + 1) ** 2  # a few common, many rare characters
     text = "\n\n".join(" ".join("".join(rng.choice(alphabet, size=rng.integers(2, 8), p=weights / weights.sum()))
                                  for _ in range(12)) for _ in range(400))

@@ -258,7 +258,7 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, 
 def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, monkeypatch):
     """A crash after step 6 with the checkpoint at 4: the resume re-trains 5 and 6. wandb drops records logged at
     or below the last step it received, so they must be logged against our own step metric, not wandb's step."""
-    wandb = pytest.importorskip("wandb")
+    pytest.importorskip("wandb")
     from wandb.sdk import wandb_run
 
     sent, axes = [], []

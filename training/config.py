@@ -167,7 +167,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key} must be > 0, got {value}")
     nonneg = {"train.micro_batch_size": t.micro_batch_size, "train.checkpoint_every": t.checkpoint_every,
               "train.stop_at": t.stop_at, "train.threads": t.threads, "train.z_loss": t.z_loss,
-              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.schedule_steps": cfg.optim.schedule_steps, "optim.weight_decay": cfg.optim.weight_decay,
+              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.schedule_steps": cfg.optim.schedule_steps,
+              "optim.weight_decay": cfg.optim.weight_decay,
               "optim.grad_clip": cfg.optim.grad_clip, "log.stats_every": cfg.log.stats_every}
     for key, value in nonneg.items():
         if value < 0:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-
 STEP = "train/step"  # the x axis of every wandb chart
 
 
