@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,16 @@ def setup(device: str = "auto") -> Dist:
 
 
 def teardown() -> None:
+    """Leave the process group together: a rank that destroys its group while another still works (rank 0 writes
+    the summary) could abort at exit in gloo ('terminate called without an active exception', measured)."""
     if dist.is_initialized():
+        try:
+            if dist.get_backend() == "gloo":  # bounded: a rank that died must not hang the others
+                dist.monitored_barrier(timeout=timedelta(seconds=120))
+            else:
+                dist.barrier()
+        except Exception:  # a peer is gone: nothing left to wait for
+            pass
         dist.destroy_process_group()
 
 
