@@ -7,9 +7,14 @@
 
 Writes runs/<name>/: config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt.
 
-Exit codes: 0 finished (status ok or plateau; or stopped at train.stop_at, resumable),
-2 bad input (config, command line, data or checkpoint; nothing is written), 3 diverged (a result:
-logs and summary are complete), 130 interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume).
+Exit codes: 0 finished (status ok or plateau; or stopped at train.stop_at, resumable; or --resume of a run
+that had already finished), 2 bad input (config, command line, data or checkpoint; nothing is written),
+3 diverged (a result: logs and summary are complete), 4 the run's files could not be written (disk full:
+the last checkpoint is intact), 130 interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume).
+
+--resume is safe on every launch, as a preemptible scheduler relaunches a job: with no run directory or no
+checkpoint yet it starts from step 0, with a checkpoint it continues exactly (from previous.pt if latest.pt
+is unreadable), with a finished run it exits 0.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import signal
 import sys
 import time
@@ -24,25 +30,26 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 from torch.nn.parallel import DistributedDataParallel
 
-from data.loader import BatchLoader, eval_batches, load_tokens
+from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
 from data.sources import DataError
 from data.tokenizer import Tokenizer
 from model import Llama
 from model.kernels import kernel_paths
-from training import distributed
-from training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from training import distributed, faults
+from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, load_config, to_dict, to_yaml
 from training.cpu import tune_cpu
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.monitor import classify, is_finite
 from training.optim import build_optimizer, lr_at
-from training.runinfo import read_metrics, run_meta, summarize, truncate_metrics, write_json, write_text
+from training.runinfo import read_metrics, run_meta, series, summarize, truncate_metrics, write_json, write_text
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # what a resumed run may change: its length and how it runs, not what it trains
@@ -67,21 +74,77 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     config = Path(a.config) if a.config else DEFAULT_CONFIG
     cfg = load_config(config, a.overrides, flags)
     if a.resume:
-        if a.config:
-            raise ConfigError("--resume continues a run with its saved config.yaml; drop --config")
         if not cfg.log.name:
-            raise ConfigError("--resume needs --name (the run to continue)")
+            raise ConfigError("--resume needs --name (the run to continue, or to start if it does not exist yet)")
         saved = Path(cfg.log.out_dir) / cfg.log.name / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"cannot resume: {saved} does not exist")
-        changed = [o.split("=", 1)[0] for o in a.overrides] + [k for k in flags if k != "log.name"]
-        fixed = [k for k in changed if k not in RESUMABLE]
-        if fixed:  # the checkpoint holds a model and optimizer built from the saved config
-            raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
-        if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
-            flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
-        cfg = load_config(saved, a.overrides, flags)
+        if saved.is_file():  # continue with the saved config: the checkpoint holds a model and optimizer built from it
+            cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
     return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
+
+
+def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
+    """The saved config with the allowed changes of a --resume. A --config given again (a scheduler relaunching the
+    same command) must agree with the saved run on everything outside RESUMABLE."""
+    changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
+    if given is not None:
+        before, now = _flat(to_dict(load_config(saved))), _flat(to_dict(given))
+        differ = [k for k in now if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
+        if differ:
+            raise ConfigError(f"--resume: the command's config differs from the saved {saved} in {differ[0]} "
+                              f"({before.get(differ[0])!r} -> {now[differ[0]]!r}); a resume may change only: "
+                              f"{', '.join(RESUMABLE)}")
+        changed = [k for k in changed if k in RESUMABLE]  # the others were just checked equal
+    fixed = [k for k in changed if k not in RESUMABLE]
+    if fixed:
+        raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
+    flags = dict(flags)
+    if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
+        flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
+    return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist):
+    """(run_dir, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
+    and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
+    or the error, so all stop alike."""
+    found, lock = None, None
+    if d.is_master:
+        try:
+            run_dir = run_directory(cfg, default_name, resume)
+            lock = FileLock(str(run_dir.parent / f".{run_dir.name}.lock"))
+            try:
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                lock.acquire(timeout=0)
+            except Timeout:
+                raise ConfigError(f"run {run_dir} is in use by another process (lock {lock.lock_file}); wait for "
+                                  f"it to finish or choose another --name") from None
+            found = ("ok", str(run_dir), run_state(run_dir, cfg.train.steps) if resume else "new")
+        except (ConfigError, OSError) as e:
+            found = ("error", str(e), None)
+    kind, value, how = distributed.broadcast_object(found)
+    if kind == "error":
+        raise ConfigError(value)
+    cfg.log.name = Path(value).name
+    faults.point("start")
+    return Path(value), how, lock
+
+
+def run_state(run_dir: Path, steps: int) -> str:
+    """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if summary["status"] == "diverged" or summary["status"] in ("ok", "plateau") and summary["steps"] >= steps:
+            return "finished"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return "resume" if has_checkpoint(run_dir / "checkpoints" / "latest.pt") else "new"
 
 
 def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
@@ -149,6 +212,7 @@ def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, b
         with autocast:
             _, loss = model(x.to(d.device), y.to(d.device))
         total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device)])
+        faults.point("eval")
     model.train()
     distributed.all_reduce(total)
     return (total[0] / total[1]).item()
@@ -167,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         if d.is_master:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as e:  # disk full, permissions, a vanished file system: checkpoints are written atomically
+        print(f"error: cannot write the run's files: {e}; the last checkpoint is intact (--resume continues "
+              f"from it)", file=sys.stderr)
+        return EXIT_STORAGE
     except KeyboardInterrupt:  # before the training loop (e.g. while preparing data): nothing to save
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -183,7 +251,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 
     # data: prepared once (cached; concurrent processes wait for each other)
     prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
-    data_meta = json.loads((prepared / "meta.json").read_text())
+    data_meta = read_meta(prepared)
     per_rank = tc.batch_size // d.world_size
     micro = tc.micro_batch_size or per_rank
     if tc.batch_size % d.world_size or per_rank % micro:
@@ -201,22 +269,18 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     model = Llama(cfg.model).to(d.device)
     opt = build_optimizer(model, cfg.optim)
 
-    found = None
-    if d.is_master:  # rank 0 decides; every rank learns the directory, or the error, so all stop alike
-        try:
-            found = ("ok", str(run_directory(cfg, default_name, resume)))
-        except ConfigError as e:
-            found = ("error", str(e))
-    kind, value = distributed.broadcast_object(found)
-    if kind == "error":
-        raise ConfigError(value)
-    run_dir = Path(value)
-    cfg.log.name = run_dir.name
+    # the run directory: new, resumed from its newest readable checkpoint, or already finished
+    run_dir, how, lock = open_run(cfg, default_name, resume, d)
+    if how == "finished":
+        if d.is_master:
+            print(f"run {run_dir} already finished ({json.loads((run_dir / 'summary.json').read_text())['status']}); "
+                  f"nothing to do (pass train.steps=N to train further)", file=sys.stderr)
+        return EXIT_OK
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    start_step = 0
-    resumed = None
-    if resume:
-        state = load_checkpoint(ckpt_path)
+    start_step, resumed, notes = 0, None, []
+    if how == "resume":
+        state, fallback = load_latest(ckpt_path)
+        notes += [fallback] if fallback else []
         try:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
@@ -228,22 +292,26 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         except Exception as e:  # any mismatch is one line and exit 2, never a traceback
             raise CheckpointError(f"checkpoint {ckpt_path} does not fit this config: "
                                   f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
-        if start_step >= tc.steps:
-            raise ConfigError(f"run {run_dir} already finished its {tc.steps} steps; "
-                              f"pass train.steps=N with N > {start_step} to train further")
         resumed = schedule_change(start_step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
+        notes += [resumed["note"]] if resumed["note"] else []
         if d.is_master:
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
             write_text(run_dir / "config.yaml", to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
             meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
             meta["resumes"] = meta.get("resumes", []) + [{**resumed, "kernels": kernels, "cpu": cpu_settings}]
             write_json(run_dir / "meta.json", meta)
-    stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
-    if not resume and d.is_master:  # everything above validated: only now does the run directory appear
-        run_dir.mkdir(parents=True)
+    elif d.is_master:  # everything above validated: only now does the run directory appear (or restart)
+        if run_dir.exists():  # --resume before any checkpoint: what a killed start left is started over
+            notes.append(f"no checkpoint in {run_dir} yet: starting from step 0")
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            (run_dir / "summary.json").unlink(missing_ok=True)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # temp files of a killed first save
+        run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / "config.yaml", to_yaml(cfg))
+        faults.point("config")
         write_json(run_dir / "meta.json", {**run_meta(model, d.device, tc.dtype, d.world_size, data_meta),
                                            "kernels": kernels, "cpu": cpu_settings})
+    stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
 
     ddp = DistributedDataParallel(model) if d.world_size > 1 else model
     step_model = torch.compile(ddp) if tc.compile else ddp
@@ -253,13 +321,13 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     if d.is_master:
         logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
                        f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
-                       f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resume else ""))
+                       f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resumed else ""))
         fallbacks = [f"{op}: {path}" for op, path in kernels.items()
                      if op != "build" and path.startswith("reference (")]
         if fallbacks:
             logger.message("fast paths that fall back: " + "; ".join(fallbacks))
-        if resumed and resumed["note"]:
-            logger.message(resumed["note"])
+        for note in notes:
+            logger.message(note)
 
     def checkpoint(step: int) -> None:
         if d.is_master:
@@ -269,6 +337,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 
     probe = StabilityProbe(model)
     status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
+    if resumed:  # the val loss logged at or before the checkpoint, in case no step is left to run
+        last_val = ([None] + series(read_metrics(run_dir / "metrics.jsonl"), "val/loss"))[-1]
     clip = cfg.optim.grad_clip or math.inf
     tokens_per_step = tc.batch_size * tc.seq_len
     try:
@@ -312,6 +382,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 probe.snapshot()  # parameters before the update, for update/ratio
             opt.step()
             opt.zero_grad(set_to_none=True)
+            faults.point("step")
             metrics = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value,
                        "grad/clipped": float(norm_value > clip), **(probe.finish() if stats else {})}
             dt = time.perf_counter() - t0
@@ -321,6 +392,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 metrics["val/loss"] = last_val = evaluate(model, val_tokens, cfg, d, autocast, micro)
                 logger.message(f"step {done}: train loss {loss_value:.4f}, val loss {last_val:.4f}")
             logger.log(done, metrics)
+            faults.point("log")
             planned_stop = done == tc.stop_at and done < tc.steps
             # a stop request during the last step just lets the run finish
             stop_now = (planned_stop or distributed.any_rank(stop.requested, d.device)) and done < tc.steps
@@ -342,6 +414,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         if d.is_master and tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
             logger.message("sample: " + sample(model, prepared, tc, d.device))
     summary = None
+    faults.point("summary")
     if d.is_master:
         summary = summarize(read_metrics(run_dir / "metrics.jsonl"), status, done, tc.steps, diverged_at,
                             data_meta.get("unigram_entropy"), cfg.log.spike_window, cfg.log.spike_k,

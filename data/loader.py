@@ -12,9 +12,31 @@ from data.sources import DataError
 
 
 def load_tokens(prepared: str | Path, split: str) -> np.memmap:
-    """The token ids of `split` ('train' or 'val') of a prepared dataset, memory-mapped."""
-    meta = json.loads((Path(prepared) / "meta.json").read_text())
-    return np.memmap(Path(prepared) / f"{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+    """The token ids of `split` ('train' or 'val') of a prepared dataset, memory-mapped; DataError (one line)
+    when the files do not match meta.json (a truncated copy, a damaged disk)."""
+    prepared = Path(prepared)
+    meta = read_meta(prepared)
+    path = prepared / f"{split}.bin"
+    expected = meta[f"{split}_tokens"] * np.dtype(meta["dtype"]).itemsize
+    size = path.stat().st_size if path.is_file() else None
+    if size != expected:
+        raise DataError(f"prepared dataset {prepared} is damaged: {path.name} has "
+                        f"{'no file' if size is None else f'{size:,} bytes'}, meta.json says {expected:,}; "
+                        f"delete the directory to prepare it again")
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def read_meta(prepared: Path) -> dict:
+    """A prepared dataset's meta.json, or DataError naming it."""
+    try:
+        meta = json.loads((prepared / "meta.json").read_text())
+        for key in ("dtype", "train_tokens", "val_tokens"):
+            meta[key]
+        np.dtype(meta["dtype"])
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"prepared dataset {prepared} is damaged: cannot read its meta.json ({e}); delete the "
+                        f"directory to prepare it again") from None
 
 
 class BatchLoader:

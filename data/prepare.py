@@ -112,10 +112,15 @@ def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float 
 
 
 def _is_complete(out: Path, digest: str) -> bool:
+    """Whether `out` holds this dataset. A directory only gets its final name once complete, so one whose
+    meta.json cannot be read is damaged storage: DataError, rather than silently building over it."""
+    if not out.exists():
+        return False
     try:
         return json.loads((out / "meta.json").read_text())["digest"] == digest
-    except (OSError, ValueError, KeyError):
-        return False
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"prepared dataset {out} is damaged: cannot read its meta.json ({e}); delete the "
+                        f"directory to prepare it again") from None
 
 
 def _log(verbose: bool, msg: str) -> None:

@@ -7,29 +7,48 @@ from pathlib import Path
 
 import torch
 
+from training import faults
+
 
 class CheckpointError(ValueError):
     """An unreadable or incompatible checkpoint: the message is the one line the user sees."""
 
 
+def previous_path(path: Path) -> Path:
+    return path.with_name(f"previous{path.suffix}")
+
+
 def save_checkpoint(path: str | Path, state: dict) -> None:
-    """Write `state` so that `path` always holds a complete checkpoint: temp file, fsync, rename."""
+    """Write `state` so that `path` always holds a complete checkpoint, and the one before it stays as
+    previous.pt until the new one is durable: temp file, fsync, latest -> previous, temp -> latest, fsync dir."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-write
+        if not stale.name.endswith(f"-{os.getpid()}"):
+            stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        faults.point("checkpoint")
+        if path.exists():
+            os.replace(path, previous_path(path))
+            faults.point("checkpoint_swap")
         os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half of one
         fd = os.open(path.parent, os.O_RDONLY)
         try:
-            os.fsync(fd)  # make the rename itself durable
+            os.fsync(fd)  # make the renames themselves durable
         finally:
             os.close(fd)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def has_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_file() or previous_path(path).is_file()
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -41,6 +60,20 @@ def load_checkpoint(path: str | Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).strip().splitlines()[0][:200]}") from None
+
+
+def load_latest(path: str | Path) -> tuple[dict, str | None]:
+    """(state, warning): the newest readable checkpoint, latest.pt or else previous.pt (the warning says why it
+    fell back); CheckpointError naming both when neither can be read."""
+    path = Path(path)
+    try:
+        return load_checkpoint(path), None
+    except CheckpointError as latest_error:
+        try:
+            state = load_checkpoint(previous_path(path))
+        except CheckpointError as previous_error:
+            raise CheckpointError(f"{latest_error}; and {previous_error}") from None
+        return state, f"{latest_error}: resuming from {previous_path(path).name} (step {state.get('step')})"
 
 
 def rng_state() -> dict:
