@@ -405,6 +405,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 break
     except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays the resumable state
         status = "interrupted"
+    except Exception:  # e.g. a full disk: close the progress bar and logs first, so the error is the last line
+        logger.close()
+        raise
     finally:
         stop.restore()
 

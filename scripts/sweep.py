@@ -15,8 +15,10 @@ A study file names a training config, overrides applied to every run, and a grid
 
 Runs live in <out>/<name>/runs/<run>/ (ordinary train.py run directories), their console output in
 <out>/<name>/logs/<run>.log, and an index of every run's outcome in <out>/<name>/sweep.json. A rerun
-skips finished runs and resumes interrupted ones; a diverged run is a result and a failed run (a crash)
-is recorded with its error, neither stops the sweep. At the end scripts/compare.py writes report.md.
+skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume); a diverged
+run is a result and a failed run (a crash, bad input) is recorded with its one-line error, neither stops the
+sweep. Ctrl-C or SIGTERM stops the runs in flight at a checkpoint and waits for them. At the end
+scripts/compare.py writes report.md.
 """
 
 from __future__ import annotations
@@ -115,16 +117,16 @@ def state(run_dir: Path) -> str:
     return "resume" if (run_dir / "checkpoints" / "latest.pt").is_file() else "new"
 
 
+_procs: set[subprocess.Popen] = set()  # the train.py runs in flight, so an interrupt can stop and wait for them
+
+
 def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None) -> dict:
-    """Train (or resume) one run in a subprocess; return its index entry."""
+    """Train (or resume) one run in a subprocess; return its index entry. Every launch is the same command with
+    --resume, which starts a run that has no checkpoint yet and continues one that has."""
     runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
-    how = state(run_dir)
-    if how == "new":
-        shutil.rmtree(run_dir, ignore_errors=True)  # a crash before the first checkpoint: start over
-        cmd = ["--config", study["config"], "--name", run["name"], *run["overrides"]]
-    else:
-        cmd = ["--name", run["name"], "--resume"]
-    cmd = [sys.executable, str(REPO / "train.py"), *cmd, f"log.out_dir={runs_dir}", f"train.threads={threads}"]
+    resumed = state(run_dir) == "resume"
+    cmd = [sys.executable, str(REPO / "train.py"), "--config", study["config"], "--name", run["name"], "--resume",
+           *run["overrides"], f"log.out_dir={runs_dir}", f"train.threads={threads}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -133,7 +135,12 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode  # same cwd as us
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)  # same cwd as us
+        _procs.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            _procs.discard(proc)
     try:
         status = json.loads((run_dir / "summary.json").read_text())["status"]
     except (OSError, ValueError, KeyError):
@@ -141,11 +148,27 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
     if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
         status = "failed"
     entry = {"name": run["name"], "overrides": run["overrides"], "status": status, "exit_code": code,
-             "wall_time_s": round(time.time() - t0, 1), "resumed": how == "resume"}
+             "wall_time_s": round(time.time() - t0, 1), "resumed": resumed}
     if status == "failed":
-        lines = log.read_text().strip().splitlines()
-        entry["error"] = lines[-1] if lines else f"exit code {code}"
+        errors = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
+        entry["error"] = errors[-1] if errors else f"exit code {code}" + (" (killed)" if code < 0 else "")
     return entry
+
+
+def stop_runs(timeout: float = 120.0) -> None:
+    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step) and wait for them, so
+    that no run outlives the sweep; one that does not stop within the timeout is killed."""
+    procs = list(_procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str | None]]:
@@ -217,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {}
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=study["name"], dynamic_ncols=True)
     pool = ThreadPoolExecutor(n_workers)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         def job(run):
             slot = free.pop()
@@ -235,13 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             if entry["status"] == "failed":
                 bar.write(f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}")
             _write_index(index_path, study, runs, index)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler
         pool.shutdown(wait=False, cancel_futures=True)
-        for child in _children():
-            os.kill(child, signal.SIGTERM)  # runs checkpoint and exit; a rerun resumes them
+        stop_runs()  # runs checkpoint and exit; a rerun resumes them
+        pool.shutdown(wait=True)
         bar.close()
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     pool.shutdown()
     bar.close()
     _write_index(index_path, study, runs, index)
@@ -261,13 +287,8 @@ def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None
     os.replace(tmp, path)
 
 
-def _children() -> list[int]:
-    """PIDs of this process's children (the train.py runs in flight)."""
-    try:
-        out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout
-        return [int(x) for x in out.split()]
-    except OSError:
-        return []
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
