@@ -41,6 +41,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data.sources import DataError  # noqa: E402
+from training.checkpoint import has_checkpoint  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def state(run_dir: Path) -> str:
             return "finished"
     except (OSError, ValueError, KeyError):
         pass
-    return "resume" if (run_dir / "checkpoints" / "latest.pt").is_file() else "new"
+    return "resume" if has_checkpoint(run_dir / "checkpoints" / "latest.pt") else "new"
 
 
 _procs: set[subprocess.Popen] = set()  # the train.py runs in flight, so an interrupt can stop and wait for them

@@ -283,14 +283,17 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
     study_dir = tmp_path / "out" / "s"
     sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) >= 1)
-    victim = _runs_in_flight(study_dir)[0]
+    name = next(study_dir.glob("runs/*/checkpoints/latest.pt")).parent.parent.name  # a run with a checkpoint
+    victim = next(pid for pid in _runs_in_flight(study_dir)
+                  if f"--name\0{name}\0" in Path(f"/proc/{pid}/cmdline").read_text())
     os.kill(victim, signal.SIGKILL)  # the OOM killer, a node failure...
     assert sweep.wait(timeout=300) == 0
     index = json.loads((study_dir / "sweep.json").read_text())["runs"]
     killed = [e for e in index if e["status"] == "failed"]
-    assert len(killed) == 1 and killed[0]["exit_code"] == -9 and "killed" in killed[0]["error"], index
+    assert len(killed) == 1 and killed[0]["name"] == name and killed[0]["exit_code"] == -9, index
+    assert "killed" in killed[0]["error"]
     r = subprocess.run(cmd, cwd=train.REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     index = {e["name"]: e for e in json.loads((study_dir / "sweep.json").read_text())["runs"]}
-    assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in ("ok", "plateau")
+    assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in ("ok", "plateau"), index
     assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(1, 201))
