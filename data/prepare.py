@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python data/prepare.py`: make the repository root importable
@@ -134,11 +135,16 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     import sentencepiece as spm
 
     t0 = time.time()
-    _log(verbose, f"loading {describe(source)}")
-    docs = load_documents(source, text_field).filter(lambda t: bool(t and t.strip()), input_columns="text")
+    local = not source.startswith("hf:")
+    if not local:  # a download: say so before it starts
+        _log(verbose, f"loading {describe(source)}")
+    with _quiet(local):  # local corpora load in seconds: bars would only bury a bad-input error line
+        docs = load_documents(source, text_field).filter(lambda t: bool(t and t.strip()), input_columns="text")
     if len(docs) < 2:
         raise DataError(f"data source {source!r} has {len(docs)} non-empty documents; need at least 2 "
                         f"(one for train, one for val)")
+    if local:
+        _log(verbose, f"loaded {describe(source)}: {len(docs):,} documents")
     # split by document, deterministically: a seeded permutation, each split kept in corpus order
     perm = np.random.default_rng(seed).permutation(len(docs))
     n_val = min(len(docs) - 1, max(1, round(len(docs) * val_fraction)))
@@ -192,6 +198,21 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # written last: marks completion
     _log(verbose, f"{counts['train']:,} train / {counts['val']:,} val tokens, unigram entropy "
                   f"{entropy:.3f} nats, {time.time() - t0:.1f}s")
+
+
+@contextmanager
+def _quiet(enabled: bool):
+    """datasets' progress bars off while the block runs (if enabled), restored after."""
+    import datasets
+
+    was = datasets.utils.logging.is_progress_bar_enabled()
+    if enabled:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled and was:
+            datasets.enable_progress_bars()
 
 
 def _lines(ds, limit: int):

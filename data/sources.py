@@ -55,9 +55,29 @@ def load_documents(spec: str, text_field: str = "text"):
     if kind == "pydocs":
         return datasets.Dataset.from_dict({"text": pydocs_documents()})
     if kind == "text":
-        # a "document" is a paragraph (blank-line separated), so even one file splits into train / val
-        return datasets.load_dataset("text", data_files=_text_files(arg), sample_by="paragraph", split="train")
+        return _load_text(arg)
     return _load_hf(arg, text_field)
+
+
+def _load_text(pattern: str):
+    """Local text files; a "document" is a paragraph (blank-line separated), so even one file splits into
+    train / val. Files that are not UTF-8 text are named in one line."""
+    import datasets
+
+    files = _text_files(pattern)
+    for f in files:  # the text loader reads them anyway; reading first names the bad file
+        try:
+            with open(f, encoding="utf-8") as fh:
+                while fh.read(1 << 24):
+                    pass
+        except UnicodeDecodeError as e:
+            raise DataError(f"text source file {f!r} is not UTF-8 text (byte {e.start}: {e.reason}); give plain "
+                            f"text files") from None
+        except OSError as e:
+            raise DataError(f"cannot read text source file {f!r}: {e.strerror or e}") from None
+    if all(os.path.getsize(f) == 0 for f in files):
+        return datasets.Dataset.from_dict({"text": []})
+    return datasets.load_dataset("text", data_files=files, sample_by="paragraph", split="train")
 
 
 def _text_files(pattern: str) -> list[str]:

@@ -72,8 +72,10 @@ def load_study(path: Path) -> dict:
             raise ConfigError(f"grid.{key} must be a non-empty list of values")
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
-    if int(study.get("threads_per_worker", 1)) < 1 or int(study.get("workers") or 1) < 1:
-        raise ConfigError("threads_per_worker and workers must be >= 1")
+    for key in ("threads_per_worker", "workers"):
+        value = study.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
     study["name"] = study.get("name") or path.stem
     study["config"] = str((path.parent / study.get("config", "default.yaml")).resolve())
     return study

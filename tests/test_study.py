@@ -37,7 +37,7 @@ def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text,message", [("grid: [1, 2\n", "cannot parse"), ("grid: [1, 2]\n", "a 'grid' mapping"),
-                                          ("grid: {lr: [0.1]}\nthreads_per_worker: 0\n", "must be >= 1")])
+                                          ("grid: {lr: [0.1]}\nthreads_per_worker: 0\n", "must be an integer >= 1")])
 def test_malformed_study_files_are_one_line(tmp_path, capsys, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)

@@ -92,6 +92,8 @@ CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "
 
 
 def _load_yaml(path: Path, seen: tuple = ()):
+    if path.is_dir():
+        raise ConfigError(f"config {str(path)!r} is not a file (a directory); give a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     if path.resolve() in seen:
@@ -99,8 +101,20 @@ def _load_yaml(path: Path, seen: tuple = ()):
     try:
         node = OmegaConf.load(path)
     except Exception as e:
-        raise ConfigError(f"cannot parse {str(path)!r}: {str(e).splitlines()[0]}") from None
-    base = node.pop("base", None) if OmegaConf.is_dict(node) else None
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Invalid loaded object type" in msg:  # a bare scalar
+            raise ConfigError(f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, "
+                              f"train:, log:), got a {msg.rsplit(' ', 1)[-1]}") from None
+        raise ConfigError(f"cannot parse {str(path)!r}: {msg}") from None
+    if not OmegaConf.is_dict(node):
+        raise ConfigError(f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, train:, "
+                          f"log:), got a list")
+    sections = {f.name for f in dataclasses.fields(Config)}
+    for key, value in node.items():
+        if key in sections and not OmegaConf.is_dict(value) and value is not None:
+            raise ConfigError(f"config {str(path)!r}: {key!r} must be a mapping of its fields, e.g. "
+                              f"{key}: {{...}}, got {value!r}")
+    base = node.pop("base", None)
     if base is None:
         return [node]
     return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [node]
