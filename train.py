@@ -37,8 +37,8 @@ from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
 from data.sources import DataError
 from data.tokenizer import Tokenizer
+from kernels import kernel_paths
 from model import Llama
-from model.kernels import kernel_paths
 from training import distributed, faults
 from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, load_config, to_dict, to_yaml

@@ -1,8 +1,12 @@
-"""RMSNorm and LayerNorm written from their formulas, one precision policy, a registry and swap_norms.
+"""The norms, written from their formulas, with one precision policy, one registry (NORMS) and swap_norms.
 
-Precision policy shared by both norms (LLaMA / Hugging Face order): normalize in (at least) float32, cast the
-result back to the input dtype, then multiply by the gain (and add the bias). Both take the same
-`eps`, so by default the only difference between them is LayerNorm's mean-centring.
+Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in (at least) float32, cast the
+result back to the input dtype, then multiply by the gain (and add the bias). RMSNorm and LayerNorm take the
+same `eps`, so by default the only difference between them is LayerNorm's mean-centring.
+
+`impl="fast"` runs a norm through its fused kernel (kernels/norms.py) where it has one (`center` is not None)
+and the device has one; otherwise, and always with `impl="reference"`, it runs the formula below. Adding a norm
+is a class here and a line in NORMS: validation, --norm, help texts, tests and studies read the registry.
 """
 
 from __future__ import annotations
@@ -13,21 +17,35 @@ from torch import nn
 from model.args import lookup
 
 Shape = int | tuple[int, ...] | list[int] | torch.Size
+NORM_IMPLS = {"reference": "the formula in eager torch ops",
+              "fast": "a fused kernel where the norm has one (kernels/), else the formula"}
 
 
 class _Norm(nn.Module):
     """Gain (and optional bias) over the last len(normalized_shape) dims; subclasses define normalize()."""
 
+    center: bool | None = None  # the fused kernel's mode: True LayerNorm, False RMSNorm, None no kernel
+
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False):
+                 bias: bool = False, impl: str = "reference"):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.weight = nn.Parameter(torch.ones(shape)) if elementwise_affine else None
-        self.bias = nn.Parameter(torch.zeros(shape)) if elementwise_affine and bias else None
+        lookup(NORM_IMPLS, impl, "norm_impl")  # a ValueError listing the valid ones
+        self.impl = impl
+        self.weight = nn.Parameter(torch.empty(shape)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.empty(shape)) if elementwise_affine and bias else None
         self.dims = tuple(range(-len(shape), 0))  # the normalized (last) dims
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Gain 1, bias 0: the norm starts as the bare normalization."""
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -40,6 +58,12 @@ class _Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
+        if self.impl == "fast" and self.center is not None:
+            from kernels.norms import fused_norm  # imported on first use: it may compile the kernels
+
+            y = fused_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.center)
+            if y is not None:
+                return y
         # at least float32: bfloat16/float16 are upcast, float64 stays float64 (for gradcheck)
         y = self.normalize(x.to(torch.promote_types(x.dtype, torch.float32))).type_as(x)
         if self.weight is not None:
@@ -50,11 +74,14 @@ class _Norm(nn.Module):
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
-        return f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}"
+        return (f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}, "
+                f"impl={self.impl}")
 
 
 class RMSNorm(_Norm):
     """y = x / sqrt(mean(x^2) + eps) * g   (Zhang & Sennrich, 2019)."""
+
+    center = False
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(self.dims, keepdim=True) + self.eps)
@@ -62,6 +89,8 @@ class RMSNorm(_Norm):
 
 class LayerNorm(_Norm):
     """y = (x - mean(x)) / sqrt(var(x) + eps) * g (+ b), biased variance   (Ba et al., 2016)."""
+
+    center = True
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         xc = x - x.mean(self.dims, keepdim=True)
@@ -72,7 +101,7 @@ class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
     def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True,
-                 bias: bool = False):
+                 bias: bool = False, impl: str = "reference"):
         super().__init__()
         self.weight = self.bias = None
 
@@ -83,38 +112,29 @@ class NoNorm(nn.Module):
 NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "none": NoNorm}
 
 
-def _fast_norms() -> dict[str, type[nn.Module]]:
-    from model.fast_norms import FAST_NORMS  # imported lazily: it may compile a kernel on first use
-
-    return FAST_NORMS
-
-
-NORM_IMPLS = {"reference": lambda: NORMS, "fast": _fast_norms}
-
-
 def build_norm(name: str, dim: Shape, eps: float = 1e-5, bias: bool = False, impl: str = "reference") -> nn.Module:
-    """The norm called `name` over the last dims of shape `dim`; `impl` picks reference or fast kernels."""
-    cls = lookup(lookup(NORM_IMPLS, impl, "norm_impl")(), name, "norm")
-    return cls(dim, eps=eps, bias=bias)
+    """The norm called `name` over the last dims of shape `dim`; `impl` picks the fused kernel or the formula."""
+    return lookup(NORMS, name, "norm")(dim, eps=eps, bias=bias, impl=impl)
 
 
 def swap_norms(module: nn.Module, to: str, impl: str = "reference") -> int:
     """Replace every LayerNorm / RMSNorm (torch's or ours) inside `module` by norm `to`; return the count.
 
     Gains are carried over; a bias is carried over when the target has one (layernorm) and dropped
-    otherwise. eps is kept. Modules already of the target type are left alone.
+    otherwise. eps is kept. Modules already of the target type and implementation are left alone.
     """
-    target = lookup(lookup(NORM_IMPLS, impl, "norm_impl")(), to, "norm")
-    sources = (nn.LayerNorm, nn.RMSNorm, _Norm)  # fast-path norms subclass _Norm too
+    target = lookup(NORMS, to, "norm")
+    lookup(NORM_IMPLS, impl, "norm_impl")
+    sources = (nn.LayerNorm, nn.RMSNorm, _Norm)
     swaps = [(parent, child_name, child)
              for parent in module.modules()
              for child_name, child in parent.named_children()
-             if isinstance(child, sources) and type(child) is not target]
+             if isinstance(child, sources) and not (type(child) is target and getattr(child, "impl", None) == impl)]
     for parent, child_name, old in swaps:
         eps = old.eps if old.eps is not None else torch.finfo(torch.float32).eps  # nn.RMSNorm(eps=None)
         has_bias = getattr(old, "bias", None) is not None and to == "layernorm"
-        new = target(old.normalized_shape, eps=eps, bias=has_bias)
-        if getattr(old, "weight", None) is not None and new.weight is not None:
+        new = target(old.normalized_shape, eps=eps, bias=has_bias, impl=impl)
+        if getattr(old, "weight", None) is not None and getattr(new, "weight", None) is not None:
             new.weight.data.copy_(old.weight.data)
         if has_bias:
             new.bias.data.copy_(old.bias.data)

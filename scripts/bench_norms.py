@@ -2,7 +2,7 @@
 
     python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
 
-Implementations: ours (reference formula, eager ops), ours fast (model/fast_norms.py), torch.nn.RMSNorm,
+Implementations: ours (reference formula, eager ops), ours fast (kernels/norms.py), torch.nn.RMSNorm,
 torch.nn.LayerNorm without and with bias, and torch.compile of our reference. The memory floor is what
 any norm must at least cost: a copy of the tensor (forward) plus one elementwise pass producing the
 input gradient (backward). All implementations of one shape and dtype are timed in alternating rounds,
@@ -31,7 +31,7 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from model.fast_norms import FastLayerNorm, FastRMSNorm, kernel_available  # noqa: E402
+from kernels import kernel_available  # noqa: E402
 from model.norms import LayerNorm, RMSNorm  # noqa: E402
 from training.cpu import tune_cpu  # noqa: E402
 
@@ -58,9 +58,9 @@ BASELINE = "layernorm | torch.nn.LayerNorm(bias=False)"
 
 def implementations(d: int, dtype: torch.dtype, device, compiled: bool) -> dict[str, torch.nn.Module]:
     impls = {
-        "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fast)": FastRMSNorm(d),
+        "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fast)": RMSNorm(d, impl="fast"),
         "rmsnorm | torch.nn.RMSNorm": torch.nn.RMSNorm(d, eps=1e-5),
-        "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fast)": FastLayerNorm(d),
+        "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fast)": LayerNorm(d, impl="fast"),
         BASELINE: torch.nn.LayerNorm(d, bias=False),
         "layernorm | torch.nn.LayerNorm": torch.nn.LayerNorm(d),
         "floor | copy + elementwise backward": Floor(),

@@ -196,7 +196,7 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
     for data in {tuple(sorted(vars(c.data).items())) for c in cfgs}:
         prepare(**dict(data))
     if any("fast" in (c.model.norm_impl, c.model.ops_impl) for c in cfgs):
-        from model.kernels import kernel_available
+        from kernels import kernel_available
 
         kernel_available()
 

@@ -1,7 +1,8 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
-under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp, used by
-model/fast_norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, used by
-model/ops.py). All register ops under torch.ops.normlab.
+under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp, autograd in
+kernels/norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, kernels/ops.py).
+All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
+tensors, and it sits below model/ in the import order (it imports only torch).
 
 Where no compiler exists the build fails once, with a warning, and every fast path runs its reference.
 """
