@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -26,6 +28,20 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(args)
         self.attention_norm = _norm(args)
         self.ffn_norm = _norm(args)
+
+    def reset_parameters(self, init_std: float, n_layers: int) -> None:
+        """Every matrix ~ N(0, init_std^2), the residual projections (wo, w2) with init_std / sqrt(2 n_layers) so
+        the stream's variance does not grow with depth (GPT-2); norms reset themselves (gain 1, bias 0).
+
+        Only matrices draw random numbers, in the order they are registered, so blocks that differ only in their
+        norm or its placement start from identical weights for the same seed. A placement with its own init
+        rule (e.g. DeepNorm's beta) overrides this method."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                residual = name in ("attention.wo", "feed_forward.w2")
+                nn.init.normal_(module.weight, 0.0, init_std / math.sqrt(2 * n_layers) if residual else init_std)
+            elif module is not self and hasattr(module, "reset_parameters"):  # norms
+                module.reset_parameters()
 
 
 class PreNormBlock(Block):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -63,20 +61,17 @@ class Llama(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
-        """Every matrix ~ N(0, init_std^2); the residual projections (wo, w2) use init_std / sqrt(2 n_layers)
-        so the stream's variance does not grow with depth (GPT-2); norm gains stay 1 and biases 0.
-
-        Only matrices draw random numbers, in a fixed order, so models that differ only in their norm
-        or its placement start from identical weights for the same seed.
-        """
+        """The embedding and the output head ~ N(0, init_std^2); each block initializes its own parameters
+        (Block.reset_parameters); the final norm resets itself. The order of random draws (embedding, blocks in
+        order, head) makes models that differ only in their norm or placement start from identical weights."""
         std = self.args.init_std
-        kinds = parameter_kinds(self)
-        for name, p in self.named_parameters():
-            if kinds[name] in ("matrix", "embedding"):
-                residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.args.n_layers) if residual else std)
-            else:  # by module, not by p.dim(): a gain over a multi-dim normalized_shape is still a gain
-                nn.init.constant_(p, 1.0 if kinds[name] == "gain" else 0.0)
+        nn.init.normal_(self.tok_embeddings.weight, 0.0, std)
+        for layer in self.layers:
+            layer.reset_parameters(std, self.args.n_layers)
+        if hasattr(self.norm, "reset_parameters"):
+            self.norm.reset_parameters()
+        if not self.args.tie_embeddings:
+            nn.init.normal_(self.output.weight, 0.0, std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import kernel_available
-from model import Llama, ModelArgs, ops
+from model import Llama, ModelArgs
 from model.ops import fast_cross_entropy, fast_swiglu, reference_cross_entropy, reference_swiglu
 
 
