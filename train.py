@@ -39,6 +39,8 @@ from data.sources import DataError
 from data.tokenizer import Tokenizer
 from kernels import kernel_paths
 from model import Llama
+from model.blocks import BLOCKS
+from model.norms import NORMS
 from training import distributed, faults
 from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, load_config, to_dict, to_yaml
@@ -63,8 +65,8 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
-    p.add_argument("--norm", help="model.norm: rmsnorm | layernorm | none")
-    p.add_argument("--placement", help="model.placement: pre | post | peri")
+    p.add_argument("--norm", help=f"model.norm: {' | '.join(NORMS)}")
+    p.add_argument("--placement", help=f"model.placement: {' | '.join(BLOCKS)}")
     p.add_argument("--name", help="run name: the run directory is <log.out_dir>/<name>")
     p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. optim.lr=3e-3")

@@ -7,8 +7,9 @@ import torch
 
 from model import Llama, ModelArgs
 from model.blocks import BLOCKS
+from model.norms import NORMS
 
-NORM_NAMES = ["rmsnorm", "layernorm"]
+NORM_NAMES = [n for n in NORMS if n != "none"]  # every norm of the registry (none has its own tests)
 PLACEMENTS = sorted(BLOCKS)
 
 

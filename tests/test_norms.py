@@ -117,11 +117,35 @@ def test_none_is_identity_without_parameters():
 
 
 def test_unknown_norm_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown norm 'batchnorm'; valid: layernorm, none, rmsnorm"):
+    with pytest.raises(ValueError, match=f"unknown norm 'batchnorm'; valid: {', '.join(sorted(NORMS))}"):
         build_norm("batchnorm", 8)
     with pytest.raises(ValueError, match="norm_impl"):
         build_norm("rmsnorm", 8, impl="turbo")
-    assert set(NORMS) == {"rmsnorm", "layernorm", "none"}
+    assert set(NORMS) >= {"rmsnorm", "layernorm", "none"}
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_registered_norm_fast_equals_reference_and_has_known_parameters(name, dtype):
+    """Whatever the registry holds: the fast implementation is the fused kernel or the formula itself, the
+    output keeps the input's shape and dtype, gradients reach every parameter, and init / decay know its
+    parameters."""
+    from model.llama import parameter_kinds
+
+    torch.manual_seed(0)
+    ref, fast = build_norm(name, (3, 8)), build_norm(name, (3, 8), impl="fast")
+    for p in ref.parameters():
+        p.data.add_(torch.randn_like(p) * 0.1)
+    fast.load_state_dict(ref.state_dict())
+    ref, fast = ref.to(dtype), fast.to(dtype)
+    x = (torch.randn(4, 5, 3, 8) * 2 + 0.5).to(dtype)
+    y_ref, y_fast = ref(x), fast(x)
+    assert y_ref.shape == x.shape and y_ref.dtype == x.dtype
+    torch.testing.assert_close(y_fast, y_ref, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
+    if list(ref.parameters()):
+        y_ref.float().pow(2).sum().backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in ref.parameters())
+        assert set(parameter_kinds(ref).values()) <= {"gain", "bias"}
 
 
 def _encoder():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import train
+from model.norms import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.runinfo import read_metrics
 
@@ -283,3 +284,10 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, m
     final = {d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d}  # last value per step
     assert [final[s] for s in range(1, 9)] == losses(tmp_path / "w")  # the dashboard ends where metrics.jsonl does
     assert len(list((tmp_path / "w" / "wandb").glob("offline-run-*"))) == 3
+
+
+@pytest.mark.parametrize("norm", sorted(NORMS))
+def test_every_registered_norm_trains_through_train_py(tmp_path, data_args, norm):
+    assert run(tmp_path, data_args, "--name", norm, "--norm", norm, "train.steps=6", "train.sample_tokens=0") == 0
+    loss = losses(tmp_path / norm)
+    assert len(loss) == 6 and all(v == v for v in loss) and loss[-1] < loss[0]
