@@ -97,6 +97,28 @@ class LayerNorm(_Norm):
         return xc * torch.rsqrt(xc.pow(2).mean(self.dims, keepdim=True) + self.eps)
 
 
+class DyT(_Norm):
+    """y = g * tanh(alpha * x) + b, alpha a learnable scalar   (Zhu et al., 2025, "Transformers without
+    Normalization"). Element-wise: no statistics, so eps is unused; b is part of the definition (always on);
+    alpha starts at 0.5, the paper's default. tanh is taken in float32 like the other norms' statistics."""
+
+    alpha0 = 0.5
+
+    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = False, impl: str = "reference"):
+        self.alpha = None
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=True, impl=impl)
+        self.alpha = nn.Parameter(torch.full((), self.alpha0))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.alpha is not None:
+            nn.init.constant_(self.alpha, self.alpha0)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha.to(x.dtype) * x)
+
+
 class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
@@ -109,7 +131,7 @@ class NoNorm(nn.Module):
         return x
 
 
-NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "none": NoNorm}
+NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT, "none": NoNorm}
 
 
 def build_norm(name: str, dim: Shape, eps: float = 1e-5, bias: bool = False, impl: str = "reference") -> nn.Module:
