@@ -37,7 +37,7 @@ from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
 from data.sources import DataError
 from data.tokenizer import Tokenizer
-from kernels import kernel_paths
+from fused import kernel_paths
 from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS

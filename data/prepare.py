@@ -24,9 +24,6 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python data/prepare.py`: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import numpy as np
 
 from data.sources import DataError, corpus_sha256, describe, load_documents, parse_source, source_key

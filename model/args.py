@@ -16,7 +16,7 @@ class ModelArgs:
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # rmsnorm | layernorm | none
-    norm_impl: str = "reference"  # reference | fast (the fused kernel where the norm has one: kernels/norms.py)
+    norm_impl: str = "reference"  # reference | fast (the fused kernel where the norm has one: fused/norms.py)
     ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference

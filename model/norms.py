@@ -4,7 +4,7 @@ Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in
 result back to the input dtype, then multiply by the gain (and add the bias). RMSNorm and LayerNorm take the
 same `eps`, so by default the only difference between them is LayerNorm's mean-centring.
 
-`impl="fast"` runs a norm through its fused kernel (kernels/norms.py) where it has one (`center` is not None)
+`impl="fast"` runs a norm through its fused kernel (fused/norms.py) where it has one (`center` is not None)
 and the device has one; otherwise, and always with `impl="reference"`, it runs the formula below. Adding a norm
 is a class here and a line in NORMS: validation, --norm, help texts, tests and studies read the registry.
 """
@@ -18,7 +18,7 @@ from model.args import lookup
 
 Shape = int | tuple[int, ...] | list[int] | torch.Size
 NORM_IMPLS = {"reference": "the formula in eager torch ops",
-              "fast": "a fused kernel where the norm has one (kernels/), else the formula"}
+              "fast": "a fused kernel where the norm has one (fused/), else the formula"}
 
 
 class _Norm(nn.Module):
@@ -59,7 +59,7 @@ class _Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         if self.impl == "fast" and self.center is not None:
-            from kernels.norms import fused_norm  # imported on first use: it may compile the kernels
+            from fused.norms import fused_norm  # imported on first use: it may compile the kernels
 
             y = fused_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.center)
             if y is not None:

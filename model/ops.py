@@ -1,5 +1,5 @@
 """The cross-entropy and the SwiGLU activation, each as a reference in torch ops and as a fused CPU kernel
-with the same math (kernels/ops.py), chosen by `model.ops_impl` (the norms have model.norm_impl).
+with the same math (fused/ops.py), chosen by `model.ops_impl` (the norms have model.norm_impl).
 
 - cross_entropy(logits (N, V), targets (N,)): mean over targets != ignore_index of
   logsumexp(logits_r) - logits_r[target_r], in float32 (float64 stays float64). The kernel keeps one
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.ops import fused_cross_entropy, fused_swiglu
+from fused.ops import fused_cross_entropy, fused_swiglu
 
 
 def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:

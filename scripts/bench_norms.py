@@ -2,7 +2,7 @@
 
     python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
 
-Implementations: ours (reference formula, eager ops), ours fast (kernels/norms.py), torch.nn.RMSNorm,
+Implementations: ours (reference formula, eager ops), ours fast (fused/norms.py), torch.nn.RMSNorm,
 torch.nn.LayerNorm without and with bias, and torch.compile of our reference. The memory floor is what
 any norm must at least cost: a copy of the tensor (forward) plus one elementwise pass producing the
 input gradient (backward). All implementations of one shape and dtype are timed in alternating rounds,
@@ -23,17 +23,13 @@ import argparse
 import random
 import statistics
 import sys
-from pathlib import Path
+import time
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-from kernels import kernel_available  # noqa: E402
-from model.norms import LayerNorm, RMSNorm  # noqa: E402
-from training.cpu import tune_cpu  # noqa: E402
+from fused import kernel_available
+from model.norms import LayerNorm, RMSNorm
+from training.cpu import tune_cpu
 
 
 class Floor(torch.nn.Module):

@@ -16,11 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import train  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.runinfo import read_metrics  # noqa: E402
+import train
+from training.config import load_config
+from training.runinfo import read_metrics
 
 
 def step_seconds(run_dir: Path, tokens_per_step: int) -> float:

@@ -27,14 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from model import Llama  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.cpu import tune_cpu  # noqa: E402
+from model import Llama
+from training.config import load_config
+from training.cpu import tune_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,13 +14,11 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from data.sources import DataError  # noqa: E402
-from model.hf import check_expressible  # noqa: E402
-from training.checkpoint import CheckpointError  # noqa: E402
-from training.config import ConfigError, load_config  # noqa: E402
-from training.runinfo import load_run  # noqa: E402
+from data.sources import DataError
+from model.hf import check_expressible
+from training.checkpoint import CheckpointError
+from training.config import ConfigError, load_config
+from training.runinfo import load_run
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:

@@ -9,14 +9,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from data.tokenizer import Tokenizer  # noqa: E402
-from training.checkpoint import CheckpointError  # noqa: E402
-from training.config import ConfigError  # noqa: E402
-from training.runinfo import load_run  # noqa: E402
+from data.tokenizer import Tokenizer
+from training.checkpoint import CheckpointError
+from training.config import ConfigError
+from training.runinfo import load_run
 
 
 def main(argv: list[str] | None = None) -> int:

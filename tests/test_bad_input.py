@@ -6,7 +6,7 @@ import os
 import pytest
 
 import train
-from scripts import sweep
+from study.cli import sweep
 
 TINY = str(train.REPO / "configs" / "tiny.yaml")
 
@@ -113,7 +113,7 @@ def test_bad_data_sources(tmp_path, capsys, case, content, must_say):
 def test_bad_study_files(tmp_path, capsys, case, text, must_say):
     path = tmp_path / "study.yaml"
     path.write_text(text)
-    _one_line(capsys, sweep.main([str(path), "--out", str(tmp_path / "out")]), must_say)
+    _one_line(capsys, sweep([str(path), "--out", str(tmp_path / "out")]), must_say)
     assert not (tmp_path / "out").exists()
 
 

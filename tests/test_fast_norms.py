@@ -6,7 +6,7 @@ import functools
 import pytest
 import torch
 
-import kernels.norms as fast_norms
+import fused.norms as fast_norms
 from model.norms import LayerNorm, RMSNorm
 
 FastRMSNorm = functools.partial(RMSNorm, impl="fast")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import train
-from kernels import build_target, cpu_features
+from fused import build_target, cpu_features
 from training.runinfo import read_metrics
 
 GOLDEN = Path(__file__).parent / "golden" / "default_8_steps.json"

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import kernel_available
+from fused import kernel_available
 from model import Llama, ModelArgs
 from model.ops import fast_cross_entropy, fast_swiglu, reference_cross_entropy, reference_swiglu
 
@@ -16,7 +16,7 @@ def test_kernel_builds_here():
 
 def test_kernel_builds_are_keyed_by_the_cpu():
     """A -march=native build from one node must not be loaded on a node with other instructions (shared home)."""
-    from kernels import build_target, cpu_features
+    from fused import build_target, cpu_features
 
     avx512 = build_target("avx avx2 avx512f fma sse4_2", portable=False)
     avx2 = build_target("avx avx2 fma sse4_2", portable=False)
@@ -27,7 +27,7 @@ def test_kernel_builds_are_keyed_by_the_cpu():
 
 
 def test_fallbacks_are_named():
-    from kernels import kernel_paths
+    from fused import kernel_paths
 
     cuda = kernel_paths("cuda", "fast", "fast")
     assert cuda["cross_entropy"].startswith("reference (no fused") and cuda["swiglu"].startswith("reference (")
@@ -120,9 +120,9 @@ def test_saves_only_the_logits_and_per_row_values(dtype):
 
 
 def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
-    import kernels.ops
+    import fused.ops
 
-    monkeypatch.setattr(kernels.ops, "kernel_available", lambda: False)
+    monkeypatch.setattr(fused.ops, "kernel_available", lambda: False)
     x, t = _logits(5, 9, torch.float32)
     assert torch.equal(fast_cross_entropy(x, t), reference_cross_entropy(x, t))
 
@@ -193,7 +193,7 @@ def test_unknown_ops_impl_lists_the_valid_ones():
 
 
 def test_kernel_build_retries_without_libmvec_then_falls_back(monkeypatch):
-    import kernels
+    import fused as kernels
 
     calls = []
 

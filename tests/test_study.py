@@ -6,15 +6,17 @@ from pathlib import Path
 import pytest
 
 import train
-from scripts import compare, sweep
+from study import cli, grid, runner, stats
+from study import runs as study_runs
+from study.report import write_report
 from training.config import ConfigError, load_config, to_yaml
 
 CONFIGS = train.REPO / "configs"
 
 
 def test_default_study_grid_expands_as_specified():
-    study = sweep.load_study(CONFIGS / "study.yaml")
-    runs = sweep.expand(study)
+    study = grid.load_study(CONFIGS / "study.yaml")
+    runs = grid.expand(study)
     combos = set()
     for r in runs:
         cfg = load_config(study["config"], r["overrides"])
@@ -31,8 +33,8 @@ def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
     with pytest.raises(ConfigError, match="model.norm='groupnorm' is not one of"):
-        sweep.expand(sweep.load_study(bad))
-    assert sweep.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+        grid.expand(grid.load_study(bad))
+    assert cli.sweep([str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "error: model.norm='groupnorm'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -41,7 +43,7 @@ def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
 def test_malformed_study_files_are_one_line(tmp_path, capsys, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
-    assert sweep.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert cli.sweep([str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
 
@@ -57,7 +59,7 @@ def data_set(prepared):
 def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, capsys):
     out = tmp_path / "studies"
     data_set = [*data_set, "train.steps=30", "train.eval_every=15"]  # the synthetic corpus needs fewer steps
-    assert sweep.main([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
+    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
     study = out / "quick"
     index = json.loads((study / "sweep.json").read_text())["runs"]
     assert len(index) == 8 and all(e["status"] in ("ok", "plateau") for e in index)
@@ -69,7 +71,7 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
         assert f"| {arm} |" in report
     stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
     capsys.readouterr()
-    assert sweep.main([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
+    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
     assert "8 already finished, 0 to run" in capsys.readouterr().err
     assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
 
@@ -80,7 +82,7 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
     study.write_text(f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\n"
                      "overrides: {optim: {grad_clip: 0, warmup_steps: 0}, train: {steps: 12, sample_tokens: 0}}\n"
                      "grid: {lr: [3.0e-3, 1.0e+4], train.seq_len: [32, 100000]}\n")
-    assert sweep.main([str(study), "--out", str(tmp_path), *data_set, "--no-report"]) == 0
+    assert cli.sweep([str(study), "--out", str(tmp_path), *data_set, "--no-report"]) == 0
     index = {e["name"]: e for e in json.loads((tmp_path / "s" / "sweep.json").read_text())["runs"]}
     assert index["lr0.003-seq_len32"]["status"] in ("ok", "plateau")
     assert index["lr10000.0-seq_len32"]["status"] == "diverged" and index["lr10000.0-seq_len32"]["exit_code"] == 3
@@ -88,7 +90,7 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
     assert failed["status"] == "failed" and failed["exit_code"] == 2 and "too few" in failed["error"]
     # resuming an interrupted run: fake one by removing a finished run's summary (its checkpoint stays)
     (tmp_path / "s" / "runs" / "lr0.003-seq_len32" / "summary.json").unlink()
-    assert sweep.state(tmp_path / "s" / "runs" / "lr0.003-seq_len32") == "resume"
+    assert runner.state(tmp_path / "s" / "runs" / "lr0.003-seq_len32") == "resume"
 
 
 def _write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0):
@@ -116,9 +118,9 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     for norm, lr, seeds in rows:
         for seed, (final, status) in enumerate(seeds):
             _write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, status, final)
-    keys, grouped = compare.group_arms(compare.find_runs([tmp_path]))
+    keys, grouped = study_runs.group_arms(study_runs.find_runs([tmp_path]))
     assert keys == ["model.norm"]
-    arms = {label: compare.Arm(label, runs) for label, runs in grouped.items()}
+    arms = {label: stats.Arm(label, runs) for label, runs in grouped.items()}
     rms, ln = arms["rmsnorm"], arms["layernorm"]
     assert rms.l0 == pytest.approx(4.9)  # the first logged train loss
     assert rms.clipped(1e-1) == pytest.approx(4.9) and rms.clipped(1e-3) == pytest.approx(3.1)
@@ -128,7 +130,7 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-1
     assert rms.outcomes() == {"ok": 4, "plateau": 0, "diverged": 2, "interrupted": 0, "failed": 0}
     assert ln.outcomes()["plateau"] == 2 and ln.tokens_per_s() == 1500.0
-    path = compare.report([tmp_path], tmp_path / "out")
+    path = write_report([tmp_path], tmp_path / "out")
     text = path.read_text()
     assert "| rmsnorm | 0.01 | 2.100 +- 0.141 | 0.01 | 1.267 | 4 / 0 / 2 / 0 | 1.00 / 3.00 | 1,500 |" in text
     assert "Lowest LR sensitivity: **layernorm** (0.967 nats); highest: **rmsnorm** (1.267)." in text
@@ -139,5 +141,5 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
 
 
 def test_compare_rejects_a_directory_without_runs(tmp_path, capsys):
-    assert compare.main([str(tmp_path)]) == 2
+    assert cli.compare([str(tmp_path)]) == 2
     assert "no run directories" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
 under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp, autograd in
-kernels/norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, kernels/ops.py).
+fused/norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
 All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
 tensors, and it sits below model/ in the import order (it imports only torch).
 

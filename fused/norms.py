@@ -1,6 +1,6 @@
 """The fused path of the norms: the formulas and precision policy of model/norms.py, in one kernel each way.
 
-- CPU: the C++ kernel (kernels/norms_cpu.cpp). One pass for the row statistics, one for the output; the
+- CPU: the C++ kernel (fused/norms_cpu.cpp). One pass for the row statistics, one for the output; the
   backward saves only the input and the per-row 1/rms (and mean) instead of every intermediate.
 - CUDA: torch's own fused kernels (F.rms_norm / F.layer_norm) on float32, then the gain.
 - Elsewhere, or where no compiler exists: None, and the norm runs its formula.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import kernel_available
+from fused import kernel_available
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

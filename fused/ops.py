@@ -1,4 +1,4 @@
-"""The fused paths of the cross-entropy and SwiGLU (kernels/cross_entropy_cpu.cpp, kernels/swiglu_cpu.cpp): the
+"""The fused paths of the cross-entropy and SwiGLU (fused/cross_entropy_cpu.cpp, fused/swiglu_cpu.cpp): the
 same math as their references in model/ops.py.
 
 - cross-entropy: keeps one logsumexp per row instead of the (N, V) log-softmax and writes softmax - onehot in
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import kernel_available
+from fused import kernel_available
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -1,0 +1,113 @@
+"""The study's two command lines, scripts/sweep.py and scripts/compare.py (their texts are the help)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from data.sources import DataError
+from study.grid import expand, load_study
+from study.report import write_report
+from study.runner import REPO, run_study
+from training.config import ConfigError
+
+SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
+
+    python scripts/sweep.py configs/study.yaml [--workers N] [--out studies] [--dry-run] [--no-report]
+
+A study file names a training config, overrides applied to every run, and a grid:
+
+    name: norm-placement-lr          # the study directory: <out>/<name>/
+    config: default.yaml             # training config, relative to this file
+    overrides: {train: {steps: 500}} # applied to every run
+    grid:                            # one run per combination; any config field (dotted), or the
+      norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed
+      lr: [1.0e-3, 1.0e-2]
+      seed: [0, 1]
+    threads_per_worker: 1            # CPU threads per run; workers = cores // threads (one per GPU on GPUs)
+
+Runs live in <out>/<name>/runs/<run>/ (ordinary train.py run directories), their console output in
+<out>/<name>/logs/<run>.log, and an index of every run's outcome in <out>/<name>/sweep.json. A rerun
+skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume); a diverged
+run is a result and a failed run (a crash, bad input) is recorded with its one-line error, neither stops the
+sweep. Ctrl-C or SIGTERM stops the runs in flight at a checkpoint and waits for them. At the end the report
+(scripts/compare.py) is written.
+"""
+
+COMPARE = """Compare runs: read run directories (or study directories holding runs/) and write a stability report.
+
+    python scripts/compare.py studies/norm-placement-lr [other run or study dirs...] [--out DIR]
+
+Runs are grouped into arms by every config field that differs between them, except the learning rate
+and the seed; the learning rate is the x axis and seeds give the spread. Writes report.md and PNG
+figures into --out (default: the first directory). Reads only files; never a live process.
+
+Per arm: best LR (lowest mean final val loss), the final val loss there (mean +- std over seeds), the
+largest LR at which every seed finished `ok`, LR sensitivity (Wortsman et al. 2023: mean over the LR
+grid of min(L(lr), L0) - L*, L0 the loss at initialization and L* the arm's best), outcome counts,
+spike scores (OLMo 2, parameters as the runs logged them) and tokens/s.
+"""
+
+
+def sweep(argv: list[str] | None = None) -> int:
+    """scripts/sweep.py"""
+    p = argparse.ArgumentParser(description=SWEEP.split("\n\n")[0], epilog=SWEEP.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", type=Path)
+    p.add_argument("--out", type=Path, default=REPO / "studies")
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    p.add_argument("--no-report", action="store_true")
+    p.add_argument("--set", nargs="+", default=[], metavar="key=value",
+                   help="extra config overrides for every run (e.g. data.source=text:corpus.txt)")
+    a = p.parse_args(argv)
+    try:
+        study = load_study(a.study)
+        runs = expand(study, a.set)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    study_dir = a.out.resolve() / study["name"]
+    if a.dry_run:
+        for r in runs:
+            print(r["name"], " ".join(r["overrides"]))
+        print(f"{len(runs)} runs -> {study_dir}")
+        return 0
+    study_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(a.study, study_dir / "study.yaml")
+    t0 = time.time()
+    try:
+        counts = run_study(study, runs, study_dir, a.workers)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if counts is None:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(f"sweep finished in {time.time() - t0:.0f}s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
+    if not a.no_report:
+        print(f"report: {write_report([study_dir], study_dir)}")
+    return 0
+
+
+def compare(argv: list[str] | None = None) -> int:
+    """scripts/compare.py"""
+    p = argparse.ArgumentParser(description=COMPARE.split("\n\n")[0])
+    p.add_argument("dirs", nargs="+", type=Path, help="run directories or study directories")
+    p.add_argument("--out", type=Path, default=None, help="where report.md and the figures go (default: first dir)")
+    a = p.parse_args(argv)
+    missing = [d for d in a.dirs if not d.is_dir()]
+    if missing:
+        print(f"error: {missing[0]} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        path = write_report(a.dirs, a.out or a.dirs[0])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0

@@ -1,0 +1,171 @@
+"""The report's figures, drawn from arms (matplotlib, Agg backend): loss and grad-norm curves per arm, the
+stability map, per-layer gradient heatmaps, activation RMS by depth, attention-logit growth."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from study.runs import Run
+from study.stats import Arm, _max_series, _mean, _std, fmt
+
+
+def _smooth(ys: list[float], n: int) -> list[float]:
+    out, acc = [], None
+    alpha = 2 / (n + 1)
+    for y in ys:
+        acc = y if acc is None else alpha * y + (1 - alpha) * acc
+        out.append(acc)
+    return out
+
+
+def _band(runs: list[Run], key: str, smooth: int):
+    """(steps, median, low, high) over seeds of a per-step metric (runs cut to the shortest)."""
+    curves = []
+    for r in runs:
+        pts = [(rec["step"], rec[key]) for rec in r.records if rec.get(key) is not None]
+        if pts:
+            curves.append(pts)
+    if not curves:
+        return None
+    n = min(len(c) for c in curves)
+    steps = [s for s, _ in curves[0][:n]]
+    ys = [_smooth([v for _, v in c[:n]], smooth) for c in curves]
+    cols = list(zip(*ys, strict=True))
+    return steps, [statistics.median(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+def _axes(ax, xlabel: str, ylabel: str, title: str, logx: bool = False, logy: bool = False, legend: int = 7):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=legend)
+
+
+def _save(fig, path: Path, made: list, caption: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    made.append((path.name, caption))
+
+
+def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(arms)}
+    made = []
+    lrs = sorted({lr for a in arms.values() for lr in a.lrs})
+    l0 = _mean([a.l0 for a in arms.values()])
+    entropy = _mean([r.summary.get("unigram_entropy") for a in arms.values() for r in a.runs])
+    steps_total = max((len(r.records) for a in arms.values() for r in a.runs), default=1)
+
+    for key, fname, title, logy in (("train/loss", "loss_curves.png", "train loss", False),
+                                    ("grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", True)):
+        fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
+        lowest = math.inf
+        for ax, lr in zip(axes[0], lrs, strict=True):
+            for label, a in arms.items():
+                band = _band(a.at(lr), key, max(1, steps_total // 50))
+                if band:
+                    s, med, lo, hi = band
+                    lowest = min(lowest, min(lo))
+                    ax.plot(s, med, color=colors[label], label=label, lw=1.2)
+                    ax.fill_between(s, lo, hi, color=colors[label], alpha=0.2, lw=0)
+            ax.set_title(f"lr {lr:g}")
+            ax.set_xlabel("step")
+            if logy:
+                ax.set_yscale("log")
+        if not logy and l0 and math.isfinite(lowest):
+            axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
+        axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
+        axes[0][-1].legend(fontsize=7)
+        _save(fig, out / fname, made, f"{title} per arm and learning rate")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, a in arms.items():
+        xs = [lr for lr in a.lrs if a.clipped(lr) is not None]
+        ax.errorbar(xs, [a.clipped(lr) for lr in xs], yerr=[_std(a.finals(lr)) or 0 for lr in xs], marker="o",
+                    color=colors[label], label=label, capsize=3, lw=1.2)
+        for r in a.runs:
+            if r.status == "diverged" and a.l0:
+                ax.scatter([r.lr], [a.l0], marker="x", color=colors[label], s=60, zorder=5)
+            elif r.status == "plateau":
+                ax.scatter([r.lr], [r.final], marker="o", facecolors="none", edgecolors=colors[label], s=90, zorder=5)
+    if entropy:
+        ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
+    if l0:
+        ax.axhline(l0, color="gray", ls=":", lw=1, label="loss at init (L0)")
+    _axes(ax, "peak learning rate", "final val loss, min(L, L0), mean over seeds",
+          "stability map (x: diverged, hollow: plateau)", logx=True)
+    _save(fig, out / "stability_map.png", made, "final val loss vs learning rate per arm (the stability map)")
+
+    grids = {}
+    for label, a in arms.items():
+        run = next((r for r in a.at(a.best_lr)), None) if a.best_lr else None
+        grid = _layer_matrix(run, "grad/norm/layer_") if run else None
+        if grid:
+            grids[label] = (grid[0], [[math.log10(max(v, 1e-12)) for v in row] for row in grid[1]])
+    values = [v for _, mat in grids.values() for row in mat for v in row]
+    fig, axes = plt.subplots(1, len(arms), figsize=(3.4 * len(arms) + 1, 3), squeeze=False)
+    im = None
+    for ax, (label, a) in zip(axes[0], arms.items(), strict=True):
+        if label in grids:
+            steps, mat = grids[label]
+            im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis", vmin=min(values), vmax=max(values),
+                           extent=(steps[0], steps[-1], -0.5, len(mat) - 0.5))
+            ax.set_yticks(range(len(mat)))
+        ax.set_title(f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9)
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("layer")
+    if im is not None:  # one color scale for all arms, so they compare
+        fig.colorbar(im, ax=list(axes[0]), label="log10 grad norm")
+    _save(fig, out / "grad_heatmaps.png", made,
+          "per-layer gradient norm (layer x step) at each arm's best LR, first seed")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, a in arms.items():
+        mats = [_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)] if a.best_lr else []
+        mats = [m for m in mats if m]
+        if mats:
+            last = [statistics.median(m[1][i][-1] for m in mats) for i in range(len(mats[0][1]))]
+            first = [statistics.median(m[1][i][0] for m in mats) for i in range(len(mats[0][1]))]
+            ax.plot(range(len(last)), last, marker="o", color=colors[label], label=f"{label} (end)")
+            ax.plot(range(len(first)), first, ls=":", color=colors[label], label=f"{label} (step 1)")
+    layers = max((int(r.config.get("model.n_layers", 1)) for a in arms.values() for r in a.runs), default=1)
+    ax.set_xticks(range(layers))
+    _axes(ax, "layer", "RMS of the residual stream after the block", "activation RMS by depth at each arm's best LR",
+          logy=True, legend=6)
+    _save(fig, out / "act_rms_depth.png", made, "activation RMS by depth (step 1 and the last logged step)")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, a in arms.items():
+        xs, ys = [], []
+        for lr in a.lrs:
+            v = _mean([_max_series(r, "attn/logit_max/") for r in a.at(lr)])
+            if v is not None:
+                xs.append(lr)
+                ys.append(v)
+        ax.plot(xs, ys, marker="o", color=colors[label], label=label)
+    _axes(ax, "peak learning rate", "max attention logit over steps and layers",
+          "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
+    _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
+    return made
+
+
+def _layer_matrix(run: Run, prefix: str):
+    """(steps, [[value per logged step] per layer]) of a per-layer metric."""
+    recs = [r for r in run.records if f"{prefix}0" in r and r[f"{prefix}0"] is not None]
+    if not recs:
+        return None
+    n = max(int(k[len(prefix):]) for k in recs[0] if k.startswith(prefix)) + 1
+    return [r["step"] for r in recs], [[r.get(f"{prefix}{i}") or 0.0 for r in recs] for i in range(n)]
+

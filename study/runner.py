@@ -1,0 +1,177 @@
+"""Running a study's runs: workers sized to the machine, each run a train.py --resume process, the sweep.json
+index, skip / resume on a rerun, and a clean stop (its runs checkpoint and are waited for) on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from training.checkpoint import has_checkpoint
+from training.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+FINISHED = ("ok", "plateau", "diverged")  # results: never rerun
+
+
+
+def state(run_dir: Path) -> str:
+    """'finished', 'resume' (a checkpoint to continue from) or 'new'."""
+    try:
+        if json.loads((run_dir / "summary.json").read_text())["status"] in FINISHED:
+            return "finished"
+    except (OSError, ValueError, KeyError):
+        pass
+    return "resume" if has_checkpoint(run_dir / "checkpoints" / "latest.pt") else "new"
+
+
+_procs: set[subprocess.Popen] = set()  # the train.py runs in flight, so an interrupt can stop and wait for them
+
+
+def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None) -> dict:
+    """Train (or resume) one run in a subprocess; return its index entry. Every launch is the same command with
+    --resume, which starts a run that has no checkpoint yet and continues one that has."""
+    runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
+    resumed = state(run_dir) == "resume"
+    cmd = [sys.executable, str(REPO / "train.py"), "--config", study["config"], "--name", run["name"], "--resume",
+           *run["overrides"], f"log.out_dir={runs_dir}", f"train.threads={threads}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    log = study_dir / "logs" / f"{run['name']}.log"
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)  # same cwd as us
+        _procs.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            _procs.discard(proc)
+    try:
+        status = json.loads((run_dir / "summary.json").read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        status = "failed"
+    if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
+        status = "failed"
+    entry = {"name": run["name"], "overrides": run["overrides"], "status": status, "exit_code": code,
+             "wall_time_s": round(time.time() - t0, 1), "resumed": resumed}
+    if status == "failed":
+        errors = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
+        entry["error"] = errors[-1] if errors else f"exit code {code}" + (" (killed)" if code < 0 else "")
+    return entry
+
+
+def stop_runs(timeout: float = 120.0) -> None:
+    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step) and wait for them, so
+    that no run outlives the sweep; one that does not stop within the timeout is killed."""
+    procs = list(_procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str | None]]:
+    """(workers, threads per worker, gpu per worker slot)."""
+    import torch
+
+    threads = int(study.get("threads_per_worker", 1))
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # respect a restriction made by the caller
+        ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        n = requested or len(ids)
+        return n, threads, [ids[i % len(ids)] for i in range(n)]
+    n = requested or study.get("workers") or max(1, (os.cpu_count() or 1) // threads)
+    return n, threads, [None] * n
+
+
+def prepare_once(study: dict, runs: list[dict]) -> None:
+    """Prepare the data and build the CPU kernels before the workers start, instead of in each of them."""
+    from data.prepare import prepare
+
+    cfgs = [load_config(study["config"], r["overrides"]) for r in runs]
+    for data in {tuple(sorted(vars(c.data).items())) for c in cfgs}:
+        prepare(**dict(data))
+    if any("fast" in (c.model.norm_impl, c.model.ops_impl) for c in cfgs):
+        from fused import kernel_available
+
+        kernel_available()
+
+
+def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None:
+    entries = [index[r["name"]] for r in runs if r["name"] in index]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"study": study, "runs": entries}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+
+def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None) -> dict[str, int] | None:
+    """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
+    of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight checkpoint, are waited
+    for, and a rerun resumes them)."""
+    (study_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (study_dir / "runs").mkdir(exist_ok=True)
+    n_workers, threads, gpus = workers_for(study, workers)
+    index_path = study_dir / "sweep.json"
+    index = {e["name"]: e for e in json.loads(index_path.read_text())["runs"]} if index_path.exists() else {}
+    todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
+    print(f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
+          f"on {n_workers} workers x {threads} threads -> {study_dir}", file=sys.stderr)
+    prepare_once(study, runs)
+    free = list(range(n_workers))  # worker slots, for GPU assignment
+    counts: dict[str, int] = {}
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=study["name"], dynamic_ncols=True)
+    pool = ThreadPoolExecutor(n_workers)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def job(run):
+        slot = free.pop()
+        try:
+            return run_one(run, study, study_dir, threads, gpus[slot])
+        finally:
+            free.append(slot)
+
+    try:
+        for fut in as_completed([pool.submit(job, r) for r in todo]):
+            entry = fut.result()
+            index[entry["name"]] = entry
+            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+            bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+            bar.update(1)
+            if entry["status"] == "failed":
+                bar.write(f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}")
+            _write_index(index_path, study, runs, index)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_runs()  # runs checkpoint and exit; a rerun resumes them
+        pool.shutdown(wait=True)
+        bar.close()
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    pool.shutdown()
+    bar.close()
+    _write_index(index_path, study, runs, index)
+    return counts

@@ -1,0 +1,95 @@
+"""Reading run directories into runs and arms: a run is what train.py wrote (config.yaml, summary.json,
+metrics.jsonl); arms group runs by every config field that differs, except the learning rate and the seed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from training import monitor
+from training.runinfo import read_metrics, series
+
+IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
+
+
+OUTCOMES = (*monitor.OUTCOMES, "failed")  # failed: crashed without a summary (sweep.json has the error)
+
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    config: dict  # flattened: {"model.norm": "rmsnorm", ...}
+    summary: dict
+    records: list[dict]
+
+    @property
+    def lr(self) -> float:
+        return float(self.config["optim.lr"])
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "failed")
+
+    @property
+    def final(self) -> float | None:
+        """Final val loss of a run that finished without diverging."""
+        v = self.summary.get("final_val_loss")
+        return v if self.status in ("ok", "plateau") and v is not None else None
+
+    @property
+    def init_loss(self) -> float | None:
+        first = series(self.records[:1], "train/loss")
+        return first[0] if first else None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder."""
+    dirs = []
+    for p in paths:
+        if (p / "config.yaml").is_file():
+            dirs.append(p)
+        else:
+            base = p / "runs" if (p / "runs").is_dir() else p
+            dirs += sorted(d for d in base.iterdir() if (d / "config.yaml").is_file()) if base.is_dir() else []
+    runs = []
+    for d in dirs:
+        try:
+            summary = json.loads((d / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {"status": "failed"}  # crashed before writing its summary
+        config = _flat(OmegaConf.to_container(OmegaConf.load(d / "config.yaml")))
+        runs.append(Run(d.name, d, config, summary, read_metrics(d / "metrics.jsonl")))
+    return runs
+
+
+def arm_label(config: dict, keys: list[str]) -> str:
+    parts = [str(config[k]) if k in ("model.norm", "model.placement") else f"{k.rsplit('.', 1)[-1]}={config[k]}"
+             for k in keys]
+    return "/".join(parts) or "all"
+
+
+def group_arms(runs: list[Run]) -> tuple[list[str], dict[str, list[Run]]]:
+    """(the config keys that define arms, {arm label: runs}) in a stable order."""
+    keys = sorted({k for r in runs for k in r.config if k not in IGNORED
+                   and len({json.dumps(x.config.get(k)) for x in runs}) > 1},
+                  key=lambda k: (k not in ("model.norm", "model.placement"), k != "model.norm", k))
+    arms: dict[str, list[Run]] = {}
+    for r in sorted(runs, key=lambda r: [str(r.config.get(k)) for k in keys]):
+        arms.setdefault(arm_label(r.config, keys), []).append(r)
+    return keys, arms
+
