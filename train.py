@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,9 +46,10 @@ from training.config import Config, ConfigError, load_config, to_dict, to_yaml
 from training.cpu import tune_cpu
 from training.logger import Logger
 from training.metrics import StabilityProbe
-from training.monitor import classify, is_finite
+from training.monitor import classify
 from training.optim import build_optimizer, lr_at
-from training.runinfo import read_metrics, run_meta, series, summarize, truncate_metrics, write_json, write_text
+from training.runinfo import RunDir, run_meta, series, summarize, truncate_metrics, write_json, write_text
+from training.step import Every, StepParts, no_clip, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 REPO = Path(__file__).resolve().parent
@@ -112,22 +112,22 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist):
-    """(run_dir, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
+def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:
+    """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
     and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
     or the error, so all stop alike."""
     found, lock = None, None
     if d.is_master:
         try:
-            run_dir = run_directory(cfg, default_name, resume)
-            lock = FileLock(str(run_dir.parent / f".{run_dir.name}.lock"))
+            run = RunDir(run_directory(cfg, default_name, resume))
+            lock = FileLock(str(run.lock))
             try:
-                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                run.path.parent.mkdir(parents=True, exist_ok=True)
                 lock.acquire(timeout=0)
             except Timeout:
-                raise ConfigError(f"run {run_dir} is in use by another process (lock {lock.lock_file}); wait for "
+                raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
                                   f"it to finish or choose another --name") from None
-            found = ("ok", str(run_dir), run_state(run_dir, cfg.train.steps) if resume else "new")
+            found = ("ok", str(run.path), run_state(run, cfg.train.steps) if resume else "new")
         except (ConfigError, OSError) as e:
             found = ("error", str(e), None)
     kind, value, how = distributed.broadcast_object(found)
@@ -135,18 +135,16 @@ def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist):
         raise ConfigError(value)
     cfg.log.name = Path(value).name
     faults.point("start")
-    return Path(value), how, lock
+    return RunDir(Path(value)), how, lock
 
 
-def run_state(run_dir: Path, steps: int) -> str:
+def run_state(run: RunDir, steps: int) -> str:
     """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        if summary["status"] == "diverged" or summary["status"] in ("ok", "plateau") and summary["steps"] >= steps:
-            return "finished"
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return "resume" if has_checkpoint(run_dir / "checkpoints" / "latest.pt") else "new"
+    summary = run.read_summary() or {}
+    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau") \
+            and (summary.get("steps") or 0) >= steps:
+        return "finished"
+    return "resume" if has_checkpoint(run.checkpoint) else "new"
 
 
 def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
@@ -245,165 +243,63 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
-    t_start = time.time()
-    tc = cfg.train
-    cpu_settings = None
-    if d.device.type == "cpu":  # the allocator (speed) and denormal flushing (speed, and |x| < 1.2e-38 -> 0)
-        cpu_settings = {"flush_denormal": True, "allocator": tune_cpu(tc.threads, malloc=tc.malloc_tuning)}
-
-    # data: prepared once (cached; concurrent processes wait for each other)
-    prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
-    data_meta = read_meta(prepared)
-    per_rank = tc.batch_size // d.world_size
-    micro = tc.micro_batch_size or per_rank
-    if tc.batch_size % d.world_size or per_rank % micro:
-        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into {d.world_size} processes "
-                          f"x micro batches of train.micro_batch_size={micro}")
-    accum = per_rank // micro
-    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.rank, d.world_size)
-    val_tokens = load_tokens(prepared, "val")
-    eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
-
-    # model and optimizer: the same seed gives the same weights whatever the norm or placement
+    t_start, tc = time.time(), cfg.train
+    cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
+    data = open_data(cfg, d)
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
     kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
-    torch.manual_seed(tc.seed)
+    torch.manual_seed(tc.seed)  # the same seed gives the same weights whatever the norm or placement
     model = Llama(cfg.model).to(d.device)
     opt = build_optimizer(model, cfg.optim)
-
-    # the run directory: new, resumed from its newest readable checkpoint, or already finished
-    run_dir, how, lock = open_run(cfg, default_name, resume, d)
+    run, how, lock = open_run(cfg, default_name, resume, d)  # noqa: F841  (the lock is held while `train` runs)
     if how == "finished":
         if d.is_master:
-            print(f"run {run_dir} already finished ({json.loads((run_dir / 'summary.json').read_text())['status']}); "
-                  f"nothing to do (pass train.steps=N to train further)", file=sys.stderr)
+            print(f"run {run.path} already finished ({run.status()}); nothing to do (pass train.steps=N to "
+                  f"train further)", file=sys.stderr)
         return EXIT_OK
-    ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    start_step, resumed, notes = 0, None, []
-    if how == "resume":
-        state, fallback = load_latest(ckpt_path)
-        notes += [fallback] if fallback else []
-        try:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            loader.load_state_dict(state["loader"])
-            set_rng_state(state["rng"])
-            start_step = state["step"]
-        except CheckpointError:
-            raise
-        except Exception as e:  # any mismatch is one line and exit 2, never a traceback
-            raise CheckpointError(f"checkpoint {ckpt_path} does not fit this config: "
-                                  f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
-        resumed = schedule_change(start_step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
-        notes += [resumed["note"]] if resumed["note"] else []
-        if d.is_master:
-            truncate_metrics(run_dir / "metrics.jsonl", start_step)
-            write_text(run_dir / "config.yaml", to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
-            meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
-            meta["resumes"] = meta.get("resumes", []) + [{**resumed, "kernels": kernels, "cpu": cpu_settings}]
-            write_json(run_dir / "meta.json", meta)
-    elif d.is_master:  # everything above validated: only now does the run directory appear (or restart)
-        if run_dir.exists():  # --resume before any checkpoint: what a killed start left is started over
-            notes.append(f"no checkpoint in {run_dir} yet: starting from step 0")
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-            (run_dir / "summary.json").unlink(missing_ok=True)
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # temp files of a killed first save
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / "config.yaml", to_yaml(cfg))
-        faults.point("config")
-        write_json(run_dir / "meta.json", {**run_meta(model, d.device, tc.dtype, d.world_size, data_meta),
-                                           "kernels": kernels, "cpu": cpu_settings})
-    stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
-
-    ddp = DistributedDataParallel(model) if d.world_size > 1 else model
-    step_model = torch.compile(ddp) if tc.compile else ddp
-    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
-    logger = Logger(run_dir if d.is_master else None, run_dir.name, tc.steps, start_step, cfg.log.wandb,
+    start_step, notes = (resume_state if how == "resume" else start_state)(run, cfg, d, model, opt, data,
+                                                                           {"kernels": kernels, "cpu": cpu})
+    parts = StepParts(model, ddp := DistributedDataParallel(model) if d.world_size > 1 else model,
+                      torch.compile(ddp) if tc.compile else ddp, opt, data.micro, data.accum, d.world_size, d.device,
+                      torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16"),
+                      tc.z_loss, no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len)
+    logger = Logger(run.path if d.is_master else None, run.name, tc.steps, start_step, cfg.log.wandb,
                     cfg.log.wandb_project, to_dict(cfg))
-    if d.is_master:
-        logger.message(f"run {run_dir} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
-                       f" | {tc.batch_size}x{tc.seq_len} tokens/step ({accum} micro-batches x {d.world_size} "
-                       f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if resumed else ""))
-        fallbacks = [f"{op}: {path}" for op, path in kernels.items()
-                     if op != "build" and path.startswith("reference (")]
-        if fallbacks:
-            logger.message("fast paths that fall back: " + "; ".join(fallbacks))
-        for note in notes:
-            logger.message(note)
-
-    def checkpoint(step: int) -> None:
-        if d.is_master:
-            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                        "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-                                        "schedule_steps": cfg.optim.schedule_steps})
-
-    probe = StabilityProbe(model)
-    status, diverged_at, done, last_val, planned_stop = "ok", None, start_step, None, False
-    if resumed:  # the val loss logged at or before the checkpoint, in case no step is left to run
-        last_val = ([None] + series(read_metrics(run_dir / "metrics.jsonl"), "val/loss"))[-1]
-    clip = cfg.optim.grad_clip or math.inf
-    tokens_per_step = tc.batch_size * tc.seq_len
+    announce(logger, run, cfg, d, model, data, kernels, notes, start_step)
+    probe = StabilityProbe(model, Every(cfg.log.stats_every, first=True))
+    evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
+    status, diverged_at, done, planned_stop = "ok", None, start_step, False
+    last_val = ([None] + series(run.records(), "val/loss"))[-1] if start_step else None
+    stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     try:
         for step in range(start_step, tc.steps):
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg.optim, cfg.optim.schedule_steps)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x, y = next(loader)
-            # per-layer stability metrics on some steps only: hooks exist just for those steps' passes
-            stats = cfg.log.stats_every > 0 and (step == 0 or (step + 1) % cfg.log.stats_every == 0)
-            if stats:
-                probe.attach()
-            forward = ddp if stats else step_model  # hooks run eagerly, outside torch.compile
-            loss_sum = torch.zeros((), device=d.device)
-            for i, (xm, ym) in enumerate(zip(x.split(micro), y.split(micro), strict=True)):
-                # DDP all-reduces gradients only on the last micro-batch
-                sync = nullcontext() if i == accum - 1 or d.world_size == 1 else ddp.no_sync()
-                with sync:
-                    with autocast:
-                        logits, loss = forward(xm.to(d.device), ym.to(d.device))
-                    if stats:
-                        probe.record_logits(logits)
-                    total = loss
-                    if tc.z_loss:
-                        total = total + tc.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
-                    (total / accum).backward()
-                loss_sum += loss.detach()
-            if stats:
-                probe.record_grads()  # before clipping, like the global norm
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            train_loss = distributed.all_reduce(loss_sum / accum) / d.world_size
-            loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
-            if not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite gradient
-                status, diverged_at = "diverged", step + 1
-                logger.log(step + 1, {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value})
-                logger.message(f"diverged at step {step + 1}: loss {loss_value}, grad norm {norm_value}")
-                probe.finish()  # detach the hooks
-                break
-            if stats:
-                probe.snapshot()  # parameters before the update, for update/ratio
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            faults.point("step")
-            metrics = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value,
-                       "grad/clipped": float(norm_value > clip), **(probe.finish() if stats else {})}
-            dt = time.perf_counter() - t0
-            metrics["train/tokens_per_s"] = tokens_per_step / dt
+            # one optimizer step at this step's learning rate; the probe observes the steps it is due on
+            record = train_step(parts, next(data.loader), lr_at(step, cfg.optim, cfg.optim.schedule_steps),
+                                probe if probe.due(step + 1) else None)
             done = step + 1
-            if done % tc.eval_every == 0 or done == tc.steps:
-                metrics["val/loss"] = last_val = evaluate(model, val_tokens, cfg, d, autocast, micro)
-                logger.message(f"step {done}: train loss {loss_value:.4f}, val loss {last_val:.4f}")
-            logger.log(done, metrics)
+            faults.point("step")
+            # a non-finite loss or gradient norm: no update was made; it is logged and the run ends
+            if record.pop("diverged"):
+                status, diverged_at = "diverged", done
+                logger.log(done, record)
+                logger.message(f"diverged at step {done}: loss {record['train/loss']}, grad norm {record['grad/norm']}")
+                break
+            # validation, on its cadence and at the last step
+            if evals.due(done):
+                record["val/loss"] = last_val = evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro)
+                logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {last_val:.4f}")
+            logger.log(done, record)
             faults.point("log")
+            # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank; a request during the last step lets it end
             planned_stop = done == tc.stop_at and done < tc.steps
-            # a stop request during the last step just lets the run finish
             stop_now = (planned_stop or distributed.any_rank(stop.requested, d.device)) and done < tc.steps
-            if done == tc.steps or stop_now or (tc.checkpoint_every and done % tc.checkpoint_every == 0):
-                checkpoint(done)
+            # a checkpoint on its cadence, at the last step and before stopping
+            if checkpoints.due(done) or stop_now:
+                save_state(run, cfg, d, model, opt, data.loader, done)
             if stop_now:
                 status = "interrupted"
                 why = f"train.stop_at={done}" if planned_stop else "interrupted"
-                logger.message(f"stopped at step {done} ({why}); continue with --name {run_dir.name} --resume")
+                logger.message(f"stopped at step {done} ({why}); continue with --name {run.name} --resume")
                 break
     except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays the resumable state
         status = "interrupted"
@@ -412,28 +308,120 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         raise
     finally:
         stop.restore()
+    status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, last_val, t_start)
+    if status == "diverged":
+        return EXIT_DIVERGED
+    return EXIT_INTERRUPTED if status == "interrupted" and not planned_stop else EXIT_OK
 
+
+@dataclass
+class Data:
+    prepared: Path
+    meta: dict
+    loader: BatchLoader
+    val_tokens: object
+    micro: int  # sequences per forward pass and process
+    accum: int  # micro-batches per optimizer step
+
+
+def open_data(cfg: Config, d: distributed.Dist) -> Data:
+    """The prepared dataset (built once, cached; concurrent processes wait), its loader and the val tokens."""
+    tc = cfg.train
+    prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
+    per_rank = tc.batch_size // d.world_size
+    micro = tc.micro_batch_size or per_rank
+    if tc.batch_size % d.world_size or per_rank % micro:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into {d.world_size} processes "
+                          f"x micro batches of train.micro_batch_size={micro}")
+    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.rank, d.world_size)
+    val_tokens = load_tokens(prepared, "val")
+    eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
+    return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro)
+
+
+def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data: Data, machine: dict):
+    """Restore the newest readable checkpoint into model, optimizer, loader and RNG; (its step, notes)."""
+    state, fallback = load_latest(run.checkpoint)
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        data.loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"])
+        step = state["step"]
+    except CheckpointError:
+        raise
+    except Exception as e:  # any mismatch is one line and exit 2, never a traceback
+        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit this config: "
+                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
+    resumed = schedule_change(step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
+    if d.is_master:
+        truncate_metrics(run.metrics, step)
+        write_text(run.config, to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
+        meta = json.loads(run.meta.read_text()) if run.meta.is_file() else {}
+        meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
+        write_json(run.meta, meta)
+    return step, [n for n in (fallback, resumed["note"]) if n]
+
+
+def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data: Data, machine: dict):
+    """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
+    validated before: only now does the run directory appear."""
+    notes = []
+    if d.is_master:
+        if run.path.exists():  # --resume before any checkpoint: what a killed start left is started over
+            notes.append(f"no checkpoint in {run.path} yet: starting from step 0")
+            run.metrics.unlink(missing_ok=True)
+            run.summary.unlink(missing_ok=True)
+            shutil.rmtree(run.checkpoint.parent, ignore_errors=True)  # temp files of a killed first save
+        run.path.mkdir(parents=True, exist_ok=True)
+        write_text(run.config, to_yaml(cfg))
+        faults.point("config")
+        write_json(run.meta, {**run_meta(model, d.device, cfg.train.dtype, d.world_size, data.meta), **machine})
+    return 0, notes
+
+
+def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int) -> None:
+    """The full training state after `step` (rank 0 writes it; DDP replicas are identical)."""
+    if d.is_master:
+        save_checkpoint(run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                         "loader": loader.state_dict(), "rng": rng_state(), "step": step,
+                                         "schedule_steps": cfg.optim.schedule_steps})
+
+
+def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, kernels: dict,
+             notes: list[str], start_step: int) -> None:
+    """The run's first lines: what trains where, which fast paths fall back, what a resume changed."""
+    if not d.is_master:
+        return
+    tc = cfg.train
+    logger.message(f"run {run.path} | {model.num_params():,} parameters | {cfg.model.norm} {cfg.model.placement}"
+                   f" | {tc.batch_size}x{tc.seq_len} tokens/step ({data.accum} micro-batches x {d.world_size} "
+                   f"processes) | {d.device} {tc.dtype}" + (f" | resumed at step {start_step}" if start_step else ""))
+    fallbacks = [f"{op}: {path}" for op, path in kernels.items() if op != "build" and path.startswith("reference (")]
+    for note in (["fast paths that fall back: " + "; ".join(fallbacks)] if fallbacks else []) + notes:
+        logger.message(note)
+
+
+def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, logger: Logger, status: str,
+           diverged_at: int | None, done: int, last_val: float | None, t_start: float) -> tuple[str, int | None]:
+    """Classify a run that ran to its end, sample from one that learned, write summary.json; (status, diverged_at)."""
+    tc = cfg.train
     if status == "ok":
-        status = classify(last_val, data_meta.get("unigram_entropy"), cfg.log.plateau_margin)
+        status = classify(last_val, data.meta.get("unigram_entropy"), cfg.log.plateau_margin)
         diverged_at = done if status == "diverged" else None  # a non-finite final val loss
         if d.is_master and tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
-            logger.message("sample: " + sample(model, prepared, tc, d.device))
+            logger.message("sample: " + sample(model, data.prepared, tc, d.device))
     summary = None
     faults.point("summary")
     if d.is_master:
-        summary = summarize(read_metrics(run_dir / "metrics.jsonl"), status, done, tc.steps, diverged_at,
-                            data_meta.get("unigram_entropy"), cfg.log.spike_window, cfg.log.spike_k,
-                            time.time() - t_start)
-        write_json(run_dir / "summary.json", summary)
+        summary = summarize(run.records(), status, done, tc.steps, diverged_at, data.meta.get("unigram_entropy"),
+                            cfg.log.spike_window, cfg.log.spike_k, time.time() - t_start)
+        write_json(run.summary, summary)
         final = summary["final_val_loss"]
         logger.message(f"{status}: final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
-                       f"{summary['unigram_entropy']:.3f}), {summary['tokens_per_s'] or 0:,.0f} tokens/s -> {run_dir}")
+                       f"{summary['unigram_entropy']:.3f}), {summary['tokens_per_s'] or 0:,.0f} tokens/s -> {run.path}")
     logger.close(summary)
-    if status == "diverged":
-        return EXIT_DIVERGED
-    if status == "interrupted" and not planned_stop:
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+    return status, diverged_at
 
 
 def sample(model: Llama, prepared: Path, tc, device: torch.device) -> str:

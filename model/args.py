@@ -15,7 +15,7 @@ class ModelArgs:
     hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
-    norm: str = "rmsnorm"  # rmsnorm | layernorm | none
+    norm: str = "rmsnorm"  # a name in model/norms.py NORMS
     norm_impl: str = "reference"  # reference | fast (the fused kernel where the norm has one: fused/norms.py)
     ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5

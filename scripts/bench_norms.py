@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-malloc-tuning", action="store_true")
     a = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    allocator = "CUDA caching allocator" if device.type == "cuda" else tune_cpu(malloc=not a.no_malloc_tuning)
+    allocator = ("CUDA caching allocator" if device.type == "cuda"
+                 else tune_cpu(malloc=not a.no_malloc_tuning)["allocator"])
     fast = ("fused C++ kernel" if kernel_available() else "reference fallback") if device.type == "cpu" \
         else "torch fused kernels"
     print(f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import train
 from training.config import load_config
-from training.runinfo import read_metrics
+from training.runinfo import RunDir
 
 
 def step_seconds(run_dir: Path, tokens_per_step: int) -> float:
     """Total time of steps 2.. of a run, from its logged tokens/s."""
-    return sum(tokens_per_step / r["train/tokens_per_s"] for r in read_metrics(run_dir / "metrics.jsonl")
+    return sum(tokens_per_step / r["train/tokens_per_s"] for r in RunDir(run_dir).records()
                if r["step"] > 1)
 
 

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and cfg.train.dtype == "float32":
         cfg.train.dtype = "bfloat16"  # the GPU section runs in bfloat16
-    allocator = "default (glibc)" if a.no_malloc_tuning or device.type != "cpu" else tune_cpu()
+    allocator = "default (glibc)" if a.no_malloc_tuning or device.type != "cpu" else tune_cpu()["allocator"]
     B, T, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, V, (B, T), generator=gen).to(device)

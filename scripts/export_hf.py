@@ -18,7 +18,7 @@ from data.sources import DataError
 from model.hf import check_expressible
 from training.checkpoint import CheckpointError
 from training.config import ConfigError, load_config
-from training.runinfo import load_run
+from training.runinfo import RunDir, load_run
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:
@@ -29,8 +29,8 @@ def export(run_dir: Path, out_dir: Path) -> Path:
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"{out_dir} already exists and is not empty; choose another output directory")
-    if (run_dir / "config.yaml").is_file():  # refuse before loading anything
-        check_expressible(load_config(run_dir / "config.yaml").model)
+    if RunDir(run_dir).config.is_file():  # refuse before loading anything
+        check_expressible(load_config(RunDir(run_dir).config).model)
     model, prepared = load_run(run_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)

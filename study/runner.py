@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from training.checkpoint import has_checkpoint
 from training.config import load_config
+from training.runinfo import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,12 +27,10 @@ FINISHED = ("ok", "plateau", "diverged")  # results: never rerun
 
 def state(run_dir: Path) -> str:
     """'finished', 'resume' (a checkpoint to continue from) or 'new'."""
-    try:
-        if json.loads((run_dir / "summary.json").read_text())["status"] in FINISHED:
-            return "finished"
-    except (OSError, ValueError, KeyError):
-        pass
-    return "resume" if has_checkpoint(run_dir / "checkpoints" / "latest.pt") else "new"
+    run = RunDir(run_dir)
+    if run.status() in FINISHED:
+        return "finished"
+    return "resume" if has_checkpoint(run.checkpoint) else "new"
 
 
 _procs: set[subprocess.Popen] = set()  # the train.py runs in flight, so an interrupt can stop and wait for them
@@ -58,10 +57,7 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
             code = proc.wait()
         finally:
             _procs.discard(proc)
-    try:
-        status = json.loads((run_dir / "summary.json").read_text())["status"]
-    except (OSError, ValueError, KeyError):
-        status = "failed"
+    status = RunDir(run_dir).status() or "failed"
     if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
         status = "failed"
     entry = {"name": run["name"], "overrides": run["overrides"], "status": status, "exit_code": code,

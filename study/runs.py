@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from training import monitor
-from training.runinfo import read_metrics, series
+from training.runinfo import RunDir, series
 
 IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
 
@@ -61,19 +61,17 @@ def find_runs(paths: list[Path]) -> list[Run]:
     """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder."""
     dirs = []
     for p in paths:
-        if (p / "config.yaml").is_file():
+        if RunDir(p).config.is_file():
             dirs.append(p)
         else:
             base = p / "runs" if (p / "runs").is_dir() else p
-            dirs += sorted(d for d in base.iterdir() if (d / "config.yaml").is_file()) if base.is_dir() else []
+            dirs += sorted(d for d in base.iterdir() if RunDir(d).config.is_file()) if base.is_dir() else []
     runs = []
     for d in dirs:
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except (OSError, ValueError):
-            summary = {"status": "failed"}  # crashed before writing its summary
-        config = _flat(OmegaConf.to_container(OmegaConf.load(d / "config.yaml")))
-        runs.append(Run(d.name, d, config, summary, read_metrics(d / "metrics.jsonl")))
+        run = RunDir(d)
+        summary = run.read_summary() or {"status": "failed"}  # crashed before writing its summary
+        config = _flat(OmegaConf.to_container(OmegaConf.load(run.config)))
+        runs.append(Run(d.name, d, config, summary, run.records()))
     return runs
 
 

@@ -5,7 +5,7 @@ import pytest
 import train
 from model import Llama
 from model.blocks import PostNormBlock, PreNormBlock
-from model.norms import LayerNorm, RMSNorm
+from model.norms import NORMS, LayerNorm, RMSNorm
 from training.config import ConfigError, load_config, to_yaml
 
 
@@ -25,7 +25,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
     ("optim.lrr=1", "unknown config key 'optim.lrr'; valid keys in optim: lr, schedule"),
     ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
     ("train.steps=abc", "bad value for train.steps: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("model.norm=batchnorm", "model.norm='batchnorm' is not one of: layernorm, none, rmsnorm"),
+    ("model.norm=batchnorm", f"model.norm='batchnorm' is not one of: {', '.join(sorted(NORMS))}"),
     ("model.placement=middle", "model.placement='middle' is not one of: peri, post, pre"),
     ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float32"),
     ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),

@@ -55,6 +55,7 @@ def fresh_clone(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
+           "PYTHONPATH": str(fresh_clone),  # its own packages, not the editable install of this checkout
            "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     ran = []
     for command in readme_commands():

@@ -13,8 +13,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 _KEEP_BYTES = 1 << 30
 
 
-def tune_cpu(threads: int = 0, malloc: bool = True) -> str:
-    """Apply the CPU settings train.py uses; return a description of the allocator setting.
+def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
+    """Apply the CPU settings train.py uses; return them for meta.json (flush_denormal, allocator).
 
     - flush denormal floats: post-norm runs make tiny values that otherwise slow steps several-fold. This is a
       numerical choice, not just a speed one (tiny values become exactly 0); GPUs' fast paths do the same;
@@ -25,8 +25,10 @@ def tune_cpu(threads: int = 0, malloc: bool = True) -> str:
     torch.set_flush_denormal(True)
     if threads:
         torch.set_num_threads(threads)
-    if not malloc:
-        return "glibc default"
+    return {"flush_denormal": True, "allocator": _tune_malloc() if malloc else "glibc default"}
+
+
+def _tune_malloc() -> str:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from training.runinfo import RunDir
+
 STEP = "train/step"  # the x axis of every wandb chart
 
 
@@ -26,7 +28,8 @@ class Logger:
     def __init__(self, run_dir: Path | None, name: str, total_steps: int, start_step: int = 0,
                  wandb_mode: str = "disabled", wandb_project: str = "normlab", config: dict | None = None):
         self.enabled = run_dir is not None  # only the master process logs
-        self.file = open(run_dir / "metrics.jsonl", "a") if self.enabled else None
+        run = RunDir(run_dir) if self.enabled else None
+        self.file = open(run.metrics, "a") if self.enabled else None
         tty = sys.stderr.isatty()
         self.bar = tqdm(total=total_steps, initial=start_step, desc=name, unit="step", disable=not self.enabled,
                         dynamic_ncols=True, mininterval=0.5 if tty else 30.0)
@@ -36,7 +39,7 @@ class Logger:
                 import wandb  # only imported when asked for
 
                 self.wandb = wandb.init(project=wandb_project, name=name, dir=str(run_dir), mode=wandb_mode,
-                                        config=config, resume="allow", id=_wandb_id(run_dir))
+                                        config=config, resume="allow", id=_wandb_id(run))
                 # Every chart's x axis is our step, logged as a value, never as wandb's own step: wandb drops
                 # records at or below the last step it received, so after a crash and --resume the re-trained
                 # steps (between the checkpoint and the crash) would never reach the dashboard.
@@ -79,9 +82,9 @@ class Logger:
                 self.message(f"wandb finish failed: {e}")
 
 
-def _wandb_id(run_dir: Path) -> str:
+def _wandb_id(run: RunDir) -> str:
     """A stable wandb run id per run directory, so a resumed run continues the same wandb run."""
-    path = run_dir / ".wandb_id"
+    path = run.wandb_id
     if not path.exists():
         import uuid
 

@@ -68,8 +68,9 @@ def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Te
 class StabilityProbe:
     """Collects the per-layer metrics of DESIGN.md for one optimizer step of a Llama."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, every=None):
         self.model = model
+        self.every = every  # the probe's cadence (training.step.Every); None: whenever asked
         self.groups = group_parameters(model)
         self.kinds = parameter_kinds(model)
         self.layer_params = {n: p for n, p in model.named_parameters() if n.startswith("layers.")}
@@ -77,6 +78,10 @@ class StabilityProbe:
         self.values: dict[str, torch.Tensor] = {}
         self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
         self.before: dict[str, torch.Tensor] = {}
+
+    def due(self, step: int) -> bool:
+        """Whether the probe observes optimizer step `step` (counted from 1)."""
+        return self.every is None or self.every.due(step)
 
     # -- forward hooks ------------------------------------------------------------------------------
     def attach(self) -> None:

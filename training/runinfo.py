@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,6 +16,44 @@ import torch
 from training.monitor import spike_score
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of a run directory, in one place: train.py writes these files, the logger, the study, the
+    sample and export scripts read them.
+
+        <out_dir>/<name>/config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt (previous.pt),
+                         .wandb_id, wandb/
+        <out_dir>/.<name>.lock   (held by the process training the run)
+    """
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    config = property(lambda self: self.path / "config.yaml")
+    meta = property(lambda self: self.path / "meta.json")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    summary = property(lambda self: self.path / "summary.json")
+    checkpoint = property(lambda self: self.path / "checkpoints" / "latest.pt")
+    wandb_id = property(lambda self: self.path / ".wandb_id")
+    lock = property(lambda self: self.path.parent / f".{self.path.name}.lock")
+
+    def read_summary(self) -> dict | None:
+        """summary.json, or None when the run has not written one (running, killed, failed)."""
+        try:
+            return json.loads(self.summary.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def status(self) -> str | None:
+        return (self.read_summary() or {}).get("status")
+
+    def records(self) -> list[dict]:
+        return read_metrics(self.metrics)
 
 
 def git_state() -> dict:
@@ -48,17 +87,16 @@ def load_run(run_dir: Path):
     from training.checkpoint import CheckpointError, load_checkpoint
     from training.config import ConfigError, load_config
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml")
+    run = RunDir(Path(run_dir))
+    if not run.config.is_file():
+        raise ConfigError(f"{run.path} is not a run directory (no config.yaml)")
+    cfg = load_config(run.config)
     prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
     model = Llama(cfg.model)
-    path = run_dir / "checkpoints" / "latest.pt"
     try:
-        model.load_state_dict(load_checkpoint(path)["model"])
+        model.load_state_dict(load_checkpoint(run.checkpoint)["model"])
     except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} does not fit {run_dir / 'config.yaml'}: "
+        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit {run.config}: "
                               f"{str(e).strip().splitlines()[0][:200]}") from None
     return model.eval(), prepared
 

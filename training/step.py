@@ -1,0 +1,95 @@
+"""One optimizer step, and the cadence of everything else the loop does (evals, checkpoints, probes)."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from training import distributed
+from training.monitor import is_finite
+
+
+@dataclass
+class Every:
+    """Due every n-th step (steps count from 1), at step `last` if given, and at step 1 if `first`; n = 0 turns
+    the periodic part off (a checkpoint then happens only at the end, a probe never)."""
+
+    n: int
+    last: int | None = None
+    first: bool = False
+
+    def due(self, step: int) -> bool:
+        return step == self.last or (self.n > 0 and (step % self.n == 0 or self.first and step == 1))
+
+
+@dataclass
+class StepParts:
+    """What one optimizer step needs: the model three ways (bare for clipping, DDP-wrapped for no_sync, and
+    possibly compiled), its optimizer and how the global batch splits."""
+
+    model: torch.nn.Module
+    ddp: torch.nn.Module
+    compiled: torch.nn.Module
+    opt: torch.optim.Optimizer
+    micro: int  # sequences per forward pass
+    accum: int  # micro-batches per step
+    world_size: int
+    device: torch.device
+    autocast: object
+    z_loss: float
+    clip: float  # max global grad norm (inf: no clipping)
+    tokens_per_step: int
+
+
+def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=None) -> dict:
+    """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`; the step's
+    metrics record. With a probe, its hooks observe this step (per-layer metrics join the record). A non-finite
+    loss or gradient norm makes no update and returns the record with diverged=True."""
+    t0 = time.perf_counter()
+    for group in p.opt.param_groups:
+        group["lr"] = lr
+    x, y = batch
+    if probe is not None:
+        probe.attach()
+    forward = p.ddp if probe is not None else p.compiled  # hooks run eagerly, outside torch.compile
+    loss_sum = torch.zeros((), device=p.device)
+    for i, (xm, ym) in enumerate(zip(x.split(p.micro), y.split(p.micro), strict=True)):
+        # DDP all-reduces gradients only on the last micro-batch
+        sync = nullcontext() if i == p.accum - 1 or p.world_size == 1 else p.ddp.no_sync()
+        with sync:
+            with p.autocast:
+                logits, loss = forward(xm.to(p.device), ym.to(p.device))
+            if probe is not None:
+                probe.record_logits(logits)
+            total = loss
+            if p.z_loss:
+                total = total + p.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
+            (total / p.accum).backward()
+        loss_sum += loss.detach()
+    if probe is not None:
+        probe.record_grads()  # before clipping, like the global norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip)
+    train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
+    loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
+    record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
+    if not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite gradient
+        if probe is not None:
+            probe.finish()  # detach the hooks
+        return {**record, "diverged": True}
+    if probe is not None:
+        probe.snapshot()  # parameters before the update, for update/ratio
+    p.opt.step()
+    p.opt.zero_grad(set_to_none=True)
+    record["grad/clipped"] = float(norm_value > p.clip)
+    record.update(probe.finish() if probe is not None else {})
+    record["train/tokens_per_s"] = p.tokens_per_step / (time.perf_counter() - t0)
+    return {**record, "diverged": False}
+
+
+def no_clip(value: float) -> float:
+    """optim.grad_clip = 0 means no clipping (the norm is still measured)."""
+    return value or math.inf
