@@ -56,40 +56,57 @@ def _save(fig, path: Path, made: list, caption: str) -> None:
 
 
 def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
+    """Every figure of the report, drawn into `out`; [(file name, caption)] of those made."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(arms)}
-    made = []
+    made: list[tuple[str, str]] = []
+    for draw in (loss_curves, grad_norm_curves, stability_map, grad_heatmaps, act_rms_depth, attn_logit_max):
+        draw(plt, arms, colors, out, made)
+    return made
+
+
+def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
+    """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})
     l0 = _mean([a.l0 for a in arms.values()])
-    entropy = _mean([r.summary.get("unigram_entropy") for a in arms.values() for r in a.runs])
     steps_total = max((len(r.records) for a in arms.values() for r in a.runs), default=1)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
+    lowest = math.inf
+    for ax, lr in zip(axes[0], lrs, strict=True):
+        for label, a in arms.items():
+            band = _band(a.at(lr), key, max(1, steps_total // 50))
+            if band:
+                s, med, lo, hi = band
+                lowest = min(lowest, min(lo))
+                ax.plot(s, med, color=colors[label], label=label, lw=1.2)
+                ax.fill_between(s, lo, hi, color=colors[label], alpha=0.2, lw=0)
+        ax.set_title(f"lr {lr:g}")
+        ax.set_xlabel("step")
+        if logy:
+            ax.set_yscale("log")
+    if not logy and l0 and math.isfinite(lowest):
+        axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
+    axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
+    axes[0][-1].legend(fontsize=7)
+    _save(fig, out / fname, made, f"{title} per arm and learning rate")
 
-    for key, fname, title, logy in (("train/loss", "loss_curves.png", "train loss", False),
-                                    ("grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", True)):
-        fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
-        lowest = math.inf
-        for ax, lr in zip(axes[0], lrs, strict=True):
-            for label, a in arms.items():
-                band = _band(a.at(lr), key, max(1, steps_total // 50))
-                if band:
-                    s, med, lo, hi = band
-                    lowest = min(lowest, min(lo))
-                    ax.plot(s, med, color=colors[label], label=label, lw=1.2)
-                    ax.fill_between(s, lo, hi, color=colors[label], alpha=0.2, lw=0)
-            ax.set_title(f"lr {lr:g}")
-            ax.set_xlabel("step")
-            if logy:
-                ax.set_yscale("log")
-        if not logy and l0 and math.isfinite(lowest):
-            axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
-        axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
-        axes[0][-1].legend(fontsize=7)
-        _save(fig, out / fname, made, f"{title} per arm and learning rate")
 
+def loss_curves(plt, arms, colors, out: Path, made: list) -> None:
+    _curves(plt, arms, colors, out, made, "train/loss", "loss_curves.png", "train loss", logy=False)
+
+
+def grad_norm_curves(plt, arms, colors, out: Path, made: list) -> None:
+    _curves(plt, arms, colors, out, made, "grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", logy=True)
+
+
+def stability_map(plt, arms, colors, out: Path, made: list) -> None:
+    """Final val loss (min(L, L0), mean over seeds) vs learning rate per arm; diverged and plateau runs marked."""
+    l0 = _mean([a.l0 for a in arms.values()])
+    entropy = _mean([r.summary.get("unigram_entropy") for a in arms.values() for r in a.runs])
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
         xs = [lr for lr in a.lrs if a.clipped(lr) is not None]
@@ -108,6 +125,9 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
           "stability map (x: diverged, hollow: plateau)", logx=True)
     _save(fig, out / "stability_map.png", made, "final val loss vs learning rate per arm (the stability map)")
 
+
+def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
+    """Per-layer gradient norm (layer x step) at each arm's best LR, first seed, on one color scale."""
     grids = {}
     for label, a in arms.items():
         run = next((r for r in a.at(a.best_lr)), None) if a.best_lr else None
@@ -131,6 +151,9 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     _save(fig, out / "grad_heatmaps.png", made,
           "per-layer gradient norm (layer x step) at each arm's best LR, first seed")
 
+
+def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
+    """RMS of the residual stream after each block, at step 1 and at the end (median over seeds, best LR)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
         mats = [_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)] if a.best_lr else []
@@ -146,6 +169,9 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
           logy=True, legend=6)
     _save(fig, out / "act_rms_depth.png", made, "activation RMS by depth (step 1 and the last logged step)")
 
+
+def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
+    """The largest attention logit a run saw, vs learning rate (Wortsman et al. 2023's logit growth)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
         xs, ys = [], []
@@ -158,7 +184,6 @@ def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
     _axes(ax, "peak learning rate", "max attention logit over steps and layers",
           "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
     _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
-    return made
 
 
 def _layer_matrix(run: Run, prefix: str):
