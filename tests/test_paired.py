@@ -62,5 +62,6 @@ def test_one_seed_and_no_common_seed():
 
 def test_mean_ci():
     m, ci = mean_ci([1.0, 2.0, 3.0])
-    assert m == 2.0 and ci == pytest.approx((2 - st.t.ppf(0.975, 2) / math.sqrt(3), 2 + st.t.ppf(0.975, 2) / math.sqrt(3)))
+    half = st.t.ppf(0.975, 2) / math.sqrt(3)  # sd = 1
+    assert m == 2.0 and ci == pytest.approx((2 - half, 2 + half))
     assert mean_ci([1.0]) == (1.0, None) and mean_ci([]) == (None, None)
