@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import signal
 import sys
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from filelock import FileLock, Timeout
 from torch.nn.parallel import DistributedDataParallel
 
@@ -48,7 +50,7 @@ from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.monitor import classify
 from training.optim import build_optimizer, lr_at
-from training.runinfo import RunDir, run_meta, series, summarize, truncate_metrics, write_json, write_text
+from training.runinfo import RunDir, run_meta, summarize, truncate_metrics, write_json, write_text
 from training.step import Every, StepParts, no_clip, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
@@ -141,7 +143,7 @@ def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) 
 def run_state(run: RunDir, steps: int) -> str:
     """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
     summary = run.read_summary() or {}
-    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau") \
+    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau", "unstable") \
             and (summary.get("steps") or 0) >= steps:
         return "finished"
     return "resume" if has_checkpoint(run.checkpoint) else "new"
@@ -204,18 +206,28 @@ class StopRequest:
 
 
 @torch.no_grad()
-def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, batch_size: int) -> float:
-    """Mean next-token loss over the fixed validation budget (the same tokens at every eval)."""
+def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, batch_size: int) -> tuple[float, float]:
+    """(mean next-token loss, its standard error) over the fixed validation set (the same tokens at every eval).
+
+    The standard error is over windows (seq_len tokens each): sd of the per-window mean losses / sqrt(windows).
+    Windows are consecutive text, so it is the eval's own sampling noise, a lower bound if windows correlate."""
     model.eval()
-    total = torch.zeros(2, device=d.device, dtype=torch.float64)  # (sum of losses, number of tokens)
+    # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows)
+    total = torch.zeros(5, device=d.device, dtype=torch.float64)
     for x, y in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.rank, d.world_size):
+        x, y = x.to(d.device), y.to(d.device)
         with autocast:
-            _, loss = model(x.to(d.device), y.to(d.device))
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device)])
+            logits, loss = model(x, y)
+        per_window = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+        w = per_window.double().mean(1)
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device).double(),
+                              w.sum(), w.pow(2).sum(), torch.tensor(len(w), device=d.device).double()])
         faults.point("eval")
     model.train()
     distributed.all_reduce(total)
-    return (total[0] / total[1]).item()
+    loss_sum, n_tokens, s1, s2, n = total.tolist()
+    var = max(0.0, (s2 - s1 * s1 / n) / (n - 1)) if n > 1 else 0.0
+    return loss_sum / n_tokens, math.sqrt(var / n) if n > 1 else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +281,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     probe = StabilityProbe(model, Every(cfg.log.stats_every, first=True))
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     status, diverged_at, done, planned_stop = "ok", None, start_step, False
-    last_val = ([None] + series(run.records(), "val/loss"))[-1] if start_step else None
+    if start_step == 0:  # L0: the val loss before the first step, the same kind of number as every later eval
+        l0, se = evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro)
+        logger.log(0, {"val/loss": l0, "val/loss_se": se})
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     try:
         for step in range(start_step, tc.steps):
@@ -286,8 +300,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 break
             # validation, on its cadence and at the last step
             if evals.due(done):
-                record["val/loss"] = last_val = evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro)
-                logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {last_val:.4f}")
+                record["val/loss"], record["val/loss_se"] = evaluate(model, data.val_tokens, cfg, d, parts.autocast,
+                                                                     data.micro)
+                logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {record['val/loss']:.4f}")
             logger.log(done, record)
             faults.point("log")
             # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank; a request during the last step lets it end
@@ -308,7 +323,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         raise
     finally:
         stop.restore()
-    status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, last_val, t_start)
+    status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, t_start)
     if status == "diverged":
         return EXIT_DIVERGED
     return EXIT_INTERRUPTED if status == "interrupted" and not planned_stop else EXIT_OK
@@ -403,11 +418,15 @@ def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, mode
 
 
 def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, logger: Logger, status: str,
-           diverged_at: int | None, done: int, last_val: float | None, t_start: float) -> tuple[str, int | None]:
-    """Classify a run that ran to its end, sample from one that learned, write summary.json; (status, diverged_at)."""
+           diverged_at: int | None, done: int, t_start: float) -> tuple[str, int | None]:
+    """Classify a run that ran to its end on its whole val curve, sample from one that learned, write
+    summary.json; (status, diverged_at)."""
     tc = cfg.train
     if status == "ok":
-        status = classify(last_val, data.meta.get("unigram_entropy"), cfg.log.plateau_margin)
+        evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
+        init = next((v for s, v in evals if s == 0), None)
+        status = classify([v for s, v in evals if s > 0], data.meta.get("unigram_entropy"), cfg.log.plateau_margin,
+                          init, cfg.log.blowup_margin)
         diverged_at = done if status == "diverged" else None  # a non-finite final val loss
         if d.is_master and tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
             logger.message("sample: " + sample(model, data.prepared, tc, d.device))

@@ -99,13 +99,15 @@ def compare(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=COMPARE.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", type=Path, help="run directories or study directories")
     p.add_argument("--out", type=Path, default=None, help="where report.md and the figures go (default: first dir)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="equivalence margin in nats (default: the study file's equivalence_margin, else 0.02)")
     a = p.parse_args(argv)
     missing = [d for d in a.dirs if not d.is_dir()]
     if missing:
         print(f"error: {missing[0]} is not a directory", file=sys.stderr)
         return 2
     try:
-        path = write_report(a.dirs, a.out or a.dirs[0])
+        path = write_report(a.dirs, a.out or a.dirs[0], a.margin)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from study.runs import Run
-from study.stats import Arm, _max_series, _mean, _std, fmt
+from study.stats import Arm, _max_series, _mean, fmt
 
 
 def _smooth(ys: list[float], n: int) -> list[float]:
@@ -18,22 +18,6 @@ def _smooth(ys: list[float], n: int) -> list[float]:
         acc = y if acc is None else alpha * y + (1 - alpha) * acc
         out.append(acc)
     return out
-
-
-def _band(runs: list[Run], key: str, smooth: int):
-    """(steps, median, low, high) over seeds of a per-step metric (runs cut to the shortest)."""
-    curves = []
-    for r in runs:
-        pts = [(rec["step"], rec[key]) for rec in r.records if rec.get(key) is not None]
-        if pts:
-            curves.append(pts)
-    if not curves:
-        return None
-    n = min(len(c) for c in curves)
-    steps = [s for s, _ in curves[0][:n]]
-    ys = [_smooth([v for _, v in c[:n]], smooth) for c in curves]
-    cols = list(zip(*ys, strict=True))
-    return steps, [statistics.median(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
 
 
 def _axes(ax, xlabel: str, ylabel: str, title: str, logx: bool = False, logy: bool = False, legend: int = 7):
@@ -78,19 +62,20 @@ def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, titl
     lowest = math.inf
     for ax, lr in zip(axes[0], lrs, strict=True):
         for label, a in arms.items():
-            band = _band(a.at(lr), key, max(1, steps_total // 50))
-            if band:
-                s, med, lo, hi = band
-                lowest = min(lowest, min(lo))
-                ax.plot(s, med, color=colors[label], label=label, lw=1.2)
-                ax.fill_between(s, lo, hi, color=colors[label], alpha=0.2, lw=0)
+            for i, r in enumerate(a.at(lr)):  # one thin line per seed: split outcomes stay visible
+                pts = [(rec["step"], rec[key]) for rec in r.records if rec.get(key) is not None and rec["step"] > 0]
+                if pts:
+                    ys = _smooth([v for _, v in pts], max(1, steps_total // 50))
+                    lowest = min(lowest, min(ys))
+                    ax.plot([s for s, _ in pts], ys, color=colors[label], lw=0.9, alpha=0.8,
+                            label=label if i == 0 else None)
         ax.set_title(f"lr {lr:g}")
         ax.set_xlabel("step")
         if logy:
             ax.set_yscale("log")
     if not logy and l0 and math.isfinite(lowest):
         axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
-    axes[0][0].set_ylabel(f"{title}\n(median over seeds, band min..max)")
+    axes[0][0].set_ylabel(f"{title}\n(one line per seed, smoothed)")
     axes[0][-1].legend(fontsize=7)
     _save(fig, out / fname, made, f"{title} per arm and learning rate")
 
@@ -110,20 +95,22 @@ def stability_map(plt, arms, colors, out: Path, made: list) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
         xs = [lr for lr in a.lrs if a.clipped(lr) is not None]
-        ax.errorbar(xs, [a.clipped(lr) for lr in xs], yerr=[_std(a.finals(lr)) or 0 for lr in xs], marker="o",
-                    color=colors[label], label=label, capsize=3, lw=1.2)
-        for r in a.runs:
-            if r.status == "diverged" and a.l0:
-                ax.scatter([r.lr], [a.l0], marker="x", color=colors[label], s=60, zorder=5)
-            elif r.status == "plateau":
-                ax.scatter([r.lr], [r.final], marker="o", facecolors="none", edgecolors=colors[label], s=90, zorder=5)
+        ax.plot(xs, [a.clipped(lr) for lr in xs], color=colors[label], label=f"{label} (mean over seeds)", lw=1.2)
+        for r in a.runs:  # every seed is drawn: a split outcome shows as two points, never as a mean +- std
+            if r.value is None:
+                continue
+            marker = {"diverged": "x", "plateau": "o", "unstable": "^"}.get(r.status, ".")
+            style = (dict(facecolors="none", edgecolors=colors[label]) if r.status in ("plateau", "unstable")
+                     else dict(color=colors[label]))
+            ax.scatter([r.lr], [r.value], marker=marker, s=60 if marker != "." else 40, zorder=5, **style)
     if entropy:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
     if l0:
         ax.axhline(l0, color="gray", ls=":", lw=1, label="loss at init (L0)")
     _axes(ax, "peak learning rate", "final val loss, min(L, L0), mean over seeds",
-          "stability map (x: diverged, hollow: plateau)", logx=True)
-    _save(fig, out / "stability_map.png", made, "final val loss vs learning rate per arm (the stability map)")
+          "stability map: every seed (x diverged, o plateau, ^ unstable)", logx=True)
+    _save(fig, out / "stability_map.png", made,
+          "min(final val loss, L0) vs learning rate: every seed a marker, the line the mean over seeds")
 
 
 def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:

@@ -14,7 +14,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
            "seeds": "train.seed"}
 
 
-STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers"}
+STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin"}
 
 
 

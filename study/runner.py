@@ -16,12 +16,12 @@ from tqdm import tqdm
 
 from training.checkpoint import has_checkpoint
 from training.config import load_config
+from training.monitor import FINISHED
 from training.runinfo import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-FINISHED = ("ok", "plateau", "diverged")  # results: never rerun
 
 
 

@@ -39,12 +39,36 @@ class Run:
     def final(self) -> float | None:
         """Final val loss of a run that finished without diverging."""
         v = self.summary.get("final_val_loss")
-        return v if self.status in ("ok", "plateau") and v is not None else None
+        return v if self.status in ("ok", "plateau", "unstable") and v is not None else None
 
     @property
     def init_loss(self) -> float | None:
+        """L0: the val loss logged at step 0, before the first update (runs from before it was logged: the first
+        train loss, a different kind of number; `init_kind` says which)."""
+        step0 = [r["val/loss"] for r in self.records if r.get("step") == 0 and r.get("val/loss") is not None]
+        if step0:
+            return step0[0]
         first = series(self.records[:1], "train/loss")
         return first[0] if first else None
+
+    @property
+    def init_kind(self) -> str:
+        return "val" if any(r.get("step") == 0 and "val/loss" in r for r in self.records) else "train"
+
+    @property
+    def seed(self):
+        return self.config.get("train.seed")
+
+    @property
+    def value(self) -> float | None:
+        """What the comparisons use per run: min(final val loss, L0); a diverged run counts as its L0 (it ended no
+        better than it started); None for a run without a result (failed, interrupted)."""
+        l0 = self.init_loss
+        if self.status == "diverged":
+            return l0
+        if self.final is None:
+            return None
+        return min(self.final, l0) if l0 is not None else self.final
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -57,6 +57,24 @@ class Arm:
         ok = [lr for lr in self.lrs if self.at(lr) and all(r.status == "ok" for r in self.at(lr))]
         return max(ok) if ok else None
 
+    def per_seed(self, lr: float) -> dict:
+        """{seed: run.value} at this learning rate (the unit of every paired comparison)."""
+        return {r.seed: r.value for r in self.at(lr) if r.value is not None}
+
+    def sensitivity_per_seed(self) -> dict:
+        """{seed: LR sensitivity of that seed's runs}: mean over the LR grid of v(lr) - min v, v = min(L, L0) per
+        run (Wortsman et al. 2023, per seed); only seeds that have every LR of the arm."""
+        out = {}
+        for seed in sorted({r.seed for r in self.runs}, key=str):
+            vals = [self.per_seed(lr).get(seed) for lr in self.lrs]
+            if vals and all(v is not None for v in vals):
+                out[seed] = statistics.fmean(v - min(vals) for v in vals)
+        return out
+
+    def max_lr_trains(self) -> float | None:
+        """The largest LR at which every seed finished `ok` (per-seed outcomes, not a mean)."""
+        return self.max_lr_ok
+
     def finals(self, lr: float) -> list[float]:
         return [r.final for r in self.at(lr) if r.final is not None]
 
@@ -67,7 +85,7 @@ class Arm:
         return counts
 
     def summary_mean(self, key: str) -> float | None:
-        return _mean([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau")])
+        return _mean([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "unstable")])
 
     def tokens_per_s(self) -> float | None:
         v = [r.summary.get("tokens_per_s") for r in self.runs if r.summary.get("tokens_per_s")]

@@ -36,7 +36,7 @@ def records(run_dir):
 
 def curve(run_dir):
     """What must survive any fault bit for bit: every step's losses and gradient norm, in order."""
-    return [(r["step"], r["train/loss"], r["grad/norm"], r.get("val/loss")) for r in records(run_dir)]
+    return [(r["step"], r.get("train/loss"), r.get("grad/norm"), r.get("val/loss")) for r in records(run_dir)]
 
 
 # -- --resume on every launch ------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def curve(run_dir):
 def test_resume_is_safe_on_every_launch(tmp_path, data_args, capsys):
     args = ["--name", "p", "--resume", "train.steps=8", "train.checkpoint_every=4", "train.eval_every=4"]
     assert run(tmp_path, data_args, *args) == 0  # no run directory: starts at step 0
-    assert [r["step"] for r in records(tmp_path / "p")] == list(range(1, 9))
+    assert [r["step"] for r in records(tmp_path / "p")] == list(range(0, 9))
     capsys.readouterr()
     assert run(tmp_path, data_args, *args) == 0  # finished: says so, touches nothing
     assert "already finished" in capsys.readouterr().err
@@ -99,7 +99,7 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     r = subprocess.run(cmd, cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]  # the same command, once more, finishes the run
     assert json.loads((tmp_path / "f" / "summary.json").read_text())["steps"] == 60
-    assert [r["step"] for r in records(tmp_path / "f")] == list(range(1, 61))  # none missing, none duplicated
+    assert [r["step"] for r in records(tmp_path / "f")] == list(range(0, 61))  # none missing, none duplicated
     assert curve(tmp_path / "f") == curve(tmp_path / "ref")
     print(f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing losses, "
           f"0 missing or duplicated steps")
@@ -143,7 +143,7 @@ def test_checkpoint_of_another_shape_and_torn_metrics(tmp_path, data_args, capsy
     with open(tmp_path / "s" / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "train/lo')
     assert train.main(["--name", "s", "--resume", f"log.out_dir={tmp_path}"]) == 0
-    assert [r["step"] for r in records(tmp_path / "s")] == list(range(1, 7))
+    assert [r["step"] for r in records(tmp_path / "s")] == list(range(0, 7))
 
 
 @pytest.mark.slow
@@ -216,7 +216,7 @@ def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
         first.send_signal(signal.SIGINT)
         first.wait(timeout=120)
     steps = [r["step"] for r in records(tmp_path / "same")]
-    assert steps == list(range(1, len(steps) + 1))
+    assert steps == list(range(0, len(steps)))
 
 
 @pytest.mark.slow
@@ -274,7 +274,7 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
     assert [e["status"] for e in index] == ["ok", "ok"] or all(e["status"] in ("ok", "plateau") for e in index)
     assert all(e["resumed"] for e in index)
     for run_dir in study_dir.glob("runs/*/"):
-        assert [r["step"] for r in records(run_dir)] == list(range(1, 201))
+        assert [r["step"] for r in records(run_dir)] == list(range(0, 201))
 
 
 @pytest.mark.slow
@@ -296,4 +296,4 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
     assert r.returncode == 0, r.stderr[-2000:]
     index = {e["name"]: e for e in json.loads((study_dir / "sweep.json").read_text())["runs"]}
     assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in ("ok", "plateau"), index
-    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(1, 201))
+    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(0, 201))

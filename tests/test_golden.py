@@ -22,7 +22,7 @@ def test_default_config_losses_are_unchanged(tmp_path):
     r = subprocess.run([sys.executable, *args, "--name", "g", f"log.out_dir={tmp_path}",
                         f"data.root={tmp_path / 'data'}"], cwd=train.REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    got = read_metrics(tmp_path / "g" / "metrics.jsonl")
+    got = [r for r in read_metrics(tmp_path / "g" / "metrics.jsonl") if r["step"] > 0]  # step 0: L0
     # bit for bit on the machine kind the numbers were recorded on (same fused-kernel build, same thread count:
     # matmul reductions split by thread); elsewhere the kernels may round differently, so within float32 noise
     threads = json.loads((tmp_path / "g" / "meta.json").read_text())["threads"]

@@ -167,7 +167,15 @@ def test_spike_detector_flags_an_injected_spike_only():
     assert spike_score(spiky[:20], 50, 5) is None  # too short to judge
 
 
-def test_outcome_classification():
-    assert classify(4.0, unigram_entropy=6.4, margin=0.25) == "ok"
-    assert classify(6.3, unigram_entropy=6.4, margin=0.25) == "plateau"
-    assert classify(float("nan"), 6.4, 0.25) == "diverged"
+def test_outcome_classification_on_the_whole_val_curve():
+    nan = float("nan")
+    judge = lambda curve: classify(curve, unigram_entropy=6.4, margin=0.25, init_loss=8.3, blowup_margin=0.5)  # noqa
+    assert judge([6.0, 5.0, 4.0]) == "ok"
+    assert judge([6.3, 6.25, 6.3]) == "plateau"  # never 0.25 below the unigram entropy
+    assert judge([6.0, 4.0, 4.4]) == "ok"  # a rise within the blow-up margin
+    assert judge([6.0, 3.5, 5.9]) == "unstable"  # learned, then ended 2.4 nats above its best
+    assert judge([6.0, 4.0, 8.5]) == "unstable"  # ended above L0
+    assert judge([6.0, 4.0, nan]) == "diverged" and judge([]) == "diverged"
+    # the old rule judged the final value only: a run that learned and blew back up to the unigram loss was a
+    # "plateau"; it is unstable now, and a plateau means it never learned
+    assert judge([6.0, 3.3, 6.3]) == "unstable"

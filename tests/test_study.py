@@ -93,14 +93,17 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
     assert runner.state(tmp_path / "s" / "runs" / "lr0.003-seq_len32") == "resume"
 
 
-def _write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0):
-    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}"])
+def _write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0,
+               step0: bool = True, placement: str = "pre"):
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}",
+                                              f"model.placement={placement}"])
     d = root / "runs" / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(to_yaml(cfg))
-    records = [{"step": s, "train/loss": l0 - s * 0.1, "grad/norm": 1.0 + s, "grad/norm/layer_0": 0.5,
-                "grad/norm/layer_1": 0.25, "act/rms/layer_0": 1.0 + s, "act/rms/layer_1": 2.0 + s,
-                "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
+    records = [{"step": 0, "val/loss": l0, "val/loss_se": 0.01}] if step0 else []
+    records += [{"step": s, "train/loss": l0 - s * 0.1, "grad/norm": 1.0 + s, "grad/norm/layer_0": 0.5,
+                 "grad/norm/layer_1": 0.25, "act/rms/layer_0": 1.0 + s, "act/rms/layer_1": 2.0 + s,
+                 "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (d / "summary.json").write_text(json.dumps({
         "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 2.6,
@@ -108,8 +111,13 @@ def _write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: s
         "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))
 
 
+def _arms(root):
+    keys, grouped = study_runs.group_arms(study_runs.find_runs([root]))
+    return keys, {label: stats.Arm(label, runs) for label, runs in grouped.items()}
+
+
 def test_compare_computes_hand_checkable_numbers(tmp_path):
-    rows = [  # arm rmsnorm: L0 = 5; clipped means 3.1, 2.1, 5.0 (diverged counts as L0)
+    rows = [  # arm rmsnorm: L0 = 5; v = 3.1, 2.1, 5.0 on average (diverged counts as L0)
         ("rmsnorm", 1e-3, [(3.0, "ok"), (3.2, "ok")]), ("rmsnorm", 1e-2, [(2.0, "ok"), (2.2, "ok")]),
         ("rmsnorm", 1e-1, [(None, "diverged"), (None, "diverged")]),
         # arm layernorm: 3.0, 2.5 (plateau), 6.0 clipped to L0 = 5.0
@@ -118,26 +126,63 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     for norm, lr, seeds in rows:
         for seed, (final, status) in enumerate(seeds):
             _write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, status, final)
-    keys, grouped = study_runs.group_arms(study_runs.find_runs([tmp_path]))
+    keys, arms = _arms(tmp_path)
     assert keys == ["model.norm"]
-    arms = {label: stats.Arm(label, runs) for label, runs in grouped.items()}
     rms, ln = arms["rmsnorm"], arms["layernorm"]
-    assert rms.l0 == pytest.approx(4.9)  # the first logged train loss
-    assert rms.clipped(1e-1) == pytest.approx(4.9) and rms.clipped(1e-3) == pytest.approx(3.1)
+    assert rms.l0 == pytest.approx(5.0)  # the step-0 val loss
+    assert rms.clipped(1e-1) == pytest.approx(5.0) and rms.clipped(1e-3) == pytest.approx(3.1)
     assert rms.best_lr == 1e-2 and ln.best_lr == 1e-2
-    assert rms.sensitivity == pytest.approx(((3.1 - 2.1) + 0 + (4.9 - 2.1)) / 3)
-    assert ln.sensitivity == pytest.approx(((3.0 - 2.5) + 0 + (4.9 - 2.5)) / 3)
+    # per seed: seed 0 v = 3.0, 2.0, 5.0 -> (1.0 + 0 + 3.0) / 3; seed 1 v = 3.2, 2.2, 5.0 -> (1.0 + 0 + 2.8) / 3
+    assert rms.sensitivity_per_seed() == pytest.approx({0: 4.0 / 3, 1: 3.8 / 3})
     assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-1
-    assert rms.outcomes() == {"ok": 4, "plateau": 0, "diverged": 2, "interrupted": 0, "failed": 0}
+    assert rms.outcomes() == {"ok": 4, "plateau": 0, "unstable": 0, "diverged": 2, "interrupted": 0, "failed": 0}
     assert ln.outcomes()["plateau"] == 2 and ln.tokens_per_s() == 1500.0
-    path = write_report([tmp_path], tmp_path / "out")
-    text = path.read_text()
-    assert "| rmsnorm | 0.01 | 2.100 +- 0.141 | 0.01 | 1.267 | 4 / 0 / 2 / 0 | 1.00 / 3.00 | 1,500 |" in text
-    assert "Lowest LR sensitivity: **layernorm** (0.967 nats); highest: **rmsnorm** (1.267)." in text
+    text = write_report([tmp_path], tmp_path / "out", margin=0.02).read_text()
+    assert "| rmsnorm | 0.01 | 2.000, 2.200 | 0.01 | 1.300 (" in text  # per-seed values, never a mean +- std
+    assert "| layernorm | rmsnorm | model.norm | 0.01 | 2 | +0.400 |" in text  # paired, seed by seed
     assert "**rmsnorm**: 2 diverged of 6 runs (at lr 0.1)." in text
     for fig in ("loss_curves", "grad_norm_curves", "stability_map", "grad_heatmaps", "act_rms_depth",
                 "attn_logit_max"):
         assert (tmp_path / "out" / f"{fig}.png").stat().st_size > 1000
+
+
+def _two_arms(root, finals_a, finals_b, lr=1e-2, status_a=None, status_b=None):
+    for seed, (fa, fb) in enumerate(zip(finals_a, finals_b, strict=True)):
+        _write_run(root, f"rms-{seed}", "rmsnorm", lr, seed, (status_a or ["ok"] * 9)[seed], fa)
+        _write_run(root, f"ln-{seed}", "layernorm", lr, seed, (status_b or ["ok"] * 9)[seed], fb)
+    return write_report([root], root / "out", margin=0.02).read_text()
+
+
+def _sentence(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"- {start}"))
+
+
+@pytest.mark.parametrize("case,finals_b,verdict", [
+    ("equivalent", [3.001, 3.198, 2.902, 3.101, 3.0], "equivalent within +-0.02"),
+    ("different", [3.10, 3.31, 3.0, 3.22, 3.09], ": different (TOST"),
+    ("inconclusive", [3.3, 2.9, 3.2, 2.8, 3.25], ": inconclusive (TOST"),
+])
+def test_report_sentences_on_constructed_runs(tmp_path, case, finals_b, verdict):
+    """Arms constructed with a known paired difference: the sentence states n, the CI and the test's verdict."""
+    text = _two_arms(tmp_path, [3.0, 3.2, 2.9, 3.1, 3.0], finals_b)
+    line = _sentence(text, "layernorm - rmsnorm (differ in model.norm) at lr 0.01:")
+    assert verdict in line and "n = 5 seeds" in line and "95% CI" in line and "minimum detectable" in line
+
+
+def test_report_on_bimodal_all_diverged_and_one_seed(tmp_path):
+    # bimodal: one seed learns, the other plateaus at the same LR -> said per seed, no mean is taken across them
+    text = _two_arms(tmp_path / "bi", [3.3, 5.9], [3.4, 5.8], status_a=["ok", "plateau"], status_b=["ok", "plateau"])
+    split = _sentence(text, "**rmsnorm** at lr 0.01 splits:")
+    assert "seed 0 ok 3.300" in split and "seed 1 plateau 5.900" in split and "no mean is taken" in split
+    assert "+-" not in text.split("## Paired comparisons")[0].split("| arm |")[1]  # the table has no mean +- std
+    # all diverged: both arms count as L0, the difference is 0 with no spread
+    text = _two_arms(tmp_path / "div", [None, None], [None, None], status_a=["diverged"] * 2,
+                     status_b=["diverged"] * 2)
+    assert "2 diverged of 2 runs" in text and "+0.000 nats" in text
+    # one seed: no CI, no verdict beyond inconclusive
+    text = _two_arms(tmp_path / "one", [3.0], [3.1])
+    line = _sentence(text, "layernorm - rmsnorm (differ in model.norm)")
+    assert "n = 1 seed: inconclusive" in line and "95% CI" not in line
 
 
 def test_compare_rejects_a_directory_without_runs(tmp_path, capsys):

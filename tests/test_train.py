@@ -42,10 +42,11 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
                                                    "checkpoints"}
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 41))
+    assert [r["step"] for r in records] == list(range(0, 41))
     per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
                  "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm/gain/layer_{i}", "attn/logit_max/layer_{i}"]
-    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "grad/norm", "grad/clipped",
+    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "grad/norm",
+              "grad/clipped",
               "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
     per_layer += [f"update/ratio/layer_{{i}}/{m}" for m in ("attention.wq", "attention.wk", "attention.wv",
                                                               "attention.wo", "feed_forward.w1", "feed_forward.w2",
@@ -119,7 +120,7 @@ def test_absurd_learning_rate_diverges_cleanly(tmp_path, data_args):
     records = read_metrics(tmp_path / "boom" / "metrics.jsonl")
     last = records[-1]
     assert last["step"] == summary["diverged_at"] and None in (last["train/loss"], last["grad/norm"])  # NaN -> null
-    assert all(r["train/loss"] is not None and r["grad/norm"] is not None for r in records[:-1])
+    assert all(r["train/loss"] is not None and r["grad/norm"] is not None for r in records[1:-1])  # 0: L0
 
 
 @pytest.mark.slow
@@ -139,7 +140,7 @@ def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
     assert summary["status"] == "interrupted" and state["step"] == summary["steps"] >= 5
     assert train.main(["--name", "c", "--resume", f"log.out_dir={tmp_path}",
                        f"train.steps={state['step'] + 3}"]) == 0
-    assert [r["step"] for r in read_metrics(metrics)] == list(range(1, state["step"] + 4))
+    assert [r["step"] for r in read_metrics(metrics)] == list(range(0, state["step"] + 4))
 
 
 @pytest.mark.slow
@@ -240,11 +241,16 @@ def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, data_args, capsys):
 @pytest.mark.slow
 def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, monkeypatch):
     """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
-    def nan_at_the_end(model, *args):  # eval_every > steps: called once, after the last step
+    real, calls = train.evaluate, []
+
+    def nan_at_the_end(model, *args):  # eval_every > steps: called at step 0 (L0), then after the last step
+        calls.append(1)
+        if len(calls) == 1:
+            return real(model, *args)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))  # the weights went bad in the last step
-        return float("nan")
+        return float("nan"), float("nan")
 
     monkeypatch.setattr(train, "evaluate", nan_at_the_end)
     code = run(tmp_path, data_args, "--name", "n", "train.steps=4", "train.eval_every=100")

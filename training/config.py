@@ -75,7 +75,8 @@ class LogConfig:
     wandb_project: str = "normlab"
     spike_window: int = 100  # trailing window of the spike detector (OLMo 2 uses 1000)
     spike_k: float = 5.0  # a spike is >= spike_k standard deviations from the window mean (OLMo 2: 7)
-    plateau_margin: float = 0.25  # nats: a final val loss this close to the unigram entropy is a plateau
+    plateau_margin: float = 0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
+    blowup_margin: float = 0.5  # nats: a run that learned and ended this far above its best val loss is unstable
 
 
 @dataclass
@@ -200,6 +201,8 @@ def validate(cfg: Config) -> Config:
 
         if not torch.cuda.is_available():
             raise ConfigError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
+    if cfg.log.plateau_margin < 0 or cfg.log.blowup_margin <= 0:
+        raise ConfigError("log.plateau_margin must be >= 0 and log.blowup_margin > 0")
     if cfg.log.spike_window < 2 or cfg.log.spike_k <= 0:
         raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
     try:

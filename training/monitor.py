@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-OUTCOMES = ("ok", "plateau", "diverged", "interrupted")
+OUTCOMES = ("ok", "plateau", "unstable", "diverged", "interrupted")
+FINISHED = ("ok", "plateau", "unstable", "diverged")  # results: a rerun never trains them again
 
 
 class SpikeDetector:
@@ -50,11 +51,21 @@ def is_finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def classify(final_val_loss: float | None, unigram_entropy: float | None, margin: float) -> str:
-    """'plateau' when a finished run's val loss never got `margin` nats below the unigram entropy of its
-    training data (it learned token frequencies and nothing more), else 'ok'."""
-    if final_val_loss is None or not math.isfinite(final_val_loss):
+def classify(val_losses: list[float], unigram_entropy: float | None, margin: float, init_loss: float | None = None,
+             blowup_margin: float = math.inf) -> str:
+    """The outcome of a finished run, judged on its whole val curve (evals after step 0, in order):
+    - 'diverged': the final val loss is missing or non-finite;
+    - 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it learned token
+      frequencies and nothing more);
+    - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above the loss at
+      initialization (init_loss, the step-0 val loss);
+    - 'ok': learned and kept it."""
+    if not val_losses or val_losses[-1] is None or not math.isfinite(val_losses[-1]):
         return "diverged"
-    if unigram_entropy is not None and final_val_loss > unigram_entropy - margin:
+    finite = [v for v in val_losses if v is not None and math.isfinite(v)]
+    final, best = val_losses[-1], min(finite)
+    if unigram_entropy is not None and best > unigram_entropy - margin:
         return "plateau"
+    if final - best > blowup_margin or (init_loss is not None and final > init_loss):
+        return "unstable"
     return "ok"

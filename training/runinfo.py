@@ -129,12 +129,16 @@ def series(records: list[dict], key: str) -> list[float]:
 def summarize(records: list[dict], status: str, steps_done: int, total_steps: int, diverged_at: int | None,
               unigram_entropy: float | None, spike_window: int, spike_k: float, wall_time_s: float) -> dict:
     """summary.json, derived from the run's metrics records."""
-    val = series(records, "val/loss")
+    val = series([r for r in records if r["step"] > 0], "val/loss")  # step 0 is L0, before any training
+    val_se = series([r for r in records if r["step"] > 0], "val/loss_se")
+    init = [r.get("val/loss") for r in records if r["step"] == 0]
     tps = sorted(series(records, "train/tokens_per_s")[1:])  # the first step pays for warm-up / compilation
     return {
         "status": status, "steps": steps_done, "total_steps": total_steps, "diverged_at": diverged_at,
         "final_val_loss": val[-1] if val and status != "diverged" else None,
+        "final_val_loss_se": val_se[-1] if val_se and status != "diverged" else None,
         "best_val_loss": min(val) if val else None,
+        "init_val_loss": init[0] if init else None,
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,
         "spike_score/loss": spike_score(series(records, "train/loss"), spike_window, spike_k),
