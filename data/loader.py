@@ -107,7 +107,8 @@ def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: 
     """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across ranks
     (window i goes to rank i % world_size), as an iterator of (x, y) batches of at most batch_size.
     Too little data raises DataError here, when called, not at the first batch."""
-    n = min(max(1, max_tokens // seq_len), (len(tokens) - 1) // seq_len)
+    available = (len(tokens) - 1) // seq_len
+    n = available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)  # 0: the whole split
     if n < 1:
         raise DataError(f"{len(tokens)} val tokens are too few for one window of seq_len={seq_len}")
     mine = list(range(rank, n, world_size))

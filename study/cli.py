@@ -10,6 +10,7 @@ from pathlib import Path
 
 from data.sources import DataError
 from study.grid import expand, load_study
+from study.refine import refined_runs
 from study.report import write_report
 from study.runner import REPO, run_study
 from training.config import ConfigError
@@ -81,6 +82,13 @@ def sweep(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         counts = run_study(study, runs, study_dir, a.workers)
+        if counts is not None and study.get("refine"):  # stage 2: more seeds at each arm's best LR and neighbours
+            lrs, more = refined_runs(study, runs, study_dir, a.set)
+            print(f"refine: lr {', '.join(f'{x:g}' for x in lrs)} x seeds {study['refine']['seeds']}: "
+                  f"{len(more)} more runs", file=sys.stderr)
+            stage2 = run_study(study, runs + more, study_dir, a.workers)
+            counts = None if stage2 is None else {k: counts.get(k, 0) + stage2.get(k, 0)
+                                                  for k in {*counts, *stage2}}
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

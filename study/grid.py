@@ -14,7 +14,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
            "seeds": "train.seed"}
 
 
-STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin"}
+STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin", "refine"}
 
 
 
@@ -43,6 +43,15 @@ def load_study(path: Path) -> dict:
         value = study.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
+    refine = study.get("refine")
+    if refine is not None:
+        if not isinstance(refine, dict) or set(refine) - {"seeds", "neighbours"} or \
+                not isinstance(refine.get("seeds"), list) or not refine["seeds"] or \
+                not isinstance(refine.get("neighbours", 1), int) or refine.get("neighbours", 1) < 0:
+            raise ConfigError(f"{path}: refine must be a mapping {{seeds: [list of seeds], neighbours: int >= 0}}")
+        if "optim.lr" not in grid or "train.seed" not in grid:
+            raise ConfigError(f"{path}: refine needs lr and seed axes in the grid (it adds seeds around each arm's "
+                              f"best lr)")
     study["name"] = study.get("name") or path.stem
     study["config"] = str((path.parent / study.get("config", "default.yaml")).resolve())
     return study

@@ -23,9 +23,10 @@ def test_default_study_grid_expands_as_specified():
         combos.add((cfg.model.norm, cfg.model.placement, cfg.optim.lr, cfg.train.seed))
         assert cfg.model.dim == 64 and cfg.train.steps == 500  # the study's overrides reach every run
     lrs = {c[2] for c in combos}
-    assert len(runs) == len(combos) == 40 and len({r["name"] for r in runs}) == 40
+    assert len(runs) == len(combos) == 20 and len({r["name"] for r in runs}) == 20  # stage 1: one seed
     assert {c[0] for c in combos} == {"rmsnorm", "layernorm"} and {c[1] for c in combos} == {"pre", "post"}
-    assert len(lrs) >= 5 and min(lrs) == 1e-3 and max(lrs) == 1e-1 and {c[3] for c in combos} == {0, 1}
+    assert len(lrs) >= 5 and min(lrs) == 1e-3 and max(lrs) == 1e-1 and {c[3] for c in combos} == {0}
+    assert study["refine"] == {"seeds": [0, 1, 2, 3, 4], "neighbours": 1} and study["equivalence_margin"] == 0.02
     assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
 
 
@@ -188,3 +189,25 @@ def test_report_on_bimodal_all_diverged_and_one_seed(tmp_path):
 def test_compare_rejects_a_directory_without_runs(tmp_path, capsys):
     assert cli.compare([str(tmp_path)]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_refine_adds_seeds_at_each_arms_best_lr_and_neighbours(tmp_path):
+    """Stage 2 of a study, chosen from constructed stage-1 runs: rmsnorm is best at 1e-2, layernorm at 1e-3."""
+    from study.refine import refined_runs
+
+    for lr, rms, ln in [(1e-3, 3.0, 2.0), (1e-2, 2.0, 3.0), (1e-1, 4.0, 4.0), (1.0, 4.5, 4.5)]:
+        _write_run(tmp_path, f"rms-{lr}", "rmsnorm", lr, 0, "ok", rms)
+        _write_run(tmp_path, f"ln-{lr}", "layernorm", lr, 0, "ok", ln)
+    bad = tmp_path / "s.yaml"
+    bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{lr: [0.1]}}\nrefine: {{seeds: [0, 1]}}\n")
+    with pytest.raises(ConfigError, match="refine needs lr and seed axes"):
+        grid.load_study(bad)
+    good = tmp_path / "t.yaml"
+    good.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [1.0e-3, 1.0e-2, "
+                    f"1.0e-1, 1.0], seed: [0]}}\nrefine: {{seeds: [0, 1, 2], neighbours: 1}}\n")
+    study = grid.load_study(good)
+    first = grid.expand(study)
+    lrs, more = refined_runs(study, first, tmp_path)
+    assert lrs == [1e-3, 1e-2, 1e-1]  # rmsnorm: 1e-3..1e-1 around 1e-2; layernorm: 1e-3, 1e-2 around 1e-3
+    assert len(more) == 2 * 3 * 2  # 2 arms x 3 LRs x the 2 new seeds (seed 0 ran in stage 1)
+    assert {r["name"] for r in more}.isdisjoint({r["name"] for r in first})

@@ -58,7 +58,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
     eval_every: int = 100  # steps between validation evals (and always at the end)
-    eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin
+    eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
     checkpoint_every: int = 200  # steps between checkpoints (and always at the end); 0 = only at the end
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
@@ -176,11 +176,12 @@ def validate(cfg: Config) -> Config:
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
     positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
-                "train.eval_tokens": t.eval_tokens, "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr}
+                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
-    nonneg = {"train.micro_batch_size": t.micro_batch_size, "train.checkpoint_every": t.checkpoint_every,
+    nonneg = {"train.eval_tokens": t.eval_tokens, "train.micro_batch_size": t.micro_batch_size,
+              "train.checkpoint_every": t.checkpoint_every,
               "train.stop_at": t.stop_at, "train.threads": t.threads, "train.z_loss": t.z_loss,
               "optim.warmup_steps": cfg.optim.warmup_steps, "optim.schedule_steps": cfg.optim.schedule_steps,
               "optim.weight_decay": cfg.optim.weight_decay,
