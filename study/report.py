@@ -64,6 +64,21 @@ def _ci(ci) -> str:
     return "no CI" if ci is None else f"{ci[0]:.3f}..{ci[1]:.3f}"
 
 
+def wall_span(runs) -> float | None:
+    """Seconds from the earliest run start (meta.json) to the latest run end (start + summary wall time)."""
+    import time as _time
+
+    spans = []
+    for r in runs:
+        try:
+            meta = json.loads((r.path / "meta.json").read_text())
+            start = _time.mktime(_time.strptime(meta["started"][:19], "%Y-%m-%dT%H:%M:%S"))
+        except (OSError, ValueError, KeyError):
+            continue
+        spans.append((start, start + float(r.summary.get("wall_time_s") or 0)))
+    return max(e for _, e in spans) - min(s for s, _ in spans) if spans else None
+
+
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
 
 
@@ -120,8 +135,10 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
     steps = runs[0].config.get("train.steps")
     l0_kind = ("the val loss at step 0, before the first update" if all(r.init_kind == "val" for r in runs)
                else "the first train loss (these runs predate the step-0 eval)")
+    span = wall_span(runs)
     lines = [f"# Stability report: {', '.join(p.name for p in paths)}", "",
-             f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(keys) or 'nothing'}); learning rates "
+             (f"Wall time: {span / 60:.1f} min from the first run's start to the last run's end. " if span else "")
+             + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(keys) or 'nothing'}); learning rates "
              f"{', '.join(f'{x:g}' for x in lrs)}; seeds {', '.join(map(str, seeds))}; {steps} steps per run.", "",
              "Outcomes, judged on the whole val curve: `ok` learned and kept it; `plateau` no eval got "
              "`log.plateau_margin` nats below the unigram entropy (learned token frequencies only); `unstable` "

@@ -22,7 +22,7 @@ SLOW = {
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~1 min)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~2 min)",
     "torchrun --nproc_per_node 2 train.py": "the default model in two processes (~4 min)",
-    "python scripts/sweep.py configs/study.yaml": "40 runs (~16 min)",
+    "python scripts/sweep.py configs/study.yaml": "68 runs in two stages (~12 min)",
     "python scripts/compare.py studies/norm-placement-lr": "needs the 40-run study above",
 }
 

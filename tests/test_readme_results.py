@@ -1,0 +1,68 @@
+"""scripts/readme_results.py writes the README's Results blocks from the study reports (never by hand)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+REPORT = """# Stability report: s
+
+Wall time: 1.5 min from the first run's start to the last run's end. 4 runs in 2 arms (arms differ in: model.norm).
+
+Outcomes, judged on the whole val curve: ...
+
+| arm | best LR | v at best LR, per seed | max LR with all seeds ok |
+|---|---|---|---|
+| rmsnorm | 0.003 | 3.000, 3.100 | 0.01 |
+| layernorm | 0.003 | 3.010, 3.090 | 0.01 |
+
+## Paired comparisons
+
+| A | B | differ in | lr | n | A - B |
+|---|---|---|---|---|---|
+| layernorm | rmsnorm | model.norm | 0.003 | 2 | +0.000 |
+
+## What the numbers show
+
+- layernorm - rmsnorm (differ in model.norm) at lr 0.003: +0.000 nats (95% CI -0.1..+0.1, n = 2 seeds): inconclusive.
+
+## Figures
+"""
+
+
+def _run(readme):
+    return subprocess.run([sys.executable, "scripts/readme_results.py", "--readme", str(readme)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_results_block_is_generated_from_the_report(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "report.md").write_text(REPORT)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Results\n\n<!-- results: results/report.md -->\nstale text\n"
+                      "<!-- /results -->\n\nafter\n")
+    r = _run(readme)
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    assert "stale text" not in text and text.endswith("<!-- /results -->\n\nafter\n")
+    assert "Wall time: 1.5 min" in text and "| rmsnorm | 0.003 | 3.000, 3.100 | 0.01 |" in text
+    assert "- layernorm - rmsnorm (differ in model.norm) at lr 0.003:" in text and "| A | B |" not in text
+    before = text
+    assert _run(readme).returncode == 0 and readme.read_text() == before  # idempotent
+
+
+def test_a_missing_report_is_one_line(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results: nope/report.md -->\n<!-- /results -->\n")
+    r = _run(readme)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_readme_results_are_what_the_script_writes(tmp_path):
+    """The committed README holds exactly what the script generates from the committed reports."""
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    (tmp_path / "docs").symlink_to(REPO / "docs")
+    assert _run(readme).returncode == 0
+    assert readme.read_text() == (REPO / "README.md").read_text()
