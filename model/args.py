@@ -26,6 +26,8 @@ class ModelArgs:
     max_seq_len: int = 256
     tie_embeddings: bool = False
     init_std: float = 0.02
+    init_residual: str = "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
+    init_embedding_std: float | None = None  # None -> init_std (Takase et al. 2023 study larger embeddings)
 
     @property
     def head_dim(self) -> int:
@@ -65,7 +67,14 @@ class ModelArgs:
             raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
         if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
+        if self.init_embedding_std is not None and self.init_embedding_std < 0:
+            raise ValueError(f"model.init_embedding_std must be >= 0 or null, got {self.init_embedding_std}")
+        lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         return self
+
+
+# how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
+RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain": lambda n_layers: 1.0}
 
 
 def lookup(registry: dict, name: str, kind: str):

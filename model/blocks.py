@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from model.args import ModelArgs, lookup
+from model.args import RESIDUAL_INITS, ModelArgs, lookup
 from model.layers import Attention, FeedForward, Rope
 from model.norms import build_norm
 
@@ -29,17 +27,19 @@ class Block(nn.Module):
         self.attention_norm = _norm(args)
         self.ffn_norm = _norm(args)
 
-    def reset_parameters(self, init_std: float, n_layers: int) -> None:
+    def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
         """Every matrix ~ N(0, init_std^2), the residual projections (wo, w2) with init_std / sqrt(2 n_layers) so
-        the stream's variance does not grow with depth (GPT-2); norms reset themselves (gain 1, bias 0).
+        the stream's variance does not grow with depth (GPT-2; `residual="plain"`: init_std, as Xiong et al. 2020
+        study Post-LN); norms reset themselves (gain 1, bias 0).
 
         Only matrices draw random numbers, in the order they are registered, so blocks that differ only in their
         norm or its placement start from identical weights for the same seed. A placement with its own init
         rule (e.g. DeepNorm's beta) overrides this method."""
+        scale = lookup(RESIDUAL_INITS, residual, "init_residual")(n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                residual = name in ("attention.wo", "feed_forward.w2")
-                nn.init.normal_(module.weight, 0.0, init_std / math.sqrt(2 * n_layers) if residual else init_std)
+                is_residual = name in ("attention.wo", "feed_forward.w2")
+                nn.init.normal_(module.weight, 0.0, init_std * scale if is_residual else init_std)
             elif module is not self and hasattr(module, "reset_parameters"):  # norms
                 module.reset_parameters()
 

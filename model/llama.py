@@ -64,10 +64,10 @@ class Llama(nn.Module):
         """The embedding and the output head ~ N(0, init_std^2); each block initializes its own parameters
         (Block.reset_parameters); the final norm resets itself. The order of random draws (embedding, blocks in
         order, head) makes models that differ only in their norm or placement start from identical weights."""
-        std = self.args.init_std
-        nn.init.normal_(self.tok_embeddings.weight, 0.0, std)
+        std, emb = self.args.init_std, self.args.init_embedding_std
+        nn.init.normal_(self.tok_embeddings.weight, 0.0, std if emb is None else emb)
         for layer in self.layers:
-            layer.reset_parameters(std, self.args.n_layers)
+            layer.reset_parameters(std, self.args.n_layers, self.args.init_residual)
         if hasattr(self.norm, "reset_parameters"):
             self.norm.reset_parameters()
         if not self.args.tie_embeddings:

@@ -157,12 +157,14 @@ def _one_line(e: OmegaConfBaseException) -> str:
 def validate(cfg: Config) -> Config:
     """Check choices and ranges, and derive the fields other sections determine."""
     from data.sources import DataError, parse_source
+    from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
     from model.norms import NORM_IMPLS, NORMS
     from model.ops import OPS_IMPLS
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
-               "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS)}
+               "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
+               "model.init_residual": tuple(RESIDUAL_INITS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:

@@ -1,0 +1,42 @@
+"""Init switches (residual scaling, embedding std) and scripts/init_grads.py at toy size."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import Llama, ModelArgs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _std(t: torch.Tensor) -> float:
+    return t.float().std().item()
+
+
+def test_residual_scaling_and_embedding_std():
+    base = dict(dim=128, n_layers=8, n_heads=4, vocab_size=512, max_seq_len=16, init_std=0.02)
+    torch.manual_seed(0)
+    scaled = Llama(ModelArgs(**base))
+    torch.manual_seed(0)
+    plain = Llama(ModelArgs(**base, init_residual="plain", init_embedding_std=1.0))
+    wo_scaled, wo_plain = _std(scaled.layers[3].attention.wo.weight), _std(plain.layers[3].attention.wo.weight)
+    assert wo_scaled == pytest.approx(0.02 / math.sqrt(16), rel=0.05) and wo_plain == pytest.approx(0.02, rel=0.05)
+    assert _std(plain.layers[3].attention.wq.weight) == pytest.approx(0.02, rel=0.05)
+    assert _std(plain.tok_embeddings.weight) == pytest.approx(1.0, rel=0.05)
+    assert _std(scaled.tok_embeddings.weight) == pytest.approx(0.02, rel=0.05)
+    with pytest.raises(ValueError, match="unknown init_residual 'xavier'; valid: plain, scaled"):
+        ModelArgs(**base, init_residual="xavier").check()
+
+
+@pytest.mark.slow
+def test_init_grads_script_prints_its_table_and_figure(tmp_path):
+    r = subprocess.run([sys.executable, "scripts/init_grads.py", "--depths", "2", "3", "--dim", "16", "--batch", "2",
+                        "--seq", "8", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| default |") or line.startswith("| xiong |")]
+    assert len(rows) == 2 * 7 * 2  # inits x (3 placements x 2 norms + pre/none) x depths
+    assert (tmp_path / "init_grads.png").stat().st_size > 10_000
