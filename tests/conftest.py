@@ -1,3 +1,4 @@
+import json
 import os
 import random
 
@@ -39,3 +40,11 @@ def prepared(corpus_file, tmp_path_factory):
 
     return prepare(f"text:{corpus_file}", vocab_size=320, val_fraction=0.1,
                    root=tmp_path_factory.mktemp("prepared"), verbose=False)
+
+
+@pytest.fixture
+def data_args(prepared):
+    """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
+    meta = json.loads((prepared / "meta.json").read_text())
+    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
+            "data.val_fraction=0.1"]

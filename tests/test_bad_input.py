@@ -78,19 +78,10 @@ def test_bad_config_files(tmp_path, capsys, case, text, args, must_say):
 
 
 @pytest.mark.parametrize("override,must_say", FIELDS, ids=[f[0] for f in FIELDS])
-def test_bad_fields(tmp_path, capsys, data_root, override, must_say):
-    code = train.main(["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", *data_root, override])
+def test_bad_fields(tmp_path, capsys, data_args, override, must_say):
+    code = train.main(["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", *data_args, override])
     _one_line(capsys, code, must_say)
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.fixture
-def data_root(prepared):
-    import json
-
-    meta = json.loads((prepared / "meta.json").read_text())
-    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
-            "data.val_fraction=0.1"]
 
 
 @pytest.mark.parametrize("case,content,must_say", SOURCES, ids=[s[0] for s in SOURCES])

@@ -1,6 +1,5 @@
 """scripts/export_hf.py: a run exported for transformers loads back with the same logits and tokens."""
 
-import json
 import subprocess
 import sys
 
@@ -13,13 +12,6 @@ from training.runinfo import load_run
 
 transformers = pytest.importorskip("transformers")
 TINY = str(train.REPO / "configs" / "tiny.yaml")
-
-
-@pytest.fixture
-def data_args(prepared):
-    meta = json.loads((prepared / "meta.json").read_text())
-    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
-            "data.val_fraction=0.1"]
 
 
 def _export(run_dir, out):

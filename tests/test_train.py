@@ -18,14 +18,6 @@ from training.runinfo import read_metrics
 TINY = str(train.REPO / "configs" / "tiny.yaml")
 
 
-@pytest.fixture
-def data_args(prepared):
-    """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
-    meta = json.loads((prepared / "meta.json").read_text())
-    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
-            "data.val_fraction=0.1"]
-
-
 def run(tmp_path, data_args, *args):
     return train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, *args])
 
