@@ -44,7 +44,7 @@ from model.blocks import BLOCKS
 from model.norms import NORMS
 from training import distributed, faults
 from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
-from training.config import Config, ConfigError, load_config, to_dict, to_yaml
+from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
 from training.cpu import tune_cpu
 from training.logger import Logger
 from training.metrics import StabilityProbe
@@ -91,7 +91,7 @@ def resumed_config(saved: Path, given: Config | None, overrides: list[str], flag
     same command) must agree with the saved run on everything outside RESUMABLE."""
     changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
     if given is not None:
-        before, now = _flat(to_dict(load_config(saved))), _flat(to_dict(given))
+        before, now = flat(to_dict(load_config(saved))), flat(to_dict(given))
         differ = [k for k in now if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
         if differ:
             raise ConfigError(f"--resume: the command's config differs from the saved {saved} in {differ[0]} "
@@ -105,13 +105,6 @@ def resumed_config(saved: Path, given: Config | None, overrides: list[str], flag
     if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
         flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
     return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -66,13 +67,11 @@ def _ci(ci) -> str:
 
 def wall_span(runs) -> float | None:
     """Seconds from the earliest run start (meta.json) to the latest run end (start + summary wall time)."""
-    import time as _time
-
     spans = []
     for r in runs:
         try:
             meta = json.loads((r.path / "meta.json").read_text())
-            start = _time.mktime(_time.strptime(meta["started"][:19], "%Y-%m-%dT%H:%M:%S"))
+            start = time.mktime(time.strptime(meta["started"][:19], "%Y-%m-%dT%H:%M:%S"))
         except (OSError, ValueError, KeyError):
             continue
         spans.append((start, start + float(r.summary.get("wall_time_s") or 0)))

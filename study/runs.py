@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from training import monitor
+from training.config import flat
 from training.runinfo import RunDir, series
 
 IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
@@ -71,16 +72,6 @@ class Run:
         return min(self.final, l0) if l0 is not None else self.final
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def find_runs(paths: list[Path]) -> list[Run]:
     """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder."""
     dirs = []
@@ -94,7 +85,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
     for d in dirs:
         run = RunDir(d)
         summary = run.read_summary() or {"status": "failed"}  # crashed before writing its summary
-        config = _flat(OmegaConf.to_container(OmegaConf.load(run.config)))
+        config = flat(OmegaConf.to_container(OmegaConf.load(run.config)))
         runs.append(Run(d.name, d, config, summary, run.records()))
     return runs
 

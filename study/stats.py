@@ -14,11 +14,6 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
-def _std(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.stdev(xs) if len(xs) > 1 else None
-
-
 @dataclass
 class Arm:
     label: str
@@ -34,23 +29,13 @@ class Arm:
         return [r for r in self.runs if r.lr == lr]
 
     def clipped(self, lr: float) -> float | None:
-        """Mean over seeds of min(L(lr), L0); a run that diverged counts as L0."""
-        if self.l0 is None:
-            return None
-        vals = [min(r.final, self.l0) if r.final is not None else self.l0
-                for r in self.at(lr) if r.status in ("ok", "plateau", "diverged")]
-        return _mean(vals)
+        """Mean over seeds of v = min(L(lr), L0) (Run.value; a diverged run counts as its L0)."""
+        return _mean(list(self.per_seed(lr).values()))
 
     @property
     def best_lr(self) -> float | None:
         scored = [(self.clipped(lr), lr) for lr in self.lrs if self.clipped(lr) is not None]
         return min(scored)[1] if scored else None
-
-    @property
-    def sensitivity(self) -> float | None:
-        vals = [self.clipped(lr) for lr in self.lrs]
-        vals = [v for v in vals if v is not None]
-        return statistics.fmean(v - min(vals) for v in vals) if vals else None
 
     @property
     def max_lr_ok(self) -> float | None:
@@ -70,13 +55,6 @@ class Arm:
             if vals and all(v is not None for v in vals):
                 out[seed] = statistics.fmean(v - min(vals) for v in vals)
         return out
-
-    def max_lr_trains(self) -> float | None:
-        """The largest LR at which every seed finished `ok` (per-seed outcomes, not a mean)."""
-        return self.max_lr_ok
-
-    def finals(self, lr: float) -> list[float]:
-        return [r.final for r in self.at(lr) if r.final is not None]
 
     def outcomes(self) -> dict[str, int]:
         counts = {o: 0 for o in OUTCOMES}

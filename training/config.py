@@ -215,6 +215,14 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def flat(d: dict, prefix: str = "") -> dict:
+    """{'train': {'steps': 5}} -> {'train.steps': 5}: a nested config dict keyed by dotted field names."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
