@@ -51,7 +51,7 @@ from training.metrics import StabilityProbe
 from training.monitor import classify
 from training.optim import build_optimizer, lr_at
 from training.runinfo import RunDir, run_meta, summarize, truncate_metrics, write_json, write_text
-from training.step import Every, StepParts, no_clip, train_step
+from training.step import Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 REPO = Path(__file__).resolve().parent
@@ -262,12 +262,13 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             print(f"run {run.path} already finished ({run.status()}); nothing to do (pass train.steps=N to "
                   f"train further)", file=sys.stderr)
         return EXIT_OK
-    start_step, notes = (resume_state if how == "resume" else start_state)(run, cfg, d, model, opt, data,
+    scaler = scaler_for(d.device, tc.dtype)
+    start_step, notes = (resume_state if how == "resume" else start_state)(run, cfg, d, model, opt, scaler, data,
                                                                            {"kernels": kernels, "cpu": cpu})
     parts = StepParts(model, ddp := DistributedDataParallel(model) if d.world_size > 1 else model,
                       torch.compile(ddp) if tc.compile else ddp, opt, data.micro, data.accum, d.world_size, d.device,
-                      torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16"),
-                      tc.z_loss, no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len)
+                      autocast_for(d.device, tc.dtype), tc.z_loss, no_clip(cfg.optim.grad_clip),
+                      tc.batch_size * tc.seq_len, scaler)
     logger = Logger(run.path if d.is_master else None, run.name, tc.steps, start_step, cfg.log.wandb,
                     cfg.log.wandb_project, to_dict(cfg))
     announce(logger, run, cfg, d, model, data, kernels, notes, start_step)
@@ -303,7 +304,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             stop_now = (planned_stop or distributed.any_rank(stop.requested, d.device)) and done < tc.steps
             # a checkpoint on its cadence, at the last step and before stopping
             if checkpoints.due(done) or stop_now:
-                save_state(run, cfg, d, model, opt, data.loader, done)
+                save_state(run, cfg, d, model, opt, data.loader, done, scaler)
             if stop_now:
                 status = "interrupted"
                 why = f"train.stop_at={done}" if planned_stop else "interrupted"
@@ -347,12 +348,15 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
     return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro)
 
 
-def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data: Data, machine: dict):
-    """Restore the newest readable checkpoint into model, optimizer, loader and RNG; (its step, notes)."""
+def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
+    """Restore the newest readable checkpoint into model, optimizer, loss scaler, loader and RNG; (its step,
+    notes)."""
     state, fallback = load_latest(run.checkpoint)
     try:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
+        if scaler.is_enabled() and "scaler" in state:
+            scaler.load_state_dict(state["scaler"])
         data.loader.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
         step = state["step"]
@@ -371,7 +375,7 @@ def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data
     return step, [n for n in (fallback, resumed["note"]) if n]
 
 
-def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data: Data, machine: dict):
+def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
     """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
     validated before: only now does the run directory appear."""
     notes = []
@@ -388,12 +392,14 @@ def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, data:
     return 0, notes
 
 
-def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int) -> None:
-    """The full training state after `step` (rank 0 writes it; DDP replicas are identical)."""
+def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler) -> None:
+    """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
+    scale too, so a resumed run scales its next step as the uninterrupted one would."""
     if d.is_master:
         save_checkpoint(run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                          "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-                                         "schedule_steps": cfg.optim.schedule_steps})
+                                         "schedule_steps": cfg.optim.schedule_steps,
+                                         **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
 
 
 def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, kernels: dict,

@@ -20,7 +20,9 @@ class ModelArgs:
     ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
-    placement: str = "pre"  # pre | post | peri
+    norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
+    placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
+    linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
     qk_norm: bool = False  # the model's norm applied per head to q and k
     rope_theta: float = 10000.0
     max_seq_len: int = 256
@@ -28,6 +30,7 @@ class ModelArgs:
     init_std: float = 0.02
     init_residual: str = "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
     init_embedding_std: float | None = None  # None -> init_std (Takase et al. 2023 study larger embeddings)
+    init_embedding_mean: float = 0.0  # != 0: every token's features start shifted by this (a mean shift)
 
     @property
     def head_dim(self) -> int:
@@ -70,6 +73,8 @@ class ModelArgs:
         if self.init_embedding_std is not None and self.init_embedding_std < 0:
             raise ValueError(f"model.init_embedding_std must be >= 0 or null, got {self.init_embedding_std}")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
+        if self.norm_precision not in ("float32", "autocast"):  # model/norms.py NORM_PRECISIONS (torch-free here)
+            raise ValueError(f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32")
         return self
 
 

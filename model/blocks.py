@@ -11,7 +11,7 @@ from model.norms import build_norm
 
 
 def _norm(args: ModelArgs) -> nn.Module:
-    return build_norm(args.norm, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
+    return build_norm(args.norm, args.dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
 
 
 class Block(nn.Module):
@@ -40,6 +40,8 @@ class Block(nn.Module):
             if isinstance(module, nn.Linear):
                 is_residual = name in ("attention.wo", "feed_forward.w2")
                 nn.init.normal_(module.weight, 0.0, init_std * scale if is_residual else init_std)
+                if module.bias is not None:  # model.linear_bias: zero, as GPT-2 (no random draws)
+                    nn.init.zeros_(module.bias)
             elif module is not self and hasattr(module, "reset_parameters"):  # norms
                 module.reset_parameters()
 
@@ -75,7 +77,45 @@ class PeriNormBlock(Block):
         return h + self.ffn_out_norm(self.feed_forward(self.ffn_norm(h)))
 
 
-BLOCKS: dict[str, type[Block]] = {"pre": PreNormBlock, "post": PostNormBlock, "peri": PeriNormBlock}
+class ReorderedNormBlock(Block):
+    """h = x + norm(f(x)) for f = attention, then feed-forward: the norm moved onto the sublayer's output, the
+    stream left unnormalized (OLMo 2, Team OLMo 2024; Swin Transformer v2's res-post-norm). `attention_norm` and
+    `ffn_norm` therefore see sublayer outputs here, not the stream."""
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = x + self.attention_norm(self.attention(x, rope))
+        return h + self.ffn_norm(self.feed_forward(h))
+
+
+class DeepNormBlock(Block):
+    """h = norm(alpha x + f(x)), alpha = (2N)^(1/4) for N layers, with wv, wo, w1, w2, w3 drawn with std
+    init_std * beta, beta = (8N)^(-1/4) (DeepNet, Wang et al. 2022, decoder-only constants). Post-norm whose
+    residual branch is up-weighted so each update moves the stream less; beta replaces init_residual."""
+
+    final_norm = False
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.alpha = (2 * args.n_layers) ** 0.25
+
+    def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
+        beta = (8 * n_layers) ** -0.25
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):  # same draws as Block's (normal_ scales one stream of numbers)
+                scaled = name not in ("attention.wq", "attention.wk")
+                nn.init.normal_(module.weight, 0.0, init_std * beta if scaled else init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = self.attention_norm(self.alpha * x + self.attention(x, rope))
+        return self.ffn_norm(self.alpha * h + self.feed_forward(h))
+
+
+BLOCKS: dict[str, type[Block]] = {"pre": PreNormBlock, "post": PostNormBlock, "peri": PeriNormBlock,
+                                  "reordered": ReorderedNormBlock, "deepnorm": DeepNormBlock}
 
 
 def build_block(args: ModelArgs, layer_id: int) -> Block:

@@ -37,22 +37,25 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
-        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
+        bias = args.linear_bias
+        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
         # qk-norm: the model's norm over each head's q and k bounds the attention logits.
         qk = args.norm if args.qk_norm else "none"
-        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl)
-        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl)
+        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
+        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""
         B, T, _ = x.shape
         heads = [self.n_heads, self.n_kv_heads] + ([self.n_kv_heads] if values else [])
-        weights = [self.wq.weight, self.wk.weight] + ([self.wv.weight] if values else [])
+        linears = [self.wq, self.wk] + ([self.wv] if values else [])
+        bias = torch.cat([m.bias for m in linears]) if self.wq.bias is not None else None
         # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
-        q, k, *v = F.linear(x, torch.cat(weights)).split([h * self.head_dim for h in heads], dim=-1)
+        q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
+            [h * self.head_dim for h in heads], dim=-1)
         q = apply_rope(self.q_norm(q.view(B, T, self.n_heads, self.head_dim)), rope).transpose(1, 2)
         k = apply_rope(self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)), rope).transpose(1, 2)
         return q, k, v[0].view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) if v else None
@@ -74,9 +77,9 @@ class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         hidden = args.ffn_hidden_dim
-        self.w1 = nn.Linear(args.dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, args.dim, bias=False)
-        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+        self.w1 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
+        self.w2 = nn.Linear(hidden, args.dim, bias=args.linear_bias)
+        self.w3 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
         self.swiglu = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").swiglu  # silu(a) * b, maybe fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ class Llama(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(build_block(args, i) for i in range(args.n_layers))
         final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
-        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl)
+        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cross_entropy = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").cross_entropy
         if args.tie_embeddings:
@@ -61,11 +61,13 @@ class Llama(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
-        """The embedding and the output head ~ N(0, init_std^2); each block initializes its own parameters
-        (Block.reset_parameters); the final norm resets itself. The order of random draws (embedding, blocks in
-        order, head) makes models that differ only in their norm or placement start from identical weights."""
+        """The embedding ~ N(init_embedding_mean, init_embedding_std^2) (a mean != 0 shifts every token's features
+        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, init_std^2); each
+        block initializes its own parameters (Block.reset_parameters); the final norm resets itself. The order of
+        random draws (embedding, blocks in order, head) makes models that differ only in their norm or placement
+        start from identical weights."""
         std, emb = self.args.init_std, self.args.init_embedding_std
-        nn.init.normal_(self.tok_embeddings.weight, 0.0, std if emb is None else emb)
+        nn.init.normal_(self.tok_embeddings.weight, self.args.init_embedding_mean, std if emb is None else emb)
         for layer in self.layers:
             layer.reset_parameters(std, self.args.n_layers, self.args.init_residual)
         if hasattr(self.norm, "reset_parameters"):

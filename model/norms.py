@@ -1,8 +1,12 @@
 """The norms, written from their formulas, with one precision policy, one registry (NORMS) and swap_norms.
 
 Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in (at least) float32, cast the
-result back to the input dtype, then multiply by the gain (and add the bias). RMSNorm and LayerNorm take the
-same `eps`, so by default the only difference between them is LayerNorm's mean-centring.
+result back to the input dtype, then multiply by the gain (and add the bias). `precision="autocast"` is the
+naive mixed-precision norm this policy guards against, kept so its failures can be measured: the statistics
+are computed in the autocast dtype when autocast is on (bfloat16 rounds the mean square to 8 bits of mantissa;
+in float16 x^2 overflows to inf for |x| > 256 and the row becomes 0, and the backward of rsqrt, -r^3 / 2, overflows
+for an input RMS below 65504^(-1/3) = 0.025), in the input's dtype otherwise. RMSNorm and LayerNorm take the same
+`eps`, so by default the only difference between them is LayerNorm's mean-centring.
 
 `impl="fast"` runs a norm through its fused kernel (fused/norms.py) where it has one (`center` is not None)
 and the device has one; otherwise, and always with `impl="reference"`, it runs the formula below. Adding a norm
@@ -10,6 +14,8 @@ is a class here and a line in NORMS: validation, --norm, help texts, tests and s
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -19,6 +25,8 @@ from model.args import lookup
 Shape = int | tuple[int, ...] | list[int] | torch.Size
 NORM_IMPLS = {"reference": "the formula in eager torch ops",
               "fast": "a fused kernel where the norm has one (fused/), else the formula"}
+NORM_PRECISIONS = {"float32": "statistics in (at least) float32, whatever the input or autocast dtype",
+                   "autocast": "statistics in the autocast dtype when autocast is on, else in the input's dtype"}
 
 
 class _Norm(nn.Module):
@@ -27,7 +35,7 @@ class _Norm(nn.Module):
     center: bool | None = None  # the fused kernel's mode: True LayerNorm, False RMSNorm, None no kernel
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference"):
+                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape = shape
@@ -35,6 +43,8 @@ class _Norm(nn.Module):
         self.elementwise_affine = elementwise_affine
         lookup(NORM_IMPLS, impl, "norm_impl")  # a ValueError listing the valid ones
         self.impl = impl
+        lookup(NORM_PRECISIONS, precision, "norm_precision")
+        self.precision = precision
         self.weight = nn.Parameter(torch.empty(shape)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.empty(shape)) if elementwise_affine and bias else None
         self.dims = tuple(range(-len(shape), 0))  # the normalized (last) dims
@@ -56,16 +66,23 @@ class _Norm(nn.Module):
             raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an input of "
                              f"shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
 
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the statistics are computed in (see NORM_PRECISIONS): float32 policy: at least float32
+        (bfloat16/float16 are upcast, float64 stays float64 for gradcheck)."""
+        if self.precision == "autocast" and torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return x.dtype if self.precision == "autocast" else torch.promote_types(x.dtype, torch.float32)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        if self.impl == "fast" and self.center is not None:
+        dtype = self.compute_dtype(x)
+        if self.impl == "fast" and self.center is not None and dtype == torch.promote_types(x.dtype, torch.float32):
             from fused.norms import fused_norm  # imported on first use: it may compile the kernels
 
             y = fused_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.center)
             if y is not None:
                 return y
-        # at least float32: bfloat16/float16 are upcast, float64 stays float64 (for gradcheck)
-        y = self.normalize(x.to(torch.promote_types(x.dtype, torch.float32))).type_as(x)
+        y = self.normalize(x.to(dtype)).type_as(x)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
@@ -75,7 +92,7 @@ class _Norm(nn.Module):
     def extra_repr(self) -> str:
         bias = self.bias is not None
         return (f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}, "
-                f"impl={self.impl}")
+                f"impl={self.impl}" + (f", precision={self.precision}" if self.precision != "float32" else ""))
 
 
 class RMSNorm(_Norm):
@@ -97,6 +114,20 @@ class LayerNorm(_Norm):
         return xc * torch.rsqrt(xc.pow(2).mean(self.dims, keepdim=True) + self.eps)
 
 
+class PRMSNorm(_Norm):
+    """y = x / sqrt(mean(x[:k]^2) + eps) * g, k = ceil(p * d): the RMS estimated from the first p of the d
+    features (Zhang & Sennrich, 2019, "partial RMSNorm"; p = 6.25% as in the paper). Over several normalized
+    dims the features are taken in flattened order."""
+
+    p = 0.0625
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.flatten(-len(self.dims)) if len(self.dims) > 1 else x
+        k = max(1, math.ceil(self.p * flat.shape[-1]))
+        ms = flat[..., :k].pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(ms.view(*ms.shape[:-1], *[1] * len(self.dims)) + self.eps)
+
+
 class DyT(_Norm):
     """y = g * tanh(alpha * x) + b, alpha a learnable scalar   (Zhu et al., 2025, "Transformers without
     Normalization"). Element-wise: no statistics, so eps is unused; b is part of the definition (always on);
@@ -105,9 +136,9 @@ class DyT(_Norm):
     alpha0 = 0.5
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference"):
+                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
         self.alpha = None
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=True, impl=impl)
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=True, impl=impl, precision=precision)
         self.alpha = nn.Parameter(torch.full((), self.alpha0))
 
     def reset_parameters(self) -> None:
@@ -123,7 +154,7 @@ class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
     def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference"):
+                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
         super().__init__()
         self.weight = self.bias = None
 
@@ -131,12 +162,15 @@ class NoNorm(nn.Module):
         return x
 
 
-NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "dyt": DyT, "none": NoNorm}
+NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "prmsnorm": PRMSNorm, "dyt": DyT,
+                                     "none": NoNorm}
 
 
-def build_norm(name: str, dim: Shape, eps: float = 1e-5, bias: bool = False, impl: str = "reference") -> nn.Module:
-    """The norm called `name` over the last dims of shape `dim`; `impl` picks the fused kernel or the formula."""
-    return lookup(NORMS, name, "norm")(dim, eps=eps, bias=bias, impl=impl)
+def build_norm(name: str, dim: Shape, eps: float = 1e-5, bias: bool = False, impl: str = "reference",
+               precision: str = "float32") -> nn.Module:
+    """The norm called `name` over the last dims of shape `dim`; `impl` picks the fused kernel or the formula,
+    `precision` the dtype of its statistics (NORM_PRECISIONS)."""
+    return lookup(NORMS, name, "norm")(dim, eps=eps, bias=bias, impl=impl, precision=precision)
 
 
 def swap_norms(module: nn.Module, to: str, impl: str = "reference") -> int:

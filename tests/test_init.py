@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model import Llama, ModelArgs
+from model.blocks import BLOCKS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,5 +39,5 @@ def test_init_grads_script_prints_its_table_and_figure(tmp_path):
                         "--seq", "8", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| default |") or line.startswith("| xiong |")]
-    assert len(rows) == 2 * 7 * 2  # inits x (3 placements x 2 norms + pre/none) x depths
+    assert len(rows) == 2 * (len(BLOCKS) * 2 + 1) * 2  # inits x (placements x 2 norms + pre/none) x depths
     assert (tmp_path / "init_grads.png").stat().st_size > 10_000

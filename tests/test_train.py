@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import train
+from model.blocks import BLOCKS
 from model.norms import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.runinfo import read_metrics
@@ -36,7 +37,8 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(0, 41))
     per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
-                 "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm/gain/layer_{i}", "attn/logit_max/layer_{i}"]
+                 "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm_in/absmax/layer_{i}", "norm/gain/layer_{i}",
+                 "attn/logit_max/layer_{i}"]
     design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "grad/norm",
               "grad/clipped",
               "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
@@ -74,16 +76,23 @@ def test_metrics_do_not_change_training(tmp_path, data_args):
 
 
 @pytest.mark.slow
-def test_resume_is_exact(tmp_path, data_args):
-    assert run(tmp_path, data_args, "--name", "full", "train.steps=16", "train.eval_every=4") == 0
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: the GradScaler's state is resumed too
+def test_resume_is_exact(tmp_path, data_args, dtype):
+    assert run(tmp_path, data_args, "--name", "full", "train.steps=16", "train.eval_every=4",
+               f"train.dtype={dtype}") == 0
     assert run(tmp_path, data_args, "--name", "half", "train.steps=16", "train.eval_every=4",
-               "train.stop_at=8", "train.checkpoint_every=100") == 0
+               "train.stop_at=8", "train.checkpoint_every=100", f"train.dtype={dtype}") == 0
     part = json.loads((tmp_path / "half" / "summary.json").read_text())
     assert part["status"] == "interrupted" and part["steps"] == 8
     assert train.main(["--name", "half", "--resume", f"log.out_dir={tmp_path}"]) == 0
     assert losses(tmp_path / "half") == losses(tmp_path / "full")  # bitwise equal, all 16 steps
     assert losses(tmp_path / "half", "val/loss") == losses(tmp_path / "full", "val/loss")
     assert json.loads((tmp_path / "half" / "summary.json").read_text())["steps"] == 16
+    if dtype == "float16":  # the loss scale was live and its state (scale, steps since growth) is checkpointed
+        scales = losses(tmp_path / "half", "amp/scale")
+        assert len(scales) == 16 and scales == losses(tmp_path / "full", "amp/scale")
+        scaler = load_checkpoint(tmp_path / "half" / "checkpoints" / "latest.pt")["scaler"]
+        assert scaler["scale"] == scales[-1] and scaler["_growth_tracker"] == 16  # counted on across the resume
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -280,6 +289,14 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, m
     final = {d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d}  # last value per step
     assert [final[s] for s in range(1, 9)] == losses(tmp_path / "w")  # the dashboard ends where metrics.jsonl does
     assert len(list((tmp_path / "w" / "wandb").glob("offline-run-*"))) == 3
+
+
+@pytest.mark.parametrize("placement", sorted(BLOCKS))
+def test_every_registered_placement_trains_through_train_py(tmp_path, data_args, placement):
+    assert run(tmp_path, data_args, "--name", placement, "--placement", placement, "train.steps=6",
+               "train.sample_tokens=0") == 0
+    loss = losses(tmp_path / placement)
+    assert len(loss) == 6 and all(v == v for v in loss) and loss[-1] < loss[0]
 
 
 @pytest.mark.parametrize("norm", sorted(NORMS))

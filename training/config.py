@@ -54,7 +54,7 @@ class TrainConfig:
     seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
     seed: int = 0  # model init and batch order (separate generators)
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "float32"  # float32 | bfloat16 (autocast; norms still compute in float32)
+    dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; float16 with a GradScaler)
     compile: bool = False  # torch.compile the model
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
     eval_every: int = 100  # steps between validation evals (and always at the end)
@@ -88,7 +88,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
 
-CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16"),
+CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16", "float16"),
            "optim.schedule": ("cosine", "linear", "constant"), "log.wandb": ("disabled", "offline", "online")}
 
 
@@ -159,12 +159,12 @@ def validate(cfg: Config) -> Config:
     from data.sources import DataError, parse_source
     from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
-    from model.norms import NORM_IMPLS, NORMS
+    from model.norms import NORM_IMPLS, NORM_PRECISIONS, NORMS
     from model.ops import OPS_IMPLS
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
                "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
-               "model.init_residual": tuple(RESIDUAL_INITS)}
+               "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:

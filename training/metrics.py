@@ -101,6 +101,7 @@ class StabilityProbe:
             x = args[0].detach().float()
             self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())  # what LayerNorm removes
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
+            self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())  # float16: x^2 overflows above 256
         return hook
 
     def _attention_hook(self, i: int):
@@ -163,7 +164,7 @@ class StabilityProbe:
             mean = torch.stack(parts).mean()
             if "/ms/" in key:  # mean squares average over forward passes; report their root
                 key, mean = key.replace("/ms/", "/rms/"), mean.sqrt()
-            elif key.startswith(("attn/", "logits/max")):
+            elif key.startswith(("attn/", "logits/max")) or "/absmax/" in key:
                 mean = torch.stack(parts).amax()
             values[key] = mean
         if self.before:

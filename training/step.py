@@ -43,6 +43,22 @@ class StepParts:
     z_loss: float
     clip: float  # max global grad norm (inf: no clipping)
     tokens_per_step: int
+    scaler: torch.amp.GradScaler | None = None  # float16 autocast: dynamic loss scaling; None or disabled: off
+
+
+AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast_for(device: torch.device, dtype: str):
+    """The autocast context of train.dtype (disabled for float32)."""
+    low = AUTOCAST_DTYPES[dtype]
+    return torch.autocast(device.type, dtype=low or torch.bfloat16, enabled=low is not None)
+
+
+def scaler_for(device: torch.device, dtype: str) -> torch.amp.GradScaler:
+    """A GradScaler, enabled only for float16: its gradients underflow without loss scaling (bfloat16 has
+    float32's range and needs none). Disabled, it passes everything through unchanged."""
+    return torch.amp.GradScaler(device.type, enabled=dtype == "float16")
 
 
 def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=None) -> dict:
@@ -50,6 +66,7 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     metrics record. With a probe, its hooks observe this step (per-layer metrics join the record). A non-finite
     loss or gradient norm makes no update and returns the record with diverged=True."""
     t0 = time.perf_counter()
+    scaler = p.scaler if p.scaler is not None and p.scaler.is_enabled() else None
     for group in p.opt.param_groups:
         group["lr"] = lr
     x, y = batch
@@ -68,21 +85,39 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
             total = loss
             if p.z_loss:
                 total = total + p.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
-            (total / p.accum).backward()
+            (scaler.scale(total / p.accum) if scaler else total / p.accum).backward()
         loss_sum += loss.detach()
+    if scaler:
+        scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     if probe is not None:
         probe.record_grads()  # before clipping, like the global norm
     grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip)
     train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
     loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
+    if scaler:
+        record["amp/scale"] = scaler.get_scale()
+        if is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1:
+            # float16 gradients overflowed at this loss scale: the scaler skips the update and halves the scale
+            scaler.step(p.opt)
+            scaler.update()
+            p.opt.zero_grad(set_to_none=True)
+            if probe is not None:
+                probe.finish()
+            record["train/tokens_per_s"] = p.tokens_per_step / (time.perf_counter() - t0)
+            return {**record, "amp/skipped": 1.0, "diverged": False}
     if not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite gradient
         if probe is not None:
             probe.finish()  # detach the hooks
         return {**record, "diverged": True}
     if probe is not None:
         probe.snapshot()  # parameters before the update, for update/ratio
-    p.opt.step()
+    if scaler:
+        scaler.step(p.opt)
+        scaler.update()
+        record["amp/skipped"] = 0.0
+    else:
+        p.opt.step()
     p.opt.zero_grad(set_to_none=True)
     record["grad/clipped"] = float(norm_value > p.clip)
     record.update(probe.finish() if probe is not None else {})
