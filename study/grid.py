@@ -14,7 +14,8 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
            "seeds": "train.seed"}
 
 
-STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin", "refine"}
+STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin", "refine",
+              "claims", "quick"}
 
 
 
