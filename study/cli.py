@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.grid import expand, load_study
+from study.grid import expand, load_study, quick_study
 from study.refine import refined_runs
 from study.report import write_report
 from study.runner import REPO, run_study
@@ -17,7 +17,7 @@ from training.config import ConfigError
 
 SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
 
-    python scripts/sweep.py configs/study.yaml [--workers N] [--out studies] [--dry-run] [--no-report]
+    python scripts/sweep.py configs/study.yaml [--workers N] [--out studies] [--dry-run] [--no-report] [--quick]
 
 A study file names a training config, overrides applied to every run, and a grid:
 
@@ -29,6 +29,10 @@ A study file names a training config, overrides applied to every run, and a grid
       lr: [1.0e-3, 1.0e-2]
       seed: [0, 1]
     threads_per_worker: 1            # CPU threads per run; workers = cores // threads (one per GPU on GPUs)
+    claims:                          # what papers say, checked by the report ("What it shows")
+      - {paper: Xiong et al. 2020, says: Post-LN needs warmup, a: {placement: post, optim.warmup_steps: 0},
+         b: {placement: post, optim.warmup_steps: 100}, metric: loss, expect: higher}   # or lower | same
+    quick: {config: tiny.yaml, grid: {...}}  # --quick: these replace the study's: a seconds-long smoke run
 
 Runs live in <out>/<name>/runs/<run>/ (ordinary train.py run directories), their console output in
 <out>/<name>/logs/<run>.log, and an index of every run's outcome in <out>/<name>/sweep.json. A rerun
@@ -62,11 +66,13 @@ def sweep(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
+    p.add_argument("--quick", action="store_true", help="run the study file's quick section (<name>-quick)")
     p.add_argument("--set", nargs="+", default=[], metavar="key=value",
                    help="extra config overrides for every run (e.g. data.source=text:corpus.txt)")
     a = p.parse_args(argv)
     try:
         study = load_study(a.study)
+        study = quick_study(study) if a.quick else study
         runs = expand(study, a.set)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

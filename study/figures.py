@@ -128,7 +128,7 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
         if label in grids:
             steps, mat = grids[label]
             im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis", vmin=min(values), vmax=max(values),
-                           extent=(steps[0], steps[-1], -0.5, len(mat) - 0.5))
+                           extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(mat) - 0.5))  # one step: 1 wide
             ax.set_yticks(range(len(mat)))
         ax.set_title(f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9)
         ax.set_xlabel("step")

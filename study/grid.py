@@ -53,9 +53,63 @@ def load_study(path: Path) -> dict:
         if "optim.lr" not in grid or "train.seed" not in grid:
             raise ConfigError(f"{path}: refine needs lr and seed axes in the grid (it adds seeds around each arm's "
                               f"best lr)")
+    study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
+    quick = study.pop("quick", None)
+    if quick is not None and (not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}):
+        raise ConfigError(f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)")
+    study["quick"] = quick
     study["name"] = study.get("name") or path.stem
     study["config"] = str((path.parent / study.get("config", "default.yaml")).resolve())
+    study["dir"] = str(path.parent.resolve())
     return study
+
+
+CLAIM_METRICS = {"loss": "v at the learning rate where the two arms' mean v is lowest",
+                 "sensitivity": "LR sensitivity per seed"}
+CLAIM_EXPECTS = ("higher", "lower", "same")
+
+
+def _claim(path: Path, i: int, claim, grid: dict) -> dict:
+    """A claim of the literature, to be checked by the report: arm(s) a vs arm(s) b on a metric, expecting a
+    higher, lower or the same value; a and b name grid values, fields left out range over the grid."""
+    where = f"{path}: claims[{i}]"
+    if not isinstance(claim, dict) or set(claim) != {"paper", "says", "a", "b", "metric", "expect"}:
+        raise ConfigError(f"{where} needs exactly: paper, says, a, b, metric, expect")
+    if claim["metric"] not in CLAIM_METRICS or claim["expect"] not in CLAIM_EXPECTS:
+        raise ConfigError(f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
+                          f"{', '.join(CLAIM_EXPECTS)}")
+    sides = {}
+    for side in ("a", "b"):
+        if not isinstance(claim[side], dict) or not claim[side]:
+            raise ConfigError(f"{where}.{side} must be a mapping of grid fields to values")
+        sides[side] = {}
+        for key, value in claim[side].items():
+            field = ALIASES.get(key, key)
+            if field in ("optim.lr", "train.seed") or field not in grid or value not in grid[field]:
+                raise ConfigError(f"{where}.{side}: {key}={value!r} is not a value of the grid (arms are grid "
+                                  f"values other than lr and seed)")
+            sides[side][field] = value
+    if sides["a"] == sides["b"]:
+        raise ConfigError(f"{where}: a and b are the same arm")
+    return {**claim, **sides}
+
+
+def quick_study(study: dict) -> dict:
+    """The study's `quick` version (its grid, overrides and config replace the study's), named <name>-quick:
+    a seconds-long smoke run of the same axes. Claims are kept (their values must be in the quick grid)."""
+    quick = study["quick"]
+    if quick is None:
+        raise ConfigError(f"study {study['name']!r} has no quick section")
+    out = {**study, "name": f"{study['name']}-quick", "refine": None}
+    if "config" in quick:
+        out["config"] = str((Path(study["dir"]) / quick["config"]).resolve())
+    if "overrides" in quick:
+        out["overrides"] = OmegaConf.to_container(OmegaConf.merge(study.get("overrides") or {}, quick["overrides"]))
+    if "grid" in quick:
+        out["grid"] = {ALIASES.get(k, k): v for k, v in quick["grid"].items()}
+    out["claims"] = [c for c in study["claims"] if all(
+        v in out["grid"].get(k, []) for side in ("a", "b") for k, v in c[side].items())]
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> list[str]:

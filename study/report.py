@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -107,14 +108,158 @@ def comparisons(arms: dict[str, Arm], keys: list[str], margin: float) -> list[tu
     return out
 
 
+def _at_users_lr(a: Arm, b: Arm, rows: list[tuple[float, Paired]]) -> tuple[float, Paired] | None:
+    """The row at the LR where the two arms' mean v is lowest (the LR a user would pick); None if no LR has both."""
+    usable = [(lr, p) for lr, p in rows if p.n > 0]
+    return min(usable, key=lambda t: _mean([a.clipped(t[0]), b.clipped(t[0])])) if usable else None
+
+
 def _pair_finding(a: Arm, b: Arm, key: str, rows: list[tuple[float, Paired]]) -> str:
     """The sentence for one pair of arms: at the LR where the two arms' mean loss is lowest (the LR a user would
     pick), the paired difference, its CI, the verdict and the minimum detectable difference."""
-    usable = [(lr, p) for lr, p in rows if p.n > 0]
-    if not usable:
+    picked = _at_users_lr(a, b, rows)
+    if picked is None:
         return f"{a.label} vs {b.label} (differ in {key}): no learning rate where both have a result."
-    lr, p = min(usable, key=lambda t: _mean([a.clipped(t[0]), b.clipped(t[0])]))
+    lr, p = picked
     return f"{a.label} - {b.label} (differ in {key}) at lr {lr:g}: {p.describe()}."
+
+
+def _same(x, y) -> bool:
+    """Config values equal as the YAML meant them (0.1 == 0.1, 12 == 12.0, but False != 0)."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (x, y))
+    return float(x) == float(y) if numbers else x == y
+
+
+def claim_pairs(claim: dict, arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm]]:
+    """The arm pairs (A, B) a claim compares: A has claim.a's values, B claim.b's; a field named on one side only
+    takes the same value on the other; fields named on neither side must agree (one pair per combination)."""
+    sides = {"a": {**claim["b"], **claim["a"]}, "b": {**claim["a"], **claim["b"]}}
+
+    def fits(arm: Arm, side: str) -> bool:
+        return all(_same(arm.runs[0].config.get(k), v) for k, v in sides[side].items())
+
+    free = [k for k in keys if k not in sides["a"]]
+    return [(A, B) for A in arms.values() if fits(A, "a") for B in arms.values()
+            if B is not A and fits(B, "b") and all(_same(A.runs[0].config.get(k), B.runs[0].config.get(k))
+                                                   for k in free)]
+
+
+def agreement(expect: str, p: Paired) -> str:
+    """Whether a paired comparison agrees with a claim that A is higher / lower / the same as B: decided by the
+    verdict alone (a difference needs a CI excluding 0, sameness a TOST pass); otherwise `cannot tell`."""
+    if p.ci is None:
+        return "cannot tell"
+    if expect == "same":
+        return {"equivalent": "agrees", "different, within margin": "agrees",
+                "different": "disagrees"}.get(p.verdict, "cannot tell")
+    if p.verdict.startswith("different"):
+        return "agrees" if (p.mean > 0) == (expect == "higher") else "disagrees"
+    return "disagrees" if p.verdict == "equivalent" else "cannot tell"
+
+
+def check_claims(claims: list[dict], arms: dict[str, Arm], keys: list[str], margin: float) -> list[dict]:
+    """Each claim of the study file against these runs: one result per arm pair it names."""
+    out = []
+    for c in claims:
+        pairs = claim_pairs(c, arms, keys)
+        if not pairs:
+            out.append({**c, "A": None, "B": None, "lr": None, "paired": None, "agreement": "not run"})
+        for A, B in pairs:
+            lr = None
+            if c["metric"] == "sensitivity":
+                p = paired(A.sensitivity_per_seed(), B.sensitivity_per_seed(), margin)
+            else:
+                picked = _at_users_lr(A, B, [(x, paired(A.per_seed(x), B.per_seed(x), margin))
+                                              for x in A.lrs if x in B.lrs])
+                lr, p = picked if picked else (None, paired({}, {}, margin))
+            out.append({**c, "A": A.label, "B": B.label, "lr": lr, "paired": p,
+                        "agreement": agreement(c["expect"], p) if p.n else "cannot tell"})
+    return out
+
+
+def claim_sentence(r: dict) -> str:
+    """'**Xiong et al. 2020**: Post-LN ... (expects A higher than B). post - pre, v at lr 0.01: ...: **agrees**.'"""
+    head = f"**{r['paper']}**: {r['says']}"
+    if r["A"] is None:
+        return f"{head}: **not run** (no arms of these runs match it)."
+    what = "LR sensitivity per seed" if r["metric"] == "sensitivity" else \
+        ("v" + (f" at lr {r['lr']:g}" if r["lr"] is not None else ""))
+    p = r["paired"]
+    tail = ""
+    if r["agreement"] == "cannot tell" and p.mde is not None:
+        tail = f" (at n = {p.n} only a difference above {p.mde:.3f} would have been detected)"
+    expect = "the same as" if r["expect"] == "same" else f"{r['expect']} than"
+    return (f"{head} (expects {r['A']} {expect} {r['B']}). {r['A']} - {r['B']}, {what}: {p.describe()}: "
+            f"**{r['agreement']}**{tail}.")
+
+
+def study_claims(paths: list[Path]) -> list[dict]:
+    """The claims of the study files (study.yaml) among `paths`."""
+    from study.grid import load_study
+    from training.config import ConfigError
+
+    claims = []
+    for p in paths:
+        if (p / "study.yaml").is_file():
+            try:
+                claims += load_study(p / "study.yaml")["claims"]
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+    return claims
+
+
+def _layer_mean(run, prefix: str, step: int) -> float | None:
+    rec = next((r for r in run.records if r.get("step") == step), {})
+    vals = [v for k, v in rec.items() if k.startswith(prefix) and v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
+    """What the block norms receive, per arm at its best LR (mean over seeds): |per-token mean| / RMS averaged
+    over layers at the first and last logged step (what LayerNorm's centring removes); and, when the arms differ in
+    precision, the largest |input| seen (float16's x^2 overflows above 256) and float16's skipped steps."""
+    out, ratio, absmax, skipped = [], [], [], []
+    for a in arms.values():
+        runs = a.at(a.best_lr) if a.best_lr is not None else []
+        steps = [[r["step"] for r in run.records if "norm_in/rms/layer_0" in r] for run in runs]
+        pairs = []
+        for run, st in zip(runs, steps, strict=True):
+            if st:
+                ends = [(_layer_mean(run, "norm_in/mean/", s), _layer_mean(run, "norm_in/rms/", s)) for s in
+                        (st[0], st[-1])]
+                if all(m is not None and r for m, r in ends):
+                    pairs.append([m / r for m, r in ends])
+        if pairs:
+            ratio.append(f"{a.label} {_mean([x[0] for x in pairs]):.2f} -> {_mean([x[1] for x in pairs]):.2f}")
+        m = _max_series_all(a.runs, "norm_in/absmax/")
+        if m is not None:
+            absmax.append(f"{a.label} {m:.1f}")
+        sk = [sum(r.get("amp/skipped", 0) for r in run.records) for run in a.runs if
+              any("amp/skipped" in r for r in run.records)]
+        if sk:
+            skipped.append(f"{a.label} {sum(sk):.0f} of {sum(len(series_steps(run)) for run in a.runs)}")
+    if ratio:
+        dim = next(iter(arms.values())).runs[0].config.get("model.dim")
+        chance = f"; {(2 / (math.pi * dim)) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean {dim}-d vectors" \
+            if isinstance(dim, int) else ""
+        out.append("Block norms' inputs, |per-token mean| / RMS averaged over layers, first -> last logged step (at "
+                   f"each arm's best lr, mean over seeds{chance}): " + "; ".join(ratio) + ".")
+    if absmax and {"train.dtype", "model.norm_precision"} & set(keys):
+        out.append("Largest |norm input| over every logged step, layer and run (float16's x^2 overflows above "
+                   "256): " + "; ".join(absmax) + ".")
+    if skipped:
+        out.append("Optimizer steps skipped by the float16 loss scaler (overflowed gradients), of all steps: "
+                   + "; ".join(skipped) + ".")
+    return out
+
+
+def _max_series_all(runs, prefix: str) -> float | None:
+    vals = [v for run in runs if (v := _max_series(run, prefix)) is not None]
+    return max(vals) if vals else None
+
+
+def series_steps(run) -> list[int]:
+    return [r["step"] for r in run.records if "train/loss" in r]
 
 
 def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:
@@ -175,7 +320,15 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
         for a, b, key, lr, p in pairs:
             lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
                          f"{_ci(p.ci)} | {p.verdict} | {fmt(p.p_tost, '.3g')} | {fmt(p.mde)} |")
-    lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(arms, keys, margin)]
+    checked = check_claims(study_claims(paths), arms, keys, margin)
+    if checked:
+        lines += ["", "## What it shows", "",
+                  "Each claim of the literature named in the study file, checked against these runs by the paired "
+                  "verdict alone: `agrees` / `disagrees` need a CI that excludes 0 (a difference) or a TOST pass "
+                  "(sameness); anything else is `cannot tell`, with the difference this n could have detected.", ""]
+        lines += [f"- {claim_sentence(r)}" for r in checked]
+    lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(arms, keys, margin)
+                                                     + norm_input_findings(arms, keys)]
     lines += ["", "## Figures", ""]
     for fname, caption in made:
         lines += [f"**{caption}**", "", f"![{caption}]({fname})", ""]
@@ -193,5 +346,16 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
                 lines.append(f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | | | | |")
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_text(json.dumps({
+        "name": ", ".join(p.name for p in paths), "runs": len(runs), "arms": len(arms), "arm_keys": keys,
+        "steps": steps, "wall_min": round(span / 60, 1) if span else None,
+        "claims": [{k: r[k] for k in ("paper", "says", "metric", "expect", "A", "B", "lr", "agreement")}
+                   | _paired_json(r["paired"]) for r in checked]}, indent=1) + "\n")
     return path
+
+
+def _paired_json(p: Paired | None) -> dict:
+    if p is None:
+        return {}
+    return {"n": p.n, "mean": p.mean, "ci": list(p.ci) if p.ci else None, "verdict": p.verdict, "mde": p.mde}
 

@@ -211,3 +211,96 @@ def test_refine_adds_seeds_at_each_arms_best_lr_and_neighbours(tmp_path):
     assert lrs == [1e-3, 1e-2, 1e-1]  # rmsnorm: 1e-3..1e-1 around 1e-2; layernorm: 1e-3, 1e-2 around 1e-3
     assert len(more) == 2 * 3 * 2  # 2 arms x 3 LRs x the 2 new seeds (seed 0 ran in stage 1)
     assert {r["name"] for r in more}.isdisjoint({r["name"] for r in first})
+
+
+def _claims_study(root: Path, claims: str, diffs: list[float], post_diffs: list[float] | None = None):
+    """rmsnorm / layernorm x pre (/ post) at one lr, 5 seeds; layernorm = rmsnorm + diffs[seed] (per placement)."""
+    base = [3.0, 3.2, 2.9, 3.1, 3.0]
+    for placement, ds in (("pre", diffs), ("post", post_diffs)):
+        for seed, d in enumerate(ds or []):
+            _write_run(root, f"rms-{placement}-{seed}", "rmsnorm", 1e-2, seed, "ok", base[seed], placement=placement)
+            _write_run(root, f"ln-{placement}-{seed}", "layernorm", 1e-2, seed, "ok", base[seed] + d,
+                       placement=placement)
+    (root / "study.yaml").write_text(f"name: c\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid:\n  norm: [rmsnorm, layernorm]\n"
+                                     f"  placement: [pre, post]\n  lr: [1.0e-2]\n  seed: [0, 1, 2, 3, 4]\n"
+                                     f"claims:\n{claims}")
+    write_report([root], root / "out", margin=0.02)
+    return json.loads((root / "out" / "report.json").read_text())["claims"], (root / "out" / "report.md").read_text()
+
+
+CLAIM = "  - {{paper: P et al., says: S, a: {{norm: layernorm{extra}}}, b: {{norm: rmsnorm{extra}}}, metric: loss, " \
+        "expect: {expect}}}\n"
+WORSE = [0.10, 0.12, 0.09, 0.11, 0.10]  # layernorm clearly higher
+SAME = [0.001, -0.002, 0.0015, -0.001, 0.0005]
+NOISY = [0.3, -0.25, 0.1, -0.4, 0.2]
+
+
+@pytest.mark.parametrize("diffs,expect,agreement", [
+    (WORSE, "higher", "agrees"), (WORSE, "lower", "disagrees"), (WORSE, "same", "disagrees"),
+    (SAME, "same", "agrees"), (SAME, "higher", "disagrees"), (NOISY, "higher", "cannot tell"),
+    (NOISY, "same", "cannot tell")])
+def test_claims_are_decided_by_the_paired_verdict_alone(tmp_path, diffs, expect, agreement):
+    results, text = _claims_study(tmp_path, CLAIM.format(extra=", placement: pre", expect=expect), diffs)
+    assert [(r["A"], r["B"], r["agreement"], r["n"]) for r in results] == [("layernorm", "rmsnorm", agreement, 5)]
+    line = _sentence(text, "**P et al.**: S")
+    assert f"**{agreement}**" in line and "95% CI" in line and "n = 5 seeds" in line
+    assert ("would have been detected" in line) == (agreement == "cannot tell")  # the MDE says what n could see
+
+
+def test_a_claim_ranges_over_the_fields_it_does_not_name(tmp_path):
+    results, text = _claims_study(tmp_path, CLAIM.format(extra="", expect="higher"), WORSE, post_diffs=SAME)
+    assert sorted((r["A"], r["B"], r["agreement"]) for r in results) == [
+        ("layernorm/post", "rmsnorm/post", "disagrees"), ("layernorm/pre", "rmsnorm/pre", "agrees")]
+    assert "## What it shows" in text
+
+
+def test_a_claim_no_run_matches_says_not_run(tmp_path):
+    results, _ = _claims_study(tmp_path, CLAIM.format(extra=", placement: post", expect="higher"), WORSE)
+    assert [r["agreement"] for r in results] == ["not run"]
+
+
+@pytest.mark.parametrize("claim,message", [
+    ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: loss}", "needs exactly"),
+    ("{paper: P, says: S, a: {norm: batchnorm}, b: {norm: layernorm}, metric: loss, expect: same}",
+     "norm='batchnorm' is not a value of the grid"),
+    ("{paper: P, says: S, a: {lr: 0.01}, b: {lr: 0.1}, metric: loss, expect: same}", "is not a value of the grid"),
+    ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: speed, expect: same}", "metric is one"),
+    ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: rmsnorm}, metric: loss, expect: same}", "the same arm")])
+def test_bad_claims_are_one_line_before_anything_runs(tmp_path, capsys, claim, message):
+    bad = tmp_path / "s.yaml"
+    bad.write_text(f"name: s\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01, 0.1], seed: [0]}}\nclaims:\n  - {claim}\n")
+    assert cli.sweep([str(bad), "--out", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_norm_input_findings_on_constructed_records(tmp_path):
+    _write_run(tmp_path, "a", "rmsnorm", 1e-2, 0, "ok", 3.0)
+    path = tmp_path / "runs" / "a" / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r, (mean, rms) in zip(records[1:], [(0.9, 1.0), (0.5, 1.0), (0.4, 2.0)], strict=True):  # steps 1, 2, 3
+        r.update({"norm_in/mean/layer_0": mean, "norm_in/mean/layer_1": mean / 2, "norm_in/rms/layer_0": rms,
+                  "norm_in/rms/layer_1": rms, "norm_in/absmax/layer_0": 300.0})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    keys, arms = _arms(tmp_path)
+    from study.report import norm_input_findings
+    lines = norm_input_findings(arms, ["model.norm_precision"])
+    assert "all 0.68 -> 0.15" in lines[0]  # (0.9 + 0.45) / 2 / 1.0 at step 1; (0.4 + 0.2) / 2 / 2.0 at step 3
+    assert "0.14 is chance" in lines[0]  # sqrt(2 / (pi * 32)), the width read from the runs' config
+    assert "all 300.0" in lines[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("study-*.yaml")), ids=lambda p: p.stem)
+def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
+    study = grid.load_study(path)
+    if study["quick"] is None:
+        assert path.stem == "study-quick"  # the smoke study is already quick
+        return
+    assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
+    out = tmp_path / f"{study['name']}-quick"
+    report = json.loads((out / "report.json").read_text())
+    assert report["runs"] == len(grid.expand(grid.quick_study(study)))
+    assert all(r["agreement"] in ("agrees", "disagrees", "cannot tell", "not run") for r in report["claims"])
+    assert len(report["claims"]) >= len(grid.quick_study(study)["claims"])
+    assert "## What the numbers show" in (out / "report.md").read_text()
