@@ -193,6 +193,16 @@ def claim_sentence(r: dict) -> str:
             f"**{r['agreement']}**{tail}.")
 
 
+def study_about(paths: list[Path]) -> str:
+    """The first comment line of the first study.yaml among `paths` (what the study asks), else ''."""
+    for p in paths:
+        if (p / "study.yaml").is_file():
+            for line in (p / "study.yaml").read_text().splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("# ").strip()
+    return ""
+
+
 def study_claims(paths: list[Path]) -> list[dict]:
     """The claims of the study files (study.yaml) among `paths`."""
     from study.grid import load_study
@@ -347,7 +357,7 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     (out / "report.json").write_text(json.dumps({
-        "name": ", ".join(p.name for p in paths), "runs": len(runs), "arms": len(arms), "arm_keys": keys,
+        "name": ", ".join(p.name for p in paths), "about": study_about(paths), "runs": len(runs), "arms": len(arms), "arm_keys": keys,
         "steps": steps, "wall_min": round(span / 60, 1) if span else None,
         "claims": [{k: r[k] for k in ("paper", "says", "metric", "expect", "A", "B", "lr", "agreement")}
                    | _paired_json(r["paired"]) for r in checked]}, indent=1) + "\n")

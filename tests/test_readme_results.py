@@ -1,5 +1,6 @@
 """scripts/readme_results.py writes the README's Results blocks from the study reports (never by hand)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,10 @@ Outcomes, judged on the whole val curve: ...
 """
 
 
-def _run(readme):
-    return subprocess.run([sys.executable, "scripts/readme_results.py", "--readme", str(readme)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def _run(readme, results=None):
+    results = results or readme.parent / "results"  # never the repository's docs/results
+    return subprocess.run([sys.executable, "scripts/readme_results.py", "--readme", str(readme), "--results",
+                           str(results)], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def test_results_block_is_generated_from_the_report(tmp_path):
@@ -64,5 +66,25 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text())
     (tmp_path / "docs").symlink_to(REPO / "docs")
-    assert _run(readme).returncode == 0
+    assert _run(readme, tmp_path / "none").returncode == 0
     assert readme.read_text() == (REPO / "README.md").read_text()
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from readme_results import index
+    finally:
+        sys.path.pop(0)
+    assert (REPO / "docs" / "results" / "README.md").read_text() == index(REPO / "docs" / "results")
+
+
+def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
+    (tmp_path / "README.md").write_text("<!-- results: results/a/report.md -->\n<!-- /results -->\n")
+    for name, claims in (("a", ["agrees", "cannot tell", "agrees"]), ("b", [])):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "report.md").write_text(REPORT)
+        (tmp_path / "results" / name / "report.json").write_text(json.dumps(
+            {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
+             "claims": [{"agreement": c} for c in claims]}))
+    assert _run(tmp_path / "README.md").returncode == 0
+    lines = (tmp_path / "results" / "README.md").read_text().splitlines()
+    assert lines[-2:] == ["- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, "
+                          "1 cannot tell)", "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"]
