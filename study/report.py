@@ -357,8 +357,8 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     (out / "report.json").write_text(json.dumps({
-        "name": ", ".join(p.name for p in paths), "about": study_about(paths), "runs": len(runs), "arms": len(arms), "arm_keys": keys,
-        "steps": steps, "wall_min": round(span / 60, 1) if span else None,
+        "name": ", ".join(p.name for p in paths), "about": study_about(paths), "runs": len(runs),
+        "arms": len(arms), "arm_keys": keys, "steps": steps, "wall_min": round(span / 60, 1) if span else None,
         "claims": [{k: r[k] for k in ("paper", "says", "metric", "expect", "A", "B", "lr", "agreement")}
                    | _paired_json(r["paired"]) for r in checked]}, indent=1) + "\n")
     return path
