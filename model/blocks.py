@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from model.args import RESIDUAL_INITS, ModelArgs, lookup
-from model.layers import Attention, FeedForward, Rope
+from model.layers import FFNS, Attention, Rope
 from model.norms import build_norm
 
 
@@ -23,7 +23,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention = Attention(args)
-        self.feed_forward = FeedForward(args)
+        self.feed_forward = lookup(FFNS, args.ffn, "ffn")(args)
         self.attention_norm = _norm(args)
         self.ffn_norm = _norm(args)
 

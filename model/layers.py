@@ -84,3 +84,20 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.swiglu(self.w1(x), self.w3(x)))
+
+
+class ReluFeedForward(nn.Module):
+    """w2(relu(w1 x)): the original Transformer's feed-forward (Vaswani et al. 2017), the one Xiong et al. (2020)
+    analyse. Degree-1 homogeneous where SwiGLU is degree 2, which changes how gradients flow through Post-LN
+    at init (scripts/init_grads.py). Same hidden width as SwiGLU's; there is no w3."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=args.linear_bias)
+        self.w2 = nn.Linear(args.ffn_hidden_dim, args.dim, bias=args.linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.relu(self.w1(x)))
+
+
+FFNS: dict[str, type[nn.Module]] = {"swiglu": FeedForward, "relu": ReluFeedForward}

@@ -1,5 +1,6 @@
 """Init switches (residual scaling, embedding std) and scripts/init_grads.py at toy size."""
 
+import json
 import math
 import subprocess
 import sys
@@ -34,10 +35,35 @@ def test_residual_scaling_and_embedding_std():
 
 
 @pytest.mark.slow
-def test_init_grads_script_prints_its_table_and_figure(tmp_path):
+def test_init_grads_script_prints_its_table_report_and_figure(tmp_path):
     r = subprocess.run([sys.executable, "scripts/init_grads.py", "--depths", "2", "3", "--dim", "16", "--batch", "2",
-                        "--seq", "8", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+                        "--seq", "8", "--seeds", "0", "1", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| default |") or line.startswith("| xiong |")]
-    assert len(rows) == 2 * (len(BLOCKS) * 2 + 1) * 2  # inits x (placements x 2 norms + pre/none) x depths
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("| default |", "| xiong |", "| xiong-relu |"))]
+    assert len(rows) == 3 * (len(BLOCKS) * 2 + 1) * 2  # settings x (placements x 2 norms + pre/none) x depths
     assert (tmp_path / "init_grads.png").stat().st_size > 10_000
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["findings"]) == 3 and "n = 2 seeds" in report["findings"][0]
+
+
+def test_init_grads_direction_is_stated_only_when_every_seed_agrees():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from init_grads import direction
+    finally:
+        sys.path.pop(0)
+    assert direction([3.0, 2.0]) == "rises with layer index" and direction([0.05, 0.2]) == "falls with layer index"
+    assert direction([1.2, 0.9]) == "flat (within 1.5x)" and direction([3.0, 0.9]) == "seeds disagree"
+    assert direction([float("nan")]) == "not finite"
+
+
+def test_relu_feed_forward_is_the_original_transformers():
+    torch.manual_seed(0)
+    model = Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn="relu"))
+    ff = model.layers[0].feed_forward
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(ff(x), torch.relu(x @ ff.w1.weight.T) @ ff.w2.weight.T)
+    assert not hasattr(ff, "w3")
+    with pytest.raises(ValueError, match="unknown ffn 'gelu'; valid: relu, swiglu"):
+        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn="gelu"))

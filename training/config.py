@@ -159,12 +159,14 @@ def validate(cfg: Config) -> Config:
     from data.sources import DataError, parse_source
     from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
+    from model.layers import FFNS
     from model.norms import NORM_IMPLS, NORM_PRECISIONS, NORMS
     from model.ops import OPS_IMPLS
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
                "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
-               "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS)}
+               "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS),
+               "model.ffn": tuple(FFNS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:
