@@ -12,7 +12,7 @@ from data.sources import DataError
 from study.grid import expand, load_study, quick_study
 from study.refine import refined_runs
 from study.report import write_report
-from study.runner import REPO, run_study
+from study.runner import REPO, parse_shard, run_study, sbatch_script, state
 from training.config import ConfigError
 
 SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
@@ -67,6 +67,11 @@ def sweep(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--quick", action="store_true", help="run the study file's quick section (<name>-quick)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run only every N-th run from the K-th (0 <= K < N), e.g. one task of a job array; no report")
+    p.add_argument("--slurm", type=Path, default=None, metavar="FILE",
+                   help="write an sbatch job-array script (one task per run, --shard) to FILE and exit")
+    p.add_argument("--gpus-per-run", type=int, default=0, help="with --slurm: GPUs per array task")
     p.add_argument("--set", nargs="+", default=[], metavar="key=value",
                    help="extra config overrides for every run (e.g. data.source=text:corpus.txt)")
     a = p.parse_args(argv)
@@ -74,10 +79,18 @@ def sweep(argv: list[str] | None = None) -> int:
         study = load_study(a.study)
         study = quick_study(study) if a.quick else study
         runs = expand(study, a.set)
-    except ConfigError as e:
+        shard = parse_shard(a.shard) if a.shard else None
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     study_dir = a.out.resolve() / study["name"]
+    if a.slurm:
+        a.slurm.write_text(sbatch_script(study, a.study, a.out.resolve(), len(runs), a.gpus_per_run,
+                                         a.set + (["--quick"] if a.quick else [])))
+        print(f"{a.slurm}: {len(runs)} array tasks; submit with: sbatch {a.slurm}")
+        return 0
+    if shard:
+        return _sweep_shard(a, study, runs, study_dir, shard)
     if a.dry_run:
         for r in runs:
             print(r["name"], " ".join(r["overrides"]))
@@ -105,6 +118,32 @@ def sweep(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
     if not a.no_report:
         print(f"report: {write_report([study_dir], study_dir)}")
+    return 0
+
+
+def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple[int, int]) -> int:
+    """One task of a job array: this shard's grid runs; once every grid run of the study is finished (by all
+    tasks), this shard's share of the second stage too. No report: compare.py reads the shared folder after."""
+    k, n = shard
+    study_dir.mkdir(parents=True, exist_ok=True)
+    if not (study_dir / "study.yaml").exists():
+        shutil.copy(a.study, study_dir / "study.yaml")
+    index = f"sweep-{k}-of-{n}.json"
+    try:
+        counts = run_study(study, runs[k::n], study_dir, a.workers, index)
+        if counts is not None and study.get("refine"):
+            if all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
+                _, more = refined_runs(study, runs, study_dir, a.set)
+                counts = run_study(study, more[k::n], study_dir, a.workers, index)
+            else:
+                print("refine: stage 2 waits until every grid run has finished; run this task again then",
+                      file=sys.stderr)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if counts is None:
+        return 130
+    print(f"shard {k}/{n} finished; when every shard has: python scripts/compare.py {study_dir}", file=sys.stderr)
     return 0
 
 

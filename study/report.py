@@ -349,8 +349,7 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
         lines.append(f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | {fmt(s.get('best_val_loss'))} | "
                      f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} |")
     for p in paths:
-        index = p / "sweep.json"
-        if index.is_file():
+        for index in sorted(p.glob("sweep*.json")):  # sweep.json, or one per shard of a job array
             failed = [e for e in json.loads(index.read_text())["runs"] if e.get("status") == "failed"]
             for e in failed:
                 lines.append(f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | | | | |")

@@ -22,9 +22,6 @@ from training.runinfo import RunDir
 REPO = Path(__file__).resolve().parent.parent
 
 
-
-
-
 def state(run_dir: Path) -> str:
     """'finished', 'resume' (a checkpoint to continue from) or 'new'."""
     run = RunDir(run_dir)
@@ -122,15 +119,50 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N), 0 <= K < N: this process runs every N-th run starting at the K-th (a job array's task)."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be K/N with integers, e.g. 0/8, not {text!r}") from None
+    if not 0 <= k < n:
+        raise ValueError(f"--shard {text}: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)")
+    return k, n
 
-def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None) -> dict[str, int] | None:
+
+SBATCH = """#!/bin/bash
+# A SLURM job array for study {name}: task i runs every {n}-th run from the i-th ({n} tasks, one run each).
+# Submit it once for the grid; a study with a second stage (refine) needs it submitted again after the first
+# array has finished: each task then runs its share of the stage-2 runs (finished runs are skipped).
+# Afterwards: python scripts/compare.py {out}
+#SBATCH --job-name={name}
+#SBATCH --array=0-{last}
+#SBATCH --cpus-per-task={threads}
+{gpu}#SBATCH --output={out}/logs/slurm-%A_%a.out
+cd {repo}
+{python} scripts/sweep.py {study_file} --out {out_parent} --workers 1 --shard ${{SLURM_ARRAY_TASK_ID}}/{n}{extra}
+"""
+
+
+def sbatch_script(study: dict, study_file: Path, out_parent: Path, n_runs: int, gpus_per_run: int,
+                  extra: list[str]) -> str:
+    """An sbatch job-array script: one array task per run, each a `sweep.py --shard i/N` on the shared folder."""
+    return SBATCH.format(name=study["name"], n=n_runs, last=n_runs - 1, threads=study.get("threads_per_worker", 1),
+                         gpu=f"#SBATCH --gpus-per-task={gpus_per_run}\n" if gpus_per_run else "",
+                         out=out_parent / study["name"], repo=REPO, python=sys.executable,
+                         study_file=study_file.resolve(), out_parent=out_parent,
+                         extra=(" --set " + " ".join(extra)) if extra else "")
+
+
+def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None,
+              index_name: str = "sweep.json") -> dict[str, int] | None:
     """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
     of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight checkpoint, are waited
     for, and a rerun resumes them)."""
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
     (study_dir / "runs").mkdir(exist_ok=True)
     n_workers, threads, gpus = workers_for(study, workers)
-    index_path = study_dir / "sweep.json"
+    index_path = study_dir / index_name  # a shard of an array job writes its own (sweep-K-of-N.json)
     index = {e["name"]: e for e in json.loads(index_path.read_text())["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     print(f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "

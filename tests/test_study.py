@@ -1,6 +1,8 @@
 """The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's numbers."""
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -304,3 +306,47 @@ def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
     assert all(r["agreement"] in ("agrees", "disagrees", "cannot tell", "not run") for r in report["claims"])
     assert len(report["claims"]) >= len(grid.quick_study(study)["claims"])
     assert "## What the numbers show" in (out / "report.md").read_text()
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+@pytest.mark.slow
+def test_a_slurm_array_run_as_local_processes_reports_what_a_local_sweep_does(tmp_path, data_set):
+    """The sbatch script's tasks (each `sweep.py --shard i/N`), run here as concurrent processes on one shared
+    folder, write the same runs as one local sweep: equal per-run results and paired comparisons."""
+    extra = [*data_set, "train.steps=24"]
+    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path / "local"), *extra]) == 0
+    script = tmp_path / "array.sbatch"
+    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path / "shared"), "--slurm", str(script),
+                      *extra]) == 0
+    text = script.read_text()
+    assert "#SBATCH --array=0-7" in text and "--shard ${SLURM_ARRAY_TASK_ID}/8" in text
+    command = text.strip().splitlines()[-1]
+    tasks = [subprocess.Popen(["bash", "-c", command], env={**os.environ, "SLURM_ARRAY_TASK_ID": str(i)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(8)[:3]]
+    for p in tasks:  # three tasks at a time, like a busy cluster
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-2000:]
+    rest = [subprocess.Popen(["bash", "-c", command], env={**os.environ, "SLURM_ARRAY_TASK_ID": str(i)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(3, 8)]
+    for p in rest:
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-2000:]
+    shared = tmp_path / "shared" / "quick"
+    assert len(list(shared.glob("sweep-*-of-8.json"))) == 8 and not (shared / "report.md").exists()
+    assert cli.compare([str(shared)]) == 0
+    local = tmp_path / "local" / "quick"
+    runs = [p.parent for p in (local / "runs").glob("*/summary.json")]
+    assert len(runs) == 8
+    for run in runs:
+        a = json.loads((run / "summary.json").read_text())
+        b = json.loads((shared / "runs" / run.name / "summary.json").read_text())
+        assert a["final_val_loss"] == b["final_val_loss"] and a["status"] == b["status"], run.name
+    mine, theirs = (local / "report.md").read_text(), (shared / "report.md").read_text()
+    assert _section(mine, "Paired comparisons") == _section(theirs, "Paired comparisons")
+
+
+def test_bad_shard_is_one_line(tmp_path, capsys):
+    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --shard 2/2: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)"
