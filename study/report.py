@@ -168,6 +168,9 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], keys: list[str], marg
             lr = None
             if c["metric"] == "sensitivity":
                 p = paired(A.sensitivity_per_seed(), B.sensitivity_per_seed(), margin)
+            elif c["metric"] == "best_loss":  # still paired by seed: same init and batches, each at its best LR
+                lr = (A.best_lr, B.best_lr) if A.best_lr is not None and B.best_lr is not None else None
+                p = paired(A.per_seed(lr[0]), B.per_seed(lr[1]), margin) if lr else paired({}, {}, margin)
             else:
                 picked = _at_users_lr(A, B, [(x, paired(A.per_seed(x), B.per_seed(x), margin))
                                               for x in A.lrs if x in B.lrs])
@@ -182,8 +185,12 @@ def claim_sentence(r: dict) -> str:
     head = f"**{r['paper']}**: {r['says']}"
     if r["A"] is None:
         return f"{head}: **not run** (no arms of these runs match it)."
-    what = "LR sensitivity per seed" if r["metric"] == "sensitivity" else \
-        ("v" + (f" at lr {r['lr']:g}" if r["lr"] is not None else ""))
+    if r["metric"] == "sensitivity":
+        what = "LR sensitivity per seed"
+    elif r["metric"] == "best_loss":
+        what = "v at each arm's best lr" + (f" ({r['lr'][0]:g}, {r['lr'][1]:g})" if r["lr"] else "")
+    else:
+        what = "v" + (f" at lr {r['lr']:g}" if r["lr"] is not None else "")
     p = r["paired"]
     tail = ""
     if r["agreement"] == "cannot tell" and p.mde is not None:

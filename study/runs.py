@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from training import monitor
-from training.config import flat
+from training.config import Config, flat, to_dict
 from training.runinfo import RunDir, series
 
 IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
@@ -82,10 +82,13 @@ def find_runs(paths: list[Path]) -> list[Run]:
             base = p / "runs" if (p / "runs").is_dir() else p
             dirs += sorted(d for d in base.iterdir() if RunDir(d).config.is_file()) if base.is_dir() else []
     runs = []
+    defaults = flat(to_dict(Config()))
     for d in dirs:
         run = RunDir(d)
         summary = run.read_summary() or {"status": "failed"}  # crashed before writing its summary
-        config = flat(OmegaConf.to_container(OmegaConf.load(run.config)))
+        # a field added after a run was made is missing from its config.yaml; new fields default to the old
+        # behaviour, so the run is read as having the default (runs from before and after compare)
+        config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
         runs.append(Run(d.name, d, config, summary, run.records()))
     return runs
 

@@ -350,3 +350,33 @@ def test_bad_shard_is_one_line(tmp_path, capsys):
     assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --shard 2/2: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)"
+
+
+def test_runs_from_before_a_field_existed_read_as_its_default(tmp_path):
+    """A config field added later (with the old behaviour as its default) must not split old and new runs."""
+    for seed in (0, 1):
+        _write_run(tmp_path, f"old-{seed}", "rmsnorm", 1e-2, seed, "ok", 3.0)
+        _write_run(tmp_path, f"new-{seed}", "rmsnorm", 1e-3, seed, "ok", 3.1)
+    for seed in (0, 1):
+        path = tmp_path / "runs" / f"old-{seed}" / "config.yaml"
+        path.write_text(path.read_text().replace("  ffn: swiglu\n", ""))
+        assert "ffn:" not in path.read_text()
+    keys, arms = _arms(tmp_path)
+    assert keys == [] and len(arms["all"].runs) == 4
+
+
+def test_best_loss_claims_pair_each_arm_at_its_own_best_lr(tmp_path):
+    """rmsnorm is best at lr 1e-2 (3.0 + s/10), layernorm at 1e-3 (3.05 + s/10): paired by seed across the two
+    LRs the difference is +0.05 every seed (different), while at any one shared LR it would be far larger."""
+    for seed in range(4):
+        for norm, best, value in (("rmsnorm", 1e-2, 3.0), ("layernorm", 1e-3, 3.05)):
+            for lr in (1e-3, 1e-2):
+                _write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, "ok",
+                           value + seed / 10 + (0 if lr == best else 1.0))
+    (tmp_path / "study.yaml").write_text(
+        f"name: c\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.001, 0.01], "
+        "seed: [0, 1, 2, 3]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: rmsnorm}, "
+        "metric: best_loss, expect: higher}\n")
+    write_report([tmp_path], tmp_path / "out", margin=0.02)
+    (r,) = json.loads((tmp_path / "out" / "report.json").read_text())["claims"]
+    assert r["lr"] == [1e-3, 1e-2] and r["mean"] == pytest.approx(0.05) and r["agreement"] == "agrees"
