@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from model.sharded_norms import shard_sizes
+from training.parallel import load_sharded, save_sharded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,3 +34,30 @@ def test_sharded_norms_equal_the_unsharded_ones_on_two_processes(tmp_path):
     for case in ("RMSNorm/12", "RMSNorm/11", "LayerNorm/12", "LayerNorm/11"):  # even and uneven shards
         assert max(out[case].values()) < 1e-5, (case, out[case])
     assert "every rank needs >= 1 feature" in out["too_few"]
+
+
+def _fsdp_check_module():
+    sys.path.insert(0, str(REPO / "tests" / "dist"))
+    try:
+        import fsdp_check
+    finally:
+        sys.path.pop(0)
+    return fsdp_check
+
+
+@pytest.mark.slow
+def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path):
+    fc = _fsdp_check_module()
+    model, opt = fc.fresh()  # a 1-process DCP checkpoint at step 3, for the 2 ranks to resume
+    for s in range(fc.SAVE_AT):
+        fc.step(model, opt, s, slice(None))
+    save_sharded(tmp_path / "ckpt1", model, opt, {"step": fc.SAVE_AT})
+    torchrun("fsdp_check.py", str(tmp_path))
+    out = json.loads((tmp_path / "fsdp.json").read_text())
+    assert out["sharded"] == "DTensor"  # FSDP2 really sharded the parameters
+    assert out["loss_diff"] < 1e-5 and out["grad_norm_diff"] < 1e-5 and out["param_diff"] < 1e-5, out
+    assert max(abs(a - b) for a, b in zip(out["from_one"], out["ref_losses"][fc.SAVE_AT:], strict=True)) < 1e-5
+    model, opt = fc.fresh()  # the 2 ranks' checkpoint resumed by 1 process
+    extra = load_sharded(tmp_path / "ckpt2", model, opt)
+    resumed = [fc.step(model, opt, s, slice(None))[0] for s in range(extra["step"], fc.STEPS)]
+    assert max(abs(a - b) for a, b in zip(resumed, out["ref_losses"][fc.SAVE_AT:], strict=True)) < 1e-5
