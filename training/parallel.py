@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
-                "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients and optimizer state sharded"}
+                "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded"}
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
