@@ -4,7 +4,9 @@
 
 Each block sits between `<!-- results: PATH/report.md -->` and `<!-- /results -->`; it is replaced by the
 report's opening line (runs, wall time), its per-arm table, a link to the stability map and every sentence of
-its "What the numbers show" section, as the report states them (n, CI and verdict included).
+its "What the numbers show" section, as the report states them (n, CI and verdict included). A block between
+`<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
+the paper, the claim, agrees / disagrees / cannot tell, and the paired difference, CI and n behind it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- results: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>results|claims): (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
 
 
 def section(report: str, title: str) -> list[str]:
@@ -38,6 +40,21 @@ def block(report_path: Path) -> str:
                       *section(report, "What the numbers show"), ""])
 
 
+def claim_line(study: str, c: dict) -> str:
+    """One claim's result as the report decided it: paper, claim, verdict, with its difference, CI and n."""
+    ci = f", 95% CI {c['ci'][0]:+.3f}..{c['ci'][1]:+.3f}" if c.get("ci") else ""
+    diff = f" ({c['A']} - {c['B']} = {c['mean']:+.3f}{ci}, n = {c['n']}, {c['verdict']})" \
+        if c.get("mean") is not None else ""
+    return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}**{diff}"
+
+
+def claims(results: Path) -> str:
+    """Every study's claims, one line each (the body of a `<!-- claims: FOLDER -->` block)."""
+    lines = [f"- {claim_line(path.parent.name, c)}" for path in sorted(results.glob("*/report.json"))
+             for c in json.loads(path.read_text()).get("claims", [])]
+    return "\n".join(lines) + "\n"
+
+
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
@@ -53,6 +70,7 @@ def index(results: Path) -> str:
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
         lines.append(f"- [{path.parent.name}]({path.parent.name}/report.md): {r.get('about') or r['name']} "
                      f"({size}{claims})")
+        lines += [f"  - {claim_line(path.parent.name, c)}" for c in r.get("claims", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -63,9 +81,10 @@ def update(readme: Path) -> int:
         raise ValueError(f"{readme} has no <!-- results: PATH --> ... <!-- /results --> block")
     for m in reversed(blocks):
         path = (readme.parent / m.group("path")).resolve()
-        if not path.is_file():
-            raise ValueError(f"{readme}: the results block names {m.group('path')}, which does not exist")
-        text = text[: m.start("body")] + block(path) + text[m.end("body"):]
+        if not path.exists():
+            raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
+        body = block(path) if m.group("kind") == "results" else claims(path)
+        text = text[: m.start("body")] + body + text[m.end("body"):]
     readme.write_text(text)
     return len(blocks)
 

@@ -83,8 +83,15 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
         (tmp_path / "results" / name / "report.md").write_text(REPORT)
         (tmp_path / "results" / name / "report.json").write_text(json.dumps(
             {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
-             "claims": [{"agreement": c} for c in claims]}))
+             "claims": [{"agreement": c, "paper": "P", "says": "S", "metric": "best_loss", "A": "x", "B": "y",
+                         "mean": 0.1, "ci": [0.05, 0.15], "n": 5, "verdict": "different"} for c in claims]}))
     assert _run(tmp_path / "README.md").returncode == 0
     lines = (tmp_path / "results" / "README.md").read_text().splitlines()
-    assert lines[-2:] == ["- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, "
-                          "1 cannot tell)", "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"]
+    assert lines[-5] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
+        "1 cannot tell)"
+    assert lines[-4] == "  - **a**, P: S (best_loss): **agrees** (x - y = +0.100, 95% CI +0.050..+0.150, n = 5, different)"
+    assert lines[-1] == "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"
+    readme = (tmp_path / "README.md")
+    readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
+    assert _run(readme).returncode == 0
+    assert readme.read_text().splitlines()[2:5] == [line[2:] for line in lines[-4:-1]]

@@ -1,6 +1,11 @@
 """How the model is spread over processes, on PyTorch's own engine (torch.distributed), launched by torchrun:
 
 - `ddp`: every rank holds the whole model and optimizer state; gradients are all-reduced (DistributedDataParallel).
+- `tp`: tensor parallelism over a 2-D mesh (data x tensor, train.tp_size ranks per tensor group) through DTensor
+  `parallelize_module`, Megatron-style with sequence parallelism (torchtitan's plan): q/k/v and w1/w3
+  column-wise, wo and w2 row-wise, every norm sequence-parallel (each rank normalizes its share of the
+  positions over the full hidden dim, so no norm statistic crosses ranks), the embedding row-wise and the head
+  column-wise; FSDP2 over the data dimension when it has more than one rank.
 - `fsdp`: FSDP2 (`fully_shard`) per block and at the root over a 1-D mesh: parameters, gradients and AdamW
   state are sharded across ranks and gathered per block for its forward and backward; with train.dtype
   bfloat16 / float16 a MixedPrecisionPolicy computes in that dtype and reduces gradients in float32.
@@ -18,13 +23,14 @@ import torch.distributed as dist
 from torch import nn
 
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
+                "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
                 "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded"}
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def shard_model(model: nn.Module, how: str, dtype: str = "float32") -> nn.Module:
-    """The model as training uses it: DDP-wrapped, or sharded in place by FSDP2 (returned as is). One process:
-    the model itself."""
+def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int = 2) -> nn.Module:
+    """The model as training uses it: DDP-wrapped, or sharded in place by FSDP2 / tensor parallelism (returned
+    as is). One process: the model itself."""
     if how not in PARALLELISMS:
         raise ValueError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -32,15 +38,68 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32") -> nn.Module
     if how == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
+
+    device, world = next(model.parameters()).device.type, dist.get_world_size()
+    if how == "fsdp":
+        return _fsdp(model, init_device_mesh(device, (world,)), dtype)
+    if world % tp_size:
+        raise ValueError(f"train.tp_size={tp_size} must divide the number of processes ({world})")
+    mesh = init_device_mesh(device, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    tensor_parallel(model, mesh["tp"])
+    return _fsdp(model, mesh["dp"], dtype) if world > tp_size else model
+
+
+def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    device = next(model.parameters()).device.type
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
     low = LOW.get(dtype)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32) if low else MixedPrecisionPolicy()
     for block in model.layers:  # gathered one block at a time; the root holds the embedding, final norm, head
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
+    """Shard the model's matmuls over `mesh` (1-D, the tensor group) in place; see the module docstring. The
+    residual stream stays a local tensor holding this rank's positions (sequence parallel)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    args, n = model.args, mesh.size()
+    if args.tie_embeddings:
+        raise ValueError("tensor parallelism needs model.tie_embeddings=false (the embedding is sharded by rows "
+                         "of the vocabulary, the head by its output columns)")
+    for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
+                                                                                    args.ffn_hidden_dim)):
+        if count % n:
+            raise ValueError(f"tensor parallelism over {n} ranks needs model {name} ({count}) divisible by {n}")
+    norm = SequenceParallel(use_local_output=True)
+    parallelize_module(model, mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": norm,
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    })
+    for block in model.layers:
+        plan = {name: norm for name, _ in block.named_children() if name.endswith("norm")}
+        plan.update({
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                            use_local_output=True),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                               use_local_output=True),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+        if hasattr(block.feed_forward, "w3"):
+            plan["feed_forward.w3"] = ColwiseParallel()
+        parallelize_module(block, mesh, plan)
     return model
 
 
