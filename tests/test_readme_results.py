@@ -89,7 +89,8 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     lines = (tmp_path / "results" / "README.md").read_text().splitlines()
     assert lines[-5] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
         "1 cannot tell)"
-    assert lines[-4] == "  - **a**, P: S (best_loss): **agrees** (x - y = +0.100, 95% CI +0.050..+0.150, n = 5, different)"
+    assert lines[-4] == ("  - **a**, P: S (best_loss): **agrees** (x - y = +0.100, 95% CI +0.050..+0.150, n = 5, "
+                         "different)")
     assert lines[-1] == "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"
     readme = (tmp_path / "README.md")
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
