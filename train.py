@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from filelock import FileLock, Timeout
-from torch.nn.parallel import DistributedDataParallel
 
 from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
@@ -46,10 +45,12 @@ from training import distributed, faults
 from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
 from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
 from training.cpu import tune_cpu
+from training.flops import flops_per_token, peak_flops
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.monitor import classify
 from training.optim import build_optimizer, lr_at
+from training.parallel import data_coords, is_sharded, load_sharded, newest_dcp, save_sharded_checkpoint, shard_model
 from training.runinfo import RunDir, run_meta, summarize, truncate_metrics, write_json, write_text
 from training.step import Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
@@ -59,7 +60,9 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # what a resumed run may change: its length and how it runs, not what it trains
 RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
              "train.threads", "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb",
-             "log.wandb_project")
+             "log.wandb_project",
+             # how it is spread over processes (a resume on another count splits the same global batch)
+             "train.parallel", "train.tp_size", "train.micro_batch_size")
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
@@ -207,7 +210,8 @@ def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, b
     model.eval()
     # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows)
     total = torch.zeros(5, device=d.device, dtype=torch.float64)
-    for x, y in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.rank, d.world_size):
+    for x, y in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.data_rank,
+                             d.data_world):
         x, y = x.to(d.device), y.to(d.device)
         with autocast:
             logits, loss = model(x, y)
@@ -218,6 +222,7 @@ def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, b
         faults.point("eval")
     model.train()
     distributed.all_reduce(total)
+    total /= d.world_size // d.data_world  # the ranks of a tensor-parallel group counted the same windows
     loss_sum, n_tokens, s1, s2, n = total.tolist()
     var = max(0.0, (s2 - s1 * s1 / n) / (n - 1)) if n > 1 else 0.0
     return loss_sum / n_tokens, math.sqrt(var / n) if n > 1 else float("nan")
@@ -249,12 +254,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
     t_start, tc = time.time(), cfg.train
+    d.data_rank, d.data_world = data_coords(d.rank, d.world_size, tc.parallel, tc.tp_size)
     cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
     data = open_data(cfg, d)
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
     kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
     torch.manual_seed(tc.seed)  # the same seed gives the same weights whatever the norm or placement
     model = Llama(cfg.model).to(d.device)
+    try:  # DDP wraps; FSDP2 / tensor parallel shard the parameters in place, before the optimizer sees them
+        wrapped = shard_model(model, tc.parallel, tc.dtype, tc.tp_size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     opt = build_optimizer(model, cfg.optim)
     run, how, lock = open_run(cfg, default_name, resume, d)  # noqa: F841  (the lock is held while `train` runs)
     if how == "finished":
@@ -265,10 +275,11 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     scaler = scaler_for(d.device, tc.dtype)
     start_step, notes = (resume_state if how == "resume" else start_state)(run, cfg, d, model, opt, scaler, data,
                                                                            {"kernels": kernels, "cpu": cpu})
-    parts = StepParts(model, ddp := DistributedDataParallel(model) if d.world_size > 1 else model,
-                      torch.compile(ddp) if tc.compile else ddp, opt, data.micro, data.accum, d.world_size, d.device,
-                      autocast_for(d.device, tc.dtype), tc.z_loss, no_clip(cfg.optim.grad_clip),
-                      tc.batch_size * tc.seq_len, scaler)
+    parts = StepParts(model, wrapped, torch.compile(wrapped) if tc.compile else wrapped, opt, data.micro,
+                      data.accum, d.world_size, d.device, autocast_for(d.device, tc.dtype), tc.z_loss,
+                      no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len, scaler,
+                      flops_per_token(cfg.model, tc.seq_len) * tc.batch_size * tc.seq_len,
+                      peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if d.device.type == "cuda" else None)
     logger = Logger(run.path if d.is_master else None, run.name, tc.steps, start_step, cfg.log.wandb,
                     cfg.log.wandb_project, to_dict(cfg))
     announce(logger, run, cfg, d, model, data, kernels, notes, start_step)
@@ -337,12 +348,13 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
     """The prepared dataset (built once, cached; concurrent processes wait), its loader and the val tokens."""
     tc = cfg.train
     prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # DataConfig's fields are prepare()'s arguments
-    per_rank = tc.batch_size // d.world_size
+    per_rank = tc.batch_size // d.data_world
     micro = tc.micro_batch_size or per_rank
-    if tc.batch_size % d.world_size or per_rank % micro:
-        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into {d.world_size} processes "
-                          f"x micro batches of train.micro_batch_size={micro}")
-    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.rank, d.world_size)
+    if tc.batch_size % d.data_world or per_rank % micro:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into {d.data_world} data-parallel "
+                          f"shares x micro batches of train.micro_batch_size={micro}")
+    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, d.data_rank,
+                         d.data_world)
     val_tokens = load_tokens(prepared, "val")
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
     return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro)
@@ -351,10 +363,14 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
 def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
     """Restore the newest readable checkpoint into model, optimizer, loss scaler, loader and RNG; (its step,
     notes)."""
-    state, fallback = load_latest(run.checkpoint)
+    sharded = newest_dcp(run.checkpoint)
+    state, fallback = ({}, None) if sharded else load_latest(run.checkpoint)
     try:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        if sharded:  # written by a sharded run: DCP reshards it onto this run's processes and layout
+            state = load_sharded(sharded, model, opt)
+        else:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         if scaler.is_enabled() and "scaler" in state:
             scaler.load_state_dict(state["scaler"])
         data.loader.load_state_dict(state["loader"])
@@ -394,7 +410,14 @@ def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scale
 
 def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler) -> None:
     """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
-    scale too, so a resumed run scales its next step as the uninterrupted one would."""
+    scale too, so a resumed run scales its next step as the uninterrupted one would. A sharded model (fsdp, tp)
+    writes a DCP directory instead, every rank its shards (resumable on any number of processes)."""
+    if is_sharded(model):
+        save_sharded_checkpoint(run.checkpoint, model, opt, {
+            "loader": loader.state_dict(), "rng": rng_state(), "step": step,
+            "schedule_steps": cfg.optim.schedule_steps,
+            **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
+        return
     if d.is_master:
         save_checkpoint(run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                          "loader": loader.state_dict(), "rng": rng_state(), "step": step,

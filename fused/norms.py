@@ -39,6 +39,8 @@ def fused_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | N
     (LayerNorm) or not (RMSNorm), through a fused path of x's device; None where there is none."""
     if x.numel() == 0:  # nothing to fuse; the formula gives empty outputs and zero gain gradients
         return None
+    if any(type(t).__name__ == "DTensor" for t in (x, weight, bias)):  # sharded (tensor parallel): DTensor ops
+        return None
     d = 1
     for s in shape:
         d *= s

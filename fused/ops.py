@@ -18,7 +18,8 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _kernel_for(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype in _DTYPES for t in tensors) and kernel_available()
+    return all(t.device.type == "cpu" and t.dtype in _DTYPES and type(t).__name__ != "DTensor" for t in tensors) \
+        and kernel_available()
 
 
 class _FusedCrossEntropy(torch.autograd.Function):

@@ -31,6 +31,17 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"  # without importing torch.distributed on every forward
+
+
+def expand_kv(q: torch.Tensor) -> bool:
+    """Whether grouped-query attention should repeat its k/v heads rather than ask SDPA for enable_gqa: on CUDA
+    in float32, where only the math kernel implements enable_gqa (flash, which has it, needs float16 / bfloat16;
+    the memory-efficient and cuDNN kernels need equal head counts). Elsewhere enable_gqa (no copy of k and v)."""
+    return q.device.type == "cuda" and q.dtype == torch.float32
+
+
 class Attention(nn.Module):
     """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value heads."""
 
@@ -50,15 +61,18 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""
         B, T, _ = x.shape
-        heads = [self.n_heads, self.n_kv_heads] + ([self.n_kv_heads] if values else [])
         linears = [self.wq, self.wk] + ([self.wv] if values else [])
-        bias = torch.cat([m.bias for m in linears]) if self.wq.bias is not None else None
-        # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
-        q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
-            [h * self.head_dim for h in heads], dim=-1)
-        q = apply_rope(self.q_norm(q.view(B, T, self.n_heads, self.head_dim)), rope).transpose(1, 2)
-        k = apply_rope(self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)), rope).transpose(1, 2)
-        return q, k, v[0].view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) if v else None
+        if _is_dtensor(self.wq.weight):  # tensor parallel: each projection is its own column-sharded matmul
+            q, k, *v = (m(x) for m in linears)
+        else:  # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
+            heads = [self.n_heads, self.n_kv_heads] + ([self.n_kv_heads] if values else [])
+            bias = torch.cat([m.bias for m in linears]) if self.wq.bias is not None else None
+            q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
+                [h * self.head_dim for h in heads], dim=-1)
+        # heads from the shapes (-1): under tensor parallelism a rank holds n_heads / tp of them
+        q = apply_rope(self.q_norm(q.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
+        k = apply_rope(self.k_norm(k.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
+        return q, k, v[0].view(B, T, -1, self.head_dim).transpose(1, 2) if v else None
 
     def qk(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys as attention sees them (used by the attention-logit probe)."""
@@ -67,7 +81,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, rope)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = q.shape[1] != k.shape[1]
+        if gqa and expand_kv(q):  # share each kv head with its query group explicitly: keeps a fused kernel
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+            gqa = False
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H * hd)
 
 

@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+MULTINODE = ("torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --master_addr $MASTER_ADDR "
+             "--master_port 29500 train.py train.parallel=fsdp")
 # Not run here (each is minutes long, or is this test suite itself); everything else in a code block is.
 SLOW = {
     "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~3.5 min)",
@@ -22,6 +24,14 @@ SLOW = {
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~1 min)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~2 min)",
     "torchrun --nproc_per_node 2 train.py": "the default model in two processes (~4 min)",
+    "torchrun --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes (~4 min); "
+    "tests/test_sharded.py runs it on the tiny config",
+    "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (~4 min); "
+    "tests/test_sharded.py runs it on the tiny config",
+    MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
+    "python scripts/sweep.py configs/study.yaml --slurm study.sbatch": "writes a file into the checkout; "
+    "tests/test_study.py runs such an array's tasks locally",
+    "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python scripts/sweep.py configs/study.yaml": "68 runs in two stages (~12 min)",
     "python scripts/compare.py studies/norm-placement-lr": "needs the 40-run study above",
 }

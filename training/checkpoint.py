@@ -47,8 +47,10 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 
 
 def has_checkpoint(path: str | Path) -> bool:
+    """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp / previous.dcp."""
     path = Path(path)
-    return path.is_file() or previous_path(path).is_file()
+    return path.is_file() or previous_path(path).is_file() or any(
+        (path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
 
 
 def load_checkpoint(path: str | Path) -> dict:

@@ -56,6 +56,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; float16 with a GradScaler)
     compile: bool = False  # torch.compile the model
+    parallel: str = "ddp"  # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
+    tp_size: int = 2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
     eval_every: int = 100  # steps between validation evals (and always at the end)
     eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
@@ -89,6 +91,7 @@ class Config:
 
 
 CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16", "float16"),
+           "train.parallel": ("ddp", "fsdp", "tp"),
            "optim.schedule": ("cosine", "linear", "constant"), "log.wandb": ("disabled", "offline", "online")}
 
 
@@ -180,7 +183,7 @@ def validate(cfg: Config) -> Config:
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
     positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
-                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr}
+                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")

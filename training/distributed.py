@@ -16,6 +16,8 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    data_rank: int = 0  # which share of each batch this process reads: its rank, or under tensor parallelism
+    data_world: int = 1  # its tensor group's index (the ranks of a group read the same data)
 
     @property
     def is_master(self) -> bool:
@@ -30,9 +32,17 @@ def setup(device: str = "auto") -> Dist:
     dev = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
+        use_tf32()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
-    return Dist(rank, local_rank, world, dev)
+    return Dist(rank, local_rank, world, dev, rank, world)
+
+
+def use_tf32() -> None:
+    """float32 matmuls and convolutions on TF32 tensor cores (10-bit mantissa inputs, float32 accumulation):
+    what a float32 run on an Ampere+ GPU should use; recorded in meta.json (`tf32`)."""
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
 
 
 def teardown() -> None:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from model.llama import parameter_kinds
+from training.parallel import full, local
 
 # The block's two main norms: what they receive is the residual stream (pre, peri) or the residual sum
 # x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are left out, so
@@ -47,8 +48,27 @@ def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of a (non-empty) list of tensors taken together."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+    """L2 norm of a (non-empty) list of tensors taken together (sharded ones: over all their shards)."""
+    return torch.linalg.vector_norm(torch.stack([full(n) for n in torch._foreach_norm(tensors)]))
+
+
+def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, torch.Tensor]:
+    """Per-rank statistics of equal shares of the data, combined over the processes as one process would have
+    computed them: means averaged, maxima maxed (two collectives); unchanged in a single process."""
+    import torch.distributed as dist
+
+    if not values or not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    keys = sorted(values)
+    out = {}
+    for group, op in ((set(keys) - maxima, dist.ReduceOp.SUM), (maxima, dist.ReduceOp.MAX)):
+        names = [k for k in keys if k in group]
+        if names:
+            t = torch.stack([values[k].float().reshape(()) for k in names])
+            dist.all_reduce(t, op=op)
+            t = t / dist.get_world_size() if op == dist.ReduceOp.SUM else t
+            out.update(zip(names, t, strict=True))
+    return out
 
 
 def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
@@ -93,12 +113,12 @@ class StabilityProbe:
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
-            self.sums[f"act/ms/layer_{i}"].append(output.detach().float().pow(2).mean())
+            self.sums[f"act/ms/layer_{i}"].append(local(output).detach().float().pow(2).mean())
         return hook
 
     def _norm_hook(self, i: int):
         def hook(module, args):
-            x = args[0].detach().float()
+            x = local(args[0]).detach().float()  # tensor parallel: this rank's positions (combined in finish)
             self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())  # what LayerNorm removes
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
             self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())  # float16: x^2 overflows above 256
@@ -112,7 +132,7 @@ class StabilityProbe:
 
     def record_logits(self, logits: torch.Tensor) -> None:
         """Output-logit magnitude and mean log partition function of one forward pass."""
-        logits = logits.detach().float()
+        logits = local(logits).detach().float()
         lo, hi = torch.aminmax(logits)  # one pass, no |logits| temporary
         self.sums["logits/max"].append(torch.maximum(hi, -lo))
         self.sums["logits/log_z"].append(torch.logsumexp(logits, -1).mean())
@@ -134,8 +154,9 @@ class StabilityProbe:
         the gains are most of a small block's parameter norm and would otherwise drown the matrices' updates."""
         names = list(self.before)
         old = [self.before[n] for n in names]
-        old_norms = torch._foreach_norm(old)
-        delta_norms = torch._foreach_norm(torch._foreach_sub([self.layer_params[n].detach() for n in names], old))
+        old_norms = [full(n) for n in torch._foreach_norm(old)]  # sharded parameters: the sums over shards
+        delta_norms = [full(n) for n in torch._foreach_norm(
+            torch._foreach_sub([self.layer_params[n].detach() for n in names], old))]
         out, parts = {}, defaultdict(lambda: defaultdict(list))  # layer -> "matrices" / "gains" -> [(delta, old)]
         for name, o, d in zip(names, old_norms, delta_norms, strict=True):
             _, i, rest = name.split(".", 2)  # layers.{i}.attention.wq.weight
@@ -160,19 +181,20 @@ class StabilityProbe:
             h.remove()
         self.handles = []
         values = dict(self.values)
-        for key, parts in self.sums.items():
-            mean = torch.stack(parts).mean()
+        maxima = {k for k in self.sums if k.startswith(("attn/", "logits/max")) or "/absmax/" in k}
+        pooled = {k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
+                  for k, parts in self.sums.items()}
+        pooled = _over_ranks(pooled, maxima)  # each rank saw its share of the batch (and positions, under TP)
+        for key, value in pooled.items():
             if "/ms/" in key:  # mean squares average over forward passes; report their root
-                key, mean = key.replace("/ms/", "/rms/"), mean.sqrt()
-            elif key.startswith(("attn/", "logits/max")) or "/absmax/" in key:
-                mean = torch.stack(parts).amax()
-            values[key] = mean
+                key, value = key.replace("/ms/", "/rms/"), value.sqrt()
+            values[key] = value
         if self.before:
             values.update(self._update_ratios())
         for i, block in enumerate(self.model.layers):
             gains = [getattr(block, n).weight for n in BLOCK_NORMS if getattr(block, n).weight is not None]
             if gains:
-                values[f"norm/gain/layer_{i}"] = torch.cat([g.detach().float().flatten() for g in gains]).mean()
+                values[f"norm/gain/layer_{i}"] = torch.cat([full(g).detach().float().flatten() for g in gains]).mean()
         self.values, self.sums, self.before = {}, defaultdict(list), {}
         keys = list(values)
         numbers = torch.stack([values[k].float().reshape(()) for k in keys]).tolist() if keys else []

@@ -49,6 +49,12 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int
     return _fsdp(model, mesh["dp"], dtype) if world > tp_size else model
 
 
+def data_coords(rank: int, world: int, how: str, tp_size: int) -> tuple[int, int]:
+    """(this process's share of the data, the number of shares): every rank its own, except that the ranks of a
+    tensor-parallel group (consecutive ranks) read the same data."""
+    return (rank // tp_size, world // tp_size) if how == "tp" and world > 1 else (rank, world)
+
+
 def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -100,7 +106,18 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
         parallelize_module(block, mesh, plan)
+        group = mesh.get_group()
+        for qk in (block.attention.q_norm, block.attention.k_norm):  # shared by all heads; a rank sees its own
+            for p in qk.parameters():
+                p.register_hook(lambda g, group=group: _sum_over(g, group))
     return model
+
+
+def _sum_over(grad: torch.Tensor, group) -> torch.Tensor:
+    """The gradient of a parameter every rank of `group` uses on its own part of the data: the sum of theirs."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(grad, "sum", group)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -115,6 +132,75 @@ def full(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def no_sync(module: nn.Module):
+    """A context in which backward accumulates gradients without reducing them across ranks (all but the last
+    micro-batch): DDP's no_sync, FSDP2's set_requires_gradient_sync(False)."""
+    from contextlib import contextmanager, nullcontext
+
+    if hasattr(module, "no_sync"):
+        return module.no_sync()
+    if not hasattr(module, "set_requires_gradient_sync"):
+        return nullcontext()
+
+    @contextmanager
+    def paused():
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    return paused()
+
+
+def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
+    """(latest, previous) DCP checkpoint directories beside a run's latest.pt."""
+    return checkpoint.with_name("latest.dcp"), checkpoint.with_name("previous.dcp")
+
+
+def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
+    """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
+    latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate."""
+    import os
+    import shutil
+
+    latest, previous = dcp_paths(checkpoint)
+    tmp = checkpoint.with_name(".latest.dcp.tmp")
+    master = not dist.is_initialized() or dist.get_rank() == 0
+    if master:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if dist.is_initialized():
+        dist.barrier()
+    save_sharded(tmp, model, opt, extra)  # ends with a barrier: every rank's shards are written
+    if master:
+        if latest.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+            os.replace(latest, previous)
+        os.replace(tmp, latest)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def newest_dcp(checkpoint: Path) -> Path | None:
+    """The DCP checkpoint directory to resume from if it is newer than latest.pt (or there is no latest.pt)."""
+    latest, previous = dcp_paths(checkpoint)
+    found = [p for p in (latest, previous) if (p / "extra.pt").is_file()]
+    if not found:
+        return None
+    best = max(found, key=lambda p: (p / "extra.pt").stat().st_mtime)
+    if checkpoint.is_file() and checkpoint.stat().st_mtime > (best / "extra.pt").stat().st_mtime:
+        return None
+    return best
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (e.g. its positions under sequence parallelism); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:

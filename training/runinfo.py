@@ -72,6 +72,7 @@ def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_siz
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
         else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(), "world_size": world_size, "dtype": dtype,
+        "tf32": device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32",
         "parameters": model.num_params(), "non_embedding_parameters": model.num_params(non_embedding=True),
         "data": {k: data_meta.get(k) for k in ("source", "vocab_size", "train_tokens", "val_tokens",
                                                 "unigram_entropy", "corpus_sha256")},
@@ -146,6 +147,7 @@ def summarize(records: list[dict], status: str, steps_done: int, total_steps: in
         "spike_window": spike_window, "spike_k": spike_k,
         "tokens_per_s": tps[len(tps) // 2] if tps else None,  # median over steps
         "wall_time_s": round(wall_time_s, 2),
+        **({"mfu": mfu[len(mfu) // 2]} if (mfu := sorted(series(records, "train/mfu")[1:])) else {}),  # GPUs only
     }
 
 

@@ -11,6 +11,7 @@ import torch
 
 from training import distributed
 from training.monitor import is_finite
+from training.parallel import full, no_sync
 
 
 @dataclass
@@ -44,6 +45,8 @@ class StepParts:
     clip: float  # max global grad norm (inf: no clipping)
     tokens_per_step: int
     scaler: torch.amp.GradScaler | None = None  # float16 autocast: dynamic loss scaling; None or disabled: off
+    flops_per_step: float = 0.0  # model FLOPs of one optimizer step (training/flops.py)
+    peak_flops: float | None = None  # per device; known: train/mfu is logged
 
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,7 +79,7 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     loss_sum = torch.zeros((), device=p.device)
     for i, (xm, ym) in enumerate(zip(x.split(p.micro), y.split(p.micro), strict=True)):
         # DDP all-reduces gradients only on the last micro-batch
-        sync = nullcontext() if i == p.accum - 1 or p.world_size == 1 else p.ddp.no_sync()
+        sync = nullcontext() if i == p.accum - 1 or p.world_size == 1 else no_sync(p.ddp)
         with sync:
             with p.autocast:
                 logits, loss = forward(xm.to(p.device), ym.to(p.device))
@@ -91,7 +94,7 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
         scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     if probe is not None:
         probe.record_grads()  # before clipping, like the global norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip)
+    grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))  # sharded: the global norm
     train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
     loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
@@ -121,7 +124,10 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     p.opt.zero_grad(set_to_none=True)
     record["grad/clipped"] = float(norm_value > p.clip)
     record.update(probe.finish() if probe is not None else {})
-    record["train/tokens_per_s"] = p.tokens_per_step / (time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    record["train/tokens_per_s"] = p.tokens_per_step / dt
+    if p.peak_flops:  # model FLOPs utilization of each device
+        record["train/mfu"] = p.flops_per_step / dt / (p.peak_flops * p.world_size)
     return {**record, "diverged": False}
 
 

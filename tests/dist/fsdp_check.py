@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from model import Llama, ModelArgs
+from training.distributed import teardown
 from training.parallel import full, load_sharded, save_sharded, shard_model
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
@@ -71,8 +72,7 @@ def main() -> None:
             "grad_norm_diff": max(abs(g[n] - r[n]) for g, r in zip(grads, ref_grads, strict=True) for n in r),
             "param_diff": max((params[n] - p).abs().max().item() for n, p in ref.named_parameters()),
             "sharded": type(next(model.parameters())).__name__}, open(out / "fsdp.json", "w"))
-    dist.barrier()
-    dist.destroy_process_group()
+    teardown()  # a bounded barrier first: gloo can abort a rank that leaves while another still works
 
 
 if __name__ == "__main__":

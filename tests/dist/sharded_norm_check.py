@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from model.norms import LayerNorm, RMSNorm
 from model.sharded_norms import ShardedNorm, shard_sizes
+from training.distributed import teardown
 
 
 def check(cls, dim: int) -> dict:
@@ -47,8 +48,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    teardown()  # a bounded barrier first: gloo can abort a rank that leaves while another still works
 
 
 if __name__ == "__main__":

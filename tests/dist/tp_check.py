@@ -1,0 +1,53 @@
+"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU): tensor parallelism (tp = 2, sequence-
+parallel norms) against one process, for every placement; rank 0 writes the max differences to argv[1]."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from model import Llama, ModelArgs
+from training.distributed import teardown
+from training.parallel import full, shard_model
+
+STEPS = 4
+
+
+def train(placement: str, norm: str, how: str | None) -> tuple[list[float], dict, dict]:
+    torch.manual_seed(0)
+    model = Llama(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16,
+                            norm=norm, placement=placement, norm_impl="fast", ops_impl="fast", qk_norm=True))
+    if how:
+        shard_model(model, how, tp_size=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # linear in the gradients: float noise stays float noise
+    losses, grads = [], {}
+    for s in range(STEPS):
+        idx = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(100 + s))
+        loss = model(idx[:, :-1], idx[:, 1:])[1]
+        loss.backward()
+        if s == 0:  # the first step's gradients: before updates compound the float noise
+            grads = {n: full(p.grad).norm().item() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, grads, {n: full(p).detach() for n, p in model.named_parameters()}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    out = {}
+    for placement in ("pre", "post", "peri", "reordered", "deepnorm"):
+        for norm in ("rmsnorm", "layernorm"):
+            ref, par = train(placement, norm, None), train(placement, norm, "tp")
+            out[f"{placement}/{norm}"] = {
+                "loss": max(abs(a - b) for a, b in zip(ref[0], par[0], strict=True)),
+                "grad_norm_rel": max(abs(ref[1][n] - par[1][n]) / max(ref[1][n], 1e-3) for n in ref[1]),
+                "param": max((ref[2][n] - par[2][n]).abs().max().item() for n in ref[2])}
+    if dist.get_rank() == 0:
+        json.dump(out, open(sys.argv[1], "w"))
+    teardown()  # a bounded barrier first: gloo can abort a rank that leaves while another still works
+
+
+if __name__ == "__main__":
+    main()

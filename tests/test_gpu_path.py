@@ -1,0 +1,59 @@
+"""The GPU path's choices, checked on CPU: SDPA inputs that keep a fused kernel, TF32, MFU, the GPU script."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.layers import expand_kv
+from training.distributed import use_tf32
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _On:
+    """Stands in for a tensor on another device (only .device.type and .dtype are read)."""
+
+    def __init__(self, device: str, dtype: torch.dtype):
+        self.device, self.dtype = torch.device(device), dtype
+
+
+def test_gqa_repeats_kv_heads_only_for_float32_on_cuda():
+    assert expand_kv(_On("cuda", torch.float32))  # enable_gqa would force the math kernel
+    assert not expand_kv(_On("cuda", torch.bfloat16))  # flash attention implements enable_gqa
+    assert not expand_kv(_On("cpu", torch.float32))
+
+
+def test_repeated_kv_heads_give_the_same_attention_as_enable_gqa():
+    q, k, v = torch.randn(2, 8, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    gqa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    rep = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
+    torch.testing.assert_close(gqa, rep)
+
+
+def test_tf32_is_switched_on_for_float32_matmuls():
+    before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    try:
+        use_tf32()
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
+    r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| rmsnorm | ours (fast) | bfloat16 |" in r.stdout and "| layernorm | torch.nn.LayerNorm |" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| gpt2-124m")]
+    assert len(rows) == 2 and "| bfloat16 |" in rows[0] and "| float32 |" in rows[1]
+
+
+def test_gpu_script_without_a_gpu_is_one_line():
+    r = subprocess.run([sys.executable, "scripts/gpu_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: no CUDA device")
