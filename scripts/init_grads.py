@@ -48,15 +48,16 @@ def layer_grad_norms(args: ModelArgs, batch: int, seq: int, seed: int = 0) -> li
 
 
 def direction(ratios: list[float]) -> str:
-    """How the gradient norm goes from the first to the last layer, stated only when every seed agrees."""
+    """How the gradient norm goes from the first to the last layer over seeds: flat when every seed is within
+    1.5x, else rises / falls when every seed goes the same way (the range says by how much), else seeds disagree."""
     if any(r != r for r in ratios):
         return "not finite"
-    if all(r > 1.5 for r in ratios):
-        return "rises with layer index"
-    if all(r < 1 / 1.5 for r in ratios):
-        return "falls with layer index"
     if all(1 / 1.5 <= r <= 1.5 for r in ratios):
         return "flat (within 1.5x)"
+    if all(r > 1 for r in ratios):
+        return "rises with layer index"
+    if all(r < 1 for r in ratios):
+        return "falls with layer index"
     return "seeds disagree"
 
 
@@ -119,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(map(str, a.seeds))} --dim {a.dim} --batch {a.batch} --seq {a.seq}`", "",
         __doc__.split("\n\n")[2].replace("\n", " "), "", "## What the numbers show", "",
         *[f"- {s}" for s in said], "", "![per-layer gradient norm at init](init_grads.png)", "", *table, ""]))
-    (a.out / "report.json").write_text(json.dumps({"name": "init-grads", "about": about, "runs": len(results),
-                                                   "findings": said}, indent=1) + "\n")
+    (a.out / "report.json").write_text(json.dumps({
+        "name": "init-grads", "about": about, "runs": len(results), "findings": said,
+        "grad_norms": {"/".join(map(str, k)): v for k, v in results.items()}}, indent=1) + "\n")
     print(f"report: {a.out / 'report.md'}")
     return 0
 

@@ -55,6 +55,7 @@ def test_init_grads_direction_is_stated_only_when_every_seed_agrees():
         sys.path.pop(0)
     assert direction([3.0, 2.0]) == "rises with layer index" and direction([0.05, 0.2]) == "falls with layer index"
     assert direction([1.2, 0.9]) == "flat (within 1.5x)" and direction([3.0, 0.9]) == "seeds disagree"
+    assert direction([1.03, 3.79]) == "rises with layer index"  # every seed rises, one by less than 1.5x
     assert direction([float("nan")]) == "not finite"
 
 
