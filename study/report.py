@@ -67,7 +67,8 @@ def _ci(ci) -> str:
 
 
 def wall_span(runs) -> float | None:
-    """Seconds from the earliest run start (meta.json) to the latest run end (start + summary wall time)."""
+    """Seconds during which at least one run was in flight: the union of the runs' [start (meta.json), start +
+    summary wall time] intervals, so a study run in stages at different times is not charged for the gap."""
     spans = []
     for r in runs:
         try:
@@ -76,7 +77,13 @@ def wall_span(runs) -> float | None:
         except (OSError, ValueError, KeyError):
             continue
         spans.append((start, start + float(r.summary.get("wall_time_s") or 0)))
-    return max(e for _, e in spans) - min(s for s, _ in spans) if spans else None
+    if not spans:
+        return None
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        total += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return total
 
 
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
@@ -298,7 +305,7 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
                else "the first train loss (these runs predate the step-0 eval)")
     span = wall_span(runs)
     lines = [f"# Stability report: {', '.join(p.name for p in paths)}", "",
-             (f"Wall time: {span / 60:.1f} min from the first run's start to the last run's end. " if span else "")
+             (f"Wall time: {span / 60:.1f} min with runs in flight. " if span else "")
              + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(keys) or 'nothing'}); learning rates "
              f"{', '.join(f'{x:g}' for x in lrs)}; seeds {', '.join(map(str, seeds))}; {steps} steps per run.", "",
              "Outcomes, judged on the whole val curve: `ok` learned and kept it; `plateau` no eval got "

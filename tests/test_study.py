@@ -380,3 +380,15 @@ def test_best_loss_claims_pair_each_arm_at_its_own_best_lr(tmp_path):
     write_report([tmp_path], tmp_path / "out", margin=0.02)
     (r,) = json.loads((tmp_path / "out" / "report.json").read_text())["claims"]
     assert r["lr"] == [1e-3, 1e-2] and r["mean"] == pytest.approx(0.05) and r["agreement"] == "agrees"
+
+
+def test_wall_time_counts_only_time_with_runs_in_flight(tmp_path):
+    from study.report import wall_span
+
+    for name, start, seconds in (("a", "2026-01-01T10:00:00", 60), ("b", "2026-01-01T10:00:30", 60),
+                                 ("c", "2026-01-01T11:00:00", 30)):  # a and b overlap; c runs an hour later
+        _write_run(tmp_path, name, "rmsnorm", 1e-2, 0, "ok", 3.0)
+        (tmp_path / "runs" / name / "meta.json").write_text(json.dumps({"started": start}))
+        summary = tmp_path / "runs" / name / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_time_s": seconds}))
+    assert wall_span(study_runs.find_runs([tmp_path])) == 90 + 30
