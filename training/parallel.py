@@ -16,6 +16,8 @@ shards, and a load reshards to whatever world size reads it (saved on 2 ranks, r
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -137,7 +139,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def no_sync(module: nn.Module):
     """A context in which backward accumulates gradients without reducing them across ranks (all but the last
     micro-batch): DDP's no_sync, FSDP2's set_requires_gradient_sync(False)."""
-    from contextlib import contextmanager, nullcontext
+    from contextlib import nullcontext
 
     if hasattr(module, "no_sync"):
         return module.no_sync()
@@ -203,6 +205,14 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+@contextmanager
+def _single_process_ok():
+    """DCP warns that it 'assumes' a single process when there is no process group: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
     """A DCP checkpoint directory: model and optimizer state as each rank holds it, plus `extra` (step, loader,
     RNG...; the same on every rank, written once)."""
@@ -210,7 +220,9 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, opt_state = get_state_dict(model, opt)
-    dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path))
+    with _single_process_ok():
+        dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
+                 no_dist=not dist.is_initialized())
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(extra, Path(path) / "extra.pt")
     if dist.is_initialized():
@@ -225,6 +237,7 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
 
     model_state, opt_state = get_state_dict(model, opt)
     state = {"model": model_state, "optimizer": opt_state}
-    dcp.load(state, checkpoint_id=str(path))
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return torch.load(Path(path) / "extra.pt", weights_only=False)
