@@ -48,6 +48,11 @@ void forward_rows(const x_t* __restrict__ x, const w_t* __restrict__ w, const w_
     const bool stream_rows = kFloat && w && !b && rows * d * sizeof(o_t) >= kStreamBytes;
     std::vector<float> buffer(stream_rows ? d : 0);
     float* __restrict__ tmp = buffer.data();
+    // bfloat16 / half with a gain: the row converted to float once, into L1 buffers the later loops read
+    constexpr bool k16 = !std::is_same_v<x_t, acc_t>;
+    std::vector<acc_t> row16(k16 && w ? 2 * d : 0);
+    acc_t* __restrict__ xh = row16.data();
+    acc_t* __restrict__ gf = xh + (k16 && w ? d : 0);
     for (int64_t r = begin; r < end; ++r) {
       const x_t* __restrict__ xr = x + r * d;
       o_t* __restrict__ yr = y + r * d;
@@ -103,6 +108,11 @@ void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w
     const bool stream_rows = std::is_same_v<x_t, float> && w && rows * d * sizeof(x_t) >= kStreamBytes;
     std::vector<float> buffer(stream_rows ? d : 0);
     float* __restrict__ tmp = buffer.data();
+    // bfloat16 / half with a gain: the row converted to float once, into L1 buffers the later loops read
+    constexpr bool k16 = !std::is_same_v<x_t, acc_t>;
+    std::vector<acc_t> row16(k16 && w ? 2 * d : 0);
+    acc_t* __restrict__ xh = row16.data();
+    acc_t* __restrict__ gf = xh + (k16 && w ? d : 0);
     for (int64_t r = begin; r < end; ++r) {
       const x_t* __restrict__ xr = x + r * d;
       const g_t* __restrict__ gr = g + r * d;
@@ -120,15 +130,21 @@ void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w
           c1 += gj * up(w[j]) * xh;
           dw[j] += gj * xh;
         }
-      } else if (dw) {  // bfloat16 / half: that loop would not vectorize (GCC 12), so two loops
+      } else if (dw) {  // bfloat16 / half: one converting pass, then float loops (the fused loop would not
+                        // vectorize with GCC 12); the same operations in the same order as the float path
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          xh[j] = (up(xr[j]) - mean) * rs;
+          gf[j] = up(gr[j]);
+        }
 #pragma omp simd reduction(+ : c0, c1)
         for (int64_t j = 0; j < d; ++j) {
-          const acc_t gw = up(gr[j]) * up(w[j]);
+          const acc_t gw = gf[j] * up(w[j]);
           if constexpr (kCenter) c0 += gw;
-          c1 += gw * (up(xr[j]) - mean) * rs;
+          c1 += gw * xh[j];
         }
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) dw[j] += up(gr[j]) * round_to<x_t>((up(xr[j]) - mean) * rs);
+        for (int64_t j = 0; j < d; ++j) dw[j] += gf[j] * round_to<x_t>(xh[j]);
       } else {
 #pragma omp simd reduction(+ : c0, c1)
         for (int64_t j = 0; j < d; ++j) {
@@ -145,6 +161,9 @@ void backward_rows(const g_t* __restrict__ g, const x_t* __restrict__ x, const w
         for (int64_t j = 0; j < d; ++j)
           tmp[j] = rs * (up(gr[j]) * up(w[j]) - c0 - (up(xr[j]) - mean) * rs * c1);
         normlab::stream_floats(reinterpret_cast<float*>(dxr), tmp, d);
+      } else if (k16 && w && dw) {  // from the float buffers of the first pass
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) dxr[j] = down<x_t>(rs * (gf[j] * up(w[j]) - c0 - xh[j] * c1));
       } else if (w) {
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j)
