@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.grid import expand, load_study, quick_study
+from study.grid import expand, expected_time, load_study, quick_study
 from study.refine import refined_runs
 from study.report import write_report
 from study.runner import REPO, parse_shard, run_study, sbatch_script, state
@@ -95,6 +95,12 @@ def sweep(argv: list[str] | None = None) -> int:
         for r in runs:
             print(r["name"], " ".join(r["overrides"]))
         print(f"{len(runs)} runs -> {study_dir}")
+        if study.get("expected"):
+            try:
+                print(expected_time(study, runs))
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         return 0
     study_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(a.study, study_dir / "study.yaml")

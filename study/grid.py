@@ -15,7 +15,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
 
 
 STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin", "refine",
-              "claims", "quick"}
+              "claims", "quick", "expected"}
 
 
 
@@ -93,6 +93,29 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
     if sides["a"] == sides["b"]:
         raise ConfigError(f"{where}: a and b are the same arm")
     return {**claim, **sides}
+
+
+def expected_time(study: dict, runs: list[dict]) -> str | None:
+    """The study file's `expected: {device, mfu, gpus}` turned into an estimate from the model's FLOPs: training
+    FLOPs of every run (training/flops.py, 6N + 12LdT per token x batch x seq_len x steps; evals not counted) over
+    `gpus` devices at `mfu` of the device's dense peak. None without an `expected` section."""
+    from training.flops import flops_per_token, peak_flops
+
+    exp = study.get("expected")
+    if not exp:
+        return None
+    total = 0.0
+    for r in runs:
+        cfg = load_config(study["config"], r["overrides"])
+        t = cfg.train
+        total += flops_per_token(cfg.model, t.seq_len) * t.batch_size * t.seq_len * t.steps
+    peak = peak_flops(str(exp["device"]), str(exp.get("dtype", "bfloat16")))
+    if not peak:
+        raise ConfigError(f"expected.device {exp['device']!r} has no known peak (training/flops.py PEAK_TFLOPS)")
+    gpus, mfu = int(exp.get("gpus", 8)), float(exp.get("mfu", 0.4))
+    hours = total / (peak * mfu * gpus) / 3600
+    return (f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x {exp['device']} "
+            f"at {mfu:.0%} MFU ({total / len(runs) / (peak * mfu) / 3600:.2f} GPU-h per run)")
 
 
 def quick_study(study: dict) -> dict:

@@ -392,3 +392,12 @@ def test_wall_time_counts_only_time_with_runs_in_flight(tmp_path):
         summary = tmp_path / "runs" / name / "summary.json"
         summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_time_s": seconds}))
     assert wall_span(study_runs.find_runs([tmp_path])) == 90 + 30
+
+
+def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys):
+    """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters; per token
+    6 N + 12 x 12 x 768 x 1024 = 855,244,800 FLOPs; x 512 x 1024 x 2000 tokens x 24 runs = 2.15e19; over 8 H100s
+    at 40% of 989 TFLOP/s: 6,800 s = 1.9 h."""
+    assert cli.sweep([str(CONFIGS / "study-gpu.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h per run)" in out
