@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -208,12 +209,15 @@ def claim_sentence(r: dict) -> str:
 
 
 def study_about(paths: list[Path]) -> str:
-    """The first comment line of the first study.yaml among `paths` (what the study asks), else ''."""
+    """The first sentence of the first study.yaml's opening comment among `paths` (what the study asks), else ''."""
+    import re
+
     for p in paths:
         if (p / "study.yaml").is_file():
-            for line in (p / "study.yaml").read_text().splitlines():
-                if line.startswith("#"):
-                    return line.lstrip("# ").strip()
+            lines = (p / "study.yaml").read_text().splitlines()
+            comment = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(
+                lambda line: line.startswith("#"), lines))
+            return re.split(r"(?<=[.?])\s+(?=[A-Z])", comment, maxsplit=1)[0]
     return ""
 
 

@@ -401,3 +401,11 @@ def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys
     assert cli.sweep([str(CONFIGS / "study-gpu.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h per run)" in out
+
+
+def test_a_report_says_what_its_study_asks_in_one_sentence(tmp_path):
+    from study.report import study_about
+
+    (tmp_path / "study.yaml").write_text("# Depth x placement: does Post-LN get worse (Xiong et al. 2020)? Under\n"
+                                         "# the init they use. More.\nname: x\n")
+    assert study_about([tmp_path]) == "Depth x placement: does Post-LN get worse (Xiong et al. 2020)?"
