@@ -48,11 +48,6 @@ void forward_rows(const x_t* __restrict__ x, const w_t* __restrict__ w, const w_
     const bool stream_rows = kFloat && w && !b && rows * d * sizeof(o_t) >= kStreamBytes;
     std::vector<float> buffer(stream_rows ? d : 0);
     float* __restrict__ tmp = buffer.data();
-    // bfloat16 / half with a gain: the row converted to float once, into L1 buffers the later loops read
-    constexpr bool k16 = !std::is_same_v<x_t, acc_t>;
-    std::vector<acc_t> row16(k16 && w ? 2 * d : 0);
-    acc_t* __restrict__ xh = row16.data();
-    acc_t* __restrict__ gf = xh + (k16 && w ? d : 0);
     for (int64_t r = begin; r < end; ++r) {
       const x_t* __restrict__ xr = x + r * d;
       o_t* __restrict__ yr = y + r * d;

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from model.llama import parameter_kinds
+from training import distributed
 from training.parallel import full, local
 
 # The block's two main norms: what they receive is the residual stream (pre, peri) or the residual sum
@@ -65,7 +66,7 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
         names = [k for k in keys if k in group]
         if names:
             t = torch.stack([values[k].float().reshape(()) for k in names])
-            dist.all_reduce(t, op=op)
+            t = distributed.all_reduce(t, op)
             t = t / dist.get_world_size() if op == dist.ReduceOp.SUM else t
             out.update(zip(names, t, strict=True))
     return out

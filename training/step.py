@@ -100,30 +100,26 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
     if scaler:
         record["amp/scale"] = scaler.get_scale()
-        if is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1:
-            # float16 gradients overflowed at this loss scale: the scaler skips the update and halves the scale
-            scaler.step(p.opt)
-            scaler.update()
-            p.opt.zero_grad(set_to_none=True)
-            if probe is not None:
-                probe.finish()
-            record["train/tokens_per_s"] = p.tokens_per_step / (time.perf_counter() - t0)
-            return {**record, "amp/skipped": 1.0, "diverged": False}
-    if not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite gradient
+    # float16: gradients that overflowed at this loss scale are not a divergence; the scaler skips the update
+    # (its step() sees the infs unscale_ found) and halves the scale
+    overflow = bool(scaler) and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
+    if not overflow and not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite grad
         if probe is not None:
             probe.finish()  # detach the hooks
         return {**record, "diverged": True}
-    if probe is not None:
+    if probe is not None and not overflow:
         probe.snapshot()  # parameters before the update, for update/ratio
     if scaler:
+        record["amp/skipped"] = float(overflow)
         scaler.step(p.opt)
         scaler.update()
-        record["amp/skipped"] = 0.0
     else:
         p.opt.step()
     p.opt.zero_grad(set_to_none=True)
-    record["grad/clipped"] = float(norm_value > p.clip)
-    record.update(probe.finish() if probe is not None else {})
+    metrics = probe.finish() if probe is not None else {}
+    if not overflow:
+        record["grad/clipped"] = float(norm_value > p.clip)
+        record.update(metrics)
     dt = time.perf_counter() - t0
     record["train/tokens_per_s"] = p.tokens_per_step / dt
     if p.peak_flops:  # model FLOPs utilization of each device
