@@ -195,7 +195,7 @@ def test_interrupted_checkpoint_write_keeps_both_checkpoints(tmp_path, monkeypat
 @pytest.mark.slow
 def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
     cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "same",
-           "--resume", "train.steps=400", "train.sample_tokens=0"]
+           "--resume", "train.steps=100000", "train.sample_tokens=0"]  # still running when the second starts
     first = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):  # until the first holds the run
