@@ -1,16 +1,49 @@
+"""Shared fixtures and helpers. Test helpers live here once (import them: `from conftest import tiny_args`).
+
+NORMLAB_TEST_THREADS=N runs every test with N torch threads in-process, N threads per tiny training run
+(train.threads) and OMP_NUM_THREADS=N for the subprocesses that do not set their own; unset, tests run with
+torch's default in-process and tiny runs with tiny.yaml's one thread. Each test starts at that count, whatever
+an earlier in-process run set (train.threads changes the process-wide setting)."""
+
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests never reach the network
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+REPO = Path(__file__).resolve().parent.parent
+TINY = str(REPO / "configs" / "tiny.yaml")
+THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0"))
+DEFAULT_THREADS = torch.get_num_threads()
+if THREADS:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
 WORDS = ("the a norm layer model train loss grad step rate mean scale root square token batch stable "
          "spike learn weight decay warm cosine head block residual stream value key query attention "
          "of to and in is for with on by as it at from that this be are was").split()
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(THREADS or DEFAULT_THREADS)
+
+
+def tiny_args(**kw):
+    """A small ModelArgs (2 layers, d = 32, grouped-query attention) for model-level tests; kw override it."""
+    from model import ModelArgs
+
+    return ModelArgs(**{**dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16), **kw})
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (b is the reference)."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def write_corpus(path, paragraphs: int = 300, seed: int = 0) -> str:
@@ -46,5 +79,25 @@ def prepared(corpus_file, tmp_path_factory):
 def data_args(prepared):
     """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
     meta = json.loads((prepared / "meta.json").read_text())
+    threads = [f"train.threads={THREADS}"] if THREADS else []
     return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
-            "data.val_fraction=0.1"]
+            "data.val_fraction=0.1", *threads]
+
+
+@pytest.fixture
+def run_tiny(tmp_path, data_args):
+    """run_tiny(*args) -> exit code: train.py in-process on configs/tiny.yaml and the session's corpus, writing
+    under tmp_path (so a run named N is tmp_path / N)."""
+    import train
+
+    def run(*args: str) -> int:
+        return train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, *args])
+
+    return run
+
+
+def logged(run_dir, key: str = "train/loss") -> list:
+    """Every logged value of one metric of a run, in step order."""
+    from training.runinfo import read_metrics
+
+    return [r[key] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if key in r]

@@ -4,11 +4,10 @@ on stderr that names the field or file and what is allowed, a non-zero exit, no 
 import os
 
 import pytest
+from conftest import TINY
 
 import train
 from study.cli import sweep
-
-TINY = str(train.REPO / "configs" / "tiny.yaml")
 
 # (case, file contents or None, extra arguments, what the line must say); {f} is the bad file's path
 CONFIGS = [

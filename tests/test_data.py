@@ -95,6 +95,7 @@ def test_token_dtype_rule():
     assert prep.token_dtype(65537) == np.uint32 and prep.token_dtype(128_256) == np.uint32
 
 
+@pytest.mark.slow  # reads the whole standard library's documentation twice
 def test_pydocs_is_deterministic_and_large_enough():
     a, b = pydocs_documents(), pydocs_documents()
     assert a == b

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY
 
 import train
 from data.tokenizer import Tokenizer
 from training.runinfo import load_run
 
 transformers = pytest.importorskip("transformers")
-TINY = str(train.REPO / "configs" / "tiny.yaml")
 
 
 def _export(run_dir, out):

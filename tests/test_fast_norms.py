@@ -5,6 +5,7 @@ import functools
 
 import pytest
 import torch
+from conftest import rel_err
 
 import fused.norms as fast_norms
 from model.norms import LayerNorm, RMSNorm
@@ -15,8 +16,7 @@ FastLayerNorm = functools.partial(LayerNorm, impl="fast")
 PAIRS = [(RMSNorm, FastRMSNorm), (LayerNorm, FastLayerNorm)]
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+_rel = rel_err
 
 
 def _run(module, x, g):
@@ -39,6 +39,16 @@ def _pair(ref_cls, fast_cls, shape, dtype, bias=False, affine=True, seed=0):
     return ref.to(dtype), fast.to(dtype)
 
 
+def _as_accurate_as_the_reference(fast, ref, x, g):
+    """The fused kernel's float32 outputs and gradients are as close to float64 math as torch's ops running the
+    formula are (within 2x, or float32 noise: 2e-6 relative). A bound against the truth, not against the other
+    float32 result: both round, and how they round depends on the CPU's vector width and FMA."""
+    truth = _run(copy.deepcopy(ref).double(), x.double(), g.double())
+    for f, r, t in zip(_run(fast, x, g), _run(ref, x, g), truth, strict=True):
+        assert f.dtype == r.dtype and f.shape == r.shape
+        assert _rel(f, t) < max(2 * _rel(r, t), 2e-6), (_rel(f, t), _rel(r, t))
+
+
 def test_kernel_builds_here():
     assert fast_norms.kernel_available()  # gcc is part of the supported setup; the fallback is tested below
 
@@ -53,9 +63,7 @@ def test_float32_matches_reference_within_rounding(ref_cls, fast_cls, bias, xsha
     ref, fast = _pair(ref_cls, fast_cls, shape, torch.float32, bias)
     gen = torch.Generator().manual_seed(1)
     x, g = torch.randn(xshape, generator=gen) * 3 + 1, torch.randn(xshape, generator=gen)
-    for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert _rel(a, b) < 2e-6
+    _as_accurate_as_the_reference(fast, ref, x, g)
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
@@ -66,8 +74,7 @@ def test_large_inputs_take_the_streaming_store_path_and_still_match(ref_cls, fas
     gen = torch.Generator().manual_seed(2)
     x, g = torch.randn(8195, 1025, generator=gen) * 3 + 1, torch.randn(8195, 1025, generator=gen)
     assert x.numel() * 4 >= 32 << 20
-    for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
-        assert _rel(a, b) < 2e-6
+    _as_accurate_as_the_reference(fast, ref, x, g)
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
@@ -78,8 +85,7 @@ def test_non_contiguous_input_and_no_affine(ref_cls, fast_cls):
     assert not x.is_contiguous()
     for affine in (True, False):
         ref, fast = _pair(ref_cls, fast_cls, 40, torch.float32, affine=affine)
-        for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
-            assert _rel(a, b) < 2e-6
+        _as_accurate_as_the_reference(fast, ref, x, g)
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)

@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 import train
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.runinfo import read_metrics
-
-TINY = str(train.REPO / "configs" / "tiny.yaml")
-
-
-def run(tmp_path, data_args, *args):
-    return train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, *args])
 
 
 def records(run_dir):
@@ -34,23 +29,23 @@ def curve(run_dir):
 
 # -- --resume on every launch ------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_resume_is_safe_on_every_launch(tmp_path, data_args, capsys):
+def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     args = ["--name", "p", "--resume", "train.steps=8", "train.checkpoint_every=4", "train.eval_every=4"]
-    assert run(tmp_path, data_args, *args) == 0  # no run directory: starts at step 0
+    assert run_tiny(*args) == 0  # no run directory: starts at step 0
     assert [r["step"] for r in records(tmp_path / "p")] == list(range(0, 9))
     capsys.readouterr()
-    assert run(tmp_path, data_args, *args) == 0  # finished: says so, touches nothing
+    assert run_tiny(*args) == 0  # finished: says so, touches nothing
     assert "already finished" in capsys.readouterr().err
-    assert run(tmp_path, data_args, "--name", "ref", "train.steps=8", "train.checkpoint_every=4",
+    assert run_tiny("--name", "ref", "train.steps=8", "train.checkpoint_every=4",
                "train.eval_every=4") == 0
     assert curve(tmp_path / "p") == curve(tmp_path / "ref")
     # a run directory with logs but no checkpoint yet (killed before its first checkpoint): starts over
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "tr')
-    assert run(tmp_path, data_args, *args[:1], "q", *args[2:]) == 0
+    assert run_tiny(*args[:1], "q", *args[2:]) == 0
     assert "no checkpoint" in capsys.readouterr().err and curve(tmp_path / "q") == curve(tmp_path / "ref")
     # a different config under the same name is refused, in one line
-    assert run(tmp_path, data_args, "--name", "q", "--resume", "optim.lr=0.1") == train.EXIT_BAD_INPUT
+    assert run_tiny("--name", "q", "--resume", "optim.lr=0.1") == train.EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "differs from the saved" in err[0] and "optim.lr" in err[0]
 
@@ -100,10 +95,10 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
 
 # -- storage faults ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_unreadable_latest_checkpoint_falls_back_to_previous(tmp_path, data_args, capsys):
+def test_unreadable_latest_checkpoint_falls_back_to_previous(tmp_path, capsys, run_tiny):
     base = ["train.steps=8", "train.checkpoint_every=2", "train.eval_every=4"]
-    assert run(tmp_path, data_args, "--name", "ref", *base) == 0
-    assert run(tmp_path, data_args, "--name", "c", *base, "train.stop_at=6") == 0
+    assert run_tiny("--name", "ref", *base) == 0
+    assert run_tiny("--name", "c", *base, "train.stop_at=6") == 0
     ckpt = tmp_path / "c" / "checkpoints"
     assert load_checkpoint(ckpt / "previous.pt")["step"] == 4 and load_checkpoint(ckpt / "latest.pt")["step"] == 6
     data = (ckpt / "latest.pt").read_bytes()
@@ -121,13 +116,12 @@ def test_unreadable_latest_checkpoint_falls_back_to_previous(tmp_path, data_args
 
 
 @pytest.mark.slow
-def test_checkpoint_of_another_shape_and_torn_metrics(tmp_path, data_args, capsys):
-    assert run(tmp_path, data_args, "--name", "s", "train.steps=6", "train.stop_at=4") == 0
+def test_checkpoint_of_another_shape_and_torn_metrics(tmp_path, capsys, run_tiny):
+    assert run_tiny("--name", "s", "train.steps=6", "train.stop_at=4") == 0
     ckpt = tmp_path / "s" / "checkpoints" / "latest.pt"
     good = ckpt.read_bytes()
-    other = tmp_path / "o"
-    assert run(other, data_args, "--name", "o", "train.steps=2", "model.dim=64") == 0
-    ckpt.write_bytes((other / "o" / "checkpoints" / "latest.pt").read_bytes())
+    assert run_tiny("--name", "o", "train.steps=2", "model.dim=64") == 0
+    ckpt.write_bytes((tmp_path / "o" / "checkpoints" / "latest.pt").read_bytes())
     capsys.readouterr()
     assert train.main(["--name", "s", "--resume", f"log.out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -161,8 +155,8 @@ def test_damaged_prepared_data_is_one_line(tmp_path, corpus_file, capsys, damage
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["checkpoint", "log"])
-def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, data_args, monkeypatch, capsys, where):
-    assert run(tmp_path, data_args, "--name", "e", "train.steps=8", "train.checkpoint_every=2",
+def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys, where, run_tiny):
+    assert run_tiny("--name", "e", "train.steps=8", "train.checkpoint_every=2",
                "train.stop_at=4") == 0
     def enospc(*args, **kwargs):
         raise OSError(28, "No space left on device")

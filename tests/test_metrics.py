@@ -5,14 +5,15 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_args
 
-from model import Llama, ModelArgs
+from model import Llama
 from training.metrics import StabilityProbe, group_parameters
 from training.monitor import SpikeDetector, classify, spike_score
 
 
 def tiny(**kw):
-    return ModelArgs(**{**dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=50, max_seq_len=12), **kw})
+    return tiny_args(**{"n_layers": 3, "vocab_size": 50, "max_seq_len": 12, **kw})
 
 
 def _step(model, x, y, probe=None):

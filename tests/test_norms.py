@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rel_err
 from torch import nn
 
 from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, build_norm, swap_norms
@@ -10,8 +11,7 @@ from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, build_norm, swap_norm
 SHAPES = [(8, 5, 48), (4, 3, 6, 10)]  # 1-d normalized_shape uses the last dim; multi-dim the last two
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+_rel = rel_err
 
 
 def _rms_ref64(x, shape, w, eps):

@@ -4,6 +4,7 @@ model built with either implementation."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rel_err
 
 from fused import kernel_available
 from model import Llama, ModelArgs
@@ -50,8 +51,7 @@ def _loss_and_grad(fn, x, t):
     return value, x.grad
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+_rel = rel_err
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 7), (37, 33), (64, 4099), (300, 512)])

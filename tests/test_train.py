@@ -9,6 +9,8 @@ import time
 
 import pytest
 import torch
+from conftest import TINY
+from conftest import logged as losses
 
 import train
 from model.blocks import BLOCKS
@@ -16,20 +18,10 @@ from model.norms import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.runinfo import read_metrics
 
-TINY = str(train.REPO / "configs" / "tiny.yaml")
-
-
-def run(tmp_path, data_args, *args):
-    return train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, *args])
-
-
-def losses(run_dir, key="train/loss"):
-    return [r[key] for r in read_metrics(run_dir / "metrics.jsonl") if key in r]
-
 
 @pytest.mark.slow
-def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys):
-    assert run(tmp_path, data_args, "--name", "a", "train.steps=40", "optim.lr=1e-2") == train.EXIT_OK
+def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny):
+    assert run_tiny("--name", "a", "train.steps=40", "optim.lr=1e-2") == train.EXIT_OK
     run_dir = tmp_path / "a"
     assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "meta.json", "metrics.jsonl", "summary.json",
                                                    "checkpoints"}
@@ -68,19 +60,19 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, data_args, capsys
 
 
 @pytest.mark.slow
-def test_metrics_do_not_change_training(tmp_path, data_args):
-    assert run(tmp_path, data_args, "--name", "every", "train.steps=8", "log.stats_every=1") == 0
-    assert run(tmp_path, data_args, "--name", "never", "train.steps=8", "log.stats_every=0") == 0
+def test_metrics_do_not_change_training(tmp_path, run_tiny):
+    assert run_tiny("--name", "every", "train.steps=8", "log.stats_every=1") == 0
+    assert run_tiny("--name", "never", "train.steps=8", "log.stats_every=0") == 0
     assert losses(tmp_path / "every") == losses(tmp_path / "never")
     assert losses(tmp_path / "every", "grad/norm") == losses(tmp_path / "never", "grad/norm")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: the GradScaler's state is resumed too
-def test_resume_is_exact(tmp_path, data_args, dtype):
-    assert run(tmp_path, data_args, "--name", "full", "train.steps=16", "train.eval_every=4",
+def test_resume_is_exact(tmp_path, dtype, run_tiny):
+    assert run_tiny("--name", "full", "train.steps=16", "train.eval_every=4",
                f"train.dtype={dtype}") == 0
-    assert run(tmp_path, data_args, "--name", "half", "train.steps=16", "train.eval_every=4",
+    assert run_tiny("--name", "half", "train.steps=16", "train.eval_every=4",
                "train.stop_at=8", "train.checkpoint_every=100", f"train.dtype={dtype}") == 0
     part = json.loads((tmp_path / "half" / "summary.json").read_text())
     assert part["status"] == "interrupted" and part["steps"] == 8
@@ -112,8 +104,8 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_absurd_learning_rate_diverges_cleanly(tmp_path, data_args):
-    code = run(tmp_path, data_args, "--name", "boom", "optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_steps=0",
+def test_absurd_learning_rate_diverges_cleanly(tmp_path, run_tiny):
+    code = run_tiny("--name", "boom", "optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_steps=0",
                "train.steps=30")
     assert code == train.EXIT_DIVERGED == 3
     summary = json.loads((tmp_path / "boom" / "summary.json").read_text())
@@ -184,18 +176,18 @@ class _StopAtOnce(train.StopRequest):
 
 
 @pytest.mark.slow
-def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, data_args, monkeypatch):
+def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, monkeypatch, run_tiny):
     monkeypatch.setattr(train, "StopRequest", _StopAtOnce)
-    assert run(tmp_path, data_args, "--name", "last", "train.steps=1") == train.EXIT_OK  # finishes: nothing to resume
+    assert run_tiny("--name", "last", "train.steps=1") == train.EXIT_OK  # finishes: nothing to resume
     assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in ("ok", "plateau")
-    assert run(tmp_path, data_args, "--name", "early", "train.steps=3") == train.EXIT_INTERRUPTED
+    assert run_tiny("--name", "early", "train.steps=3") == train.EXIT_INTERRUPTED
     assert load_checkpoint(tmp_path / "early" / "checkpoints" / "latest.pt")["step"] == 1
 
 
 @pytest.mark.slow
-def test_extending_a_finished_run_holds_the_final_lr(tmp_path, data_args):
+def test_extending_a_finished_run_holds_the_final_lr(tmp_path, run_tiny):
     """Before: train.steps=24 on resume re-stretched the cosine, jumping the LR from its floor to near its peak."""
-    assert run(tmp_path, data_args, "--name", "x", "train.steps=12", "optim.lr=1e-2") == 0
+    assert run_tiny("--name", "x", "train.steps=12", "optim.lr=1e-2") == 0
     assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=24"]) == 0
     lrs = losses(tmp_path / "x", "train/lr")
     assert len(lrs) == 24 and lrs[11] == pytest.approx(1e-3) and lrs[12:] == [pytest.approx(1e-3)] * 12
@@ -227,8 +219,8 @@ def test_checkpoint_from_more_gpus_than_visible_is_one_line(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, data_args, capsys):
-    assert run(tmp_path, data_args, "--name", "r", "train.steps=4", "train.stop_at=2") == 0
+def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, capsys, run_tiny):
+    assert run_tiny("--name", "r", "train.steps=4", "train.stop_at=2") == 0
     path = tmp_path / "r" / "checkpoints" / "latest.pt"
     state = load_checkpoint(path)
     state["rng"]["torch"] = torch.zeros(3, dtype=torch.uint8)
@@ -240,7 +232,7 @@ def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, data_args, capsys):
 
 
 @pytest.mark.slow
-def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, monkeypatch):
+def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch, run_tiny):
     """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
     real, calls = train.evaluate, []
 
@@ -254,14 +246,14 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, data_args, 
         return float("nan"), float("nan")
 
     monkeypatch.setattr(train, "evaluate", nan_at_the_end)
-    code = run(tmp_path, data_args, "--name", "n", "train.steps=4", "train.eval_every=100")
+    code = run_tiny("--name", "n", "train.steps=4", "train.eval_every=100")
     assert code == train.EXIT_DIVERGED
     summary = json.loads((tmp_path / "n" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged_at"] == 4
 
 
 @pytest.mark.slow
-def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, monkeypatch):
+def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, monkeypatch, run_tiny):
     """A crash after step 6 with the checkpoint at 4: the resume re-trains 5 and 6. wandb drops records logged at
     or below the last step it received, so they must be logged against our own step metric, not wandb's step."""
     pytest.importorskip("wandb")
@@ -276,7 +268,7 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, m
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     common = [f"log.out_dir={tmp_path}", "log.wandb=offline"]
-    assert run(tmp_path, data_args, "--name", "w", "train.steps=8", "train.checkpoint_every=4", "train.stop_at=4",
+    assert run_tiny("--name", "w", "train.steps=8", "train.checkpoint_every=4", "train.stop_at=4",
                "log.wandb=offline") == 0
     ckpt = tmp_path / "w" / "checkpoints" / "latest.pt"
     at_4 = ckpt.read_bytes()
@@ -292,15 +284,15 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, data_args, m
 
 
 @pytest.mark.parametrize("placement", sorted(BLOCKS))
-def test_every_registered_placement_trains_through_train_py(tmp_path, data_args, placement):
-    assert run(tmp_path, data_args, "--name", placement, "--placement", placement, "train.steps=6",
+def test_every_registered_placement_trains_through_train_py(tmp_path, placement, run_tiny):
+    assert run_tiny("--name", placement, "--placement", placement, "train.steps=6",
                "train.sample_tokens=0") == 0
     loss = losses(tmp_path / placement)
     assert len(loss) == 6 and all(v == v for v in loss) and loss[-1] < loss[0]
 
 
 @pytest.mark.parametrize("norm", sorted(NORMS))
-def test_every_registered_norm_trains_through_train_py(tmp_path, data_args, norm):
-    assert run(tmp_path, data_args, "--name", norm, "--norm", norm, "train.steps=6", "train.sample_tokens=0") == 0
+def test_every_registered_norm_trains_through_train_py(tmp_path, norm, run_tiny):
+    assert run_tiny("--name", norm, "--norm", norm, "train.steps=6", "train.sample_tokens=0") == 0
     loss = losses(tmp_path / norm)
     assert len(loss) == 6 and all(v == v for v in loss) and loss[-1] < loss[0]
