@@ -29,7 +29,7 @@ import torch
 
 from fused import kernel_available
 from model.norms import LayerNorm, RMSNorm
-from training.cpu import tune_cpu
+from training.cpu import SavedOutput, tune_cpu
 
 
 class Floor(torch.nn.Module):
@@ -162,7 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-malloc-tuning", action="store_true")
+    p.add_argument("--save", metavar="FILE.md", help="also write the tables, under the command and the machine "
+                   "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)")
     a = p.parse_args(argv)
+    command = " ".join(["python scripts/bench_norms.py", *(sys.argv[1:] if argv is None else argv)])
+    with SavedOutput(a.save, command):
+        return tables(a)
+
+
+def tables(a: argparse.Namespace) -> int:
+    """Run the benchmark and print its tables."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     allocator = ("CUDA caching allocator" if device.type == "cuda"
                  else tune_cpu(malloc=not a.no_malloc_tuning)["allocator"])

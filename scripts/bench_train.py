@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from model import Llama
 from training.config import load_config
-from training.cpu import tune_cpu
+from training.cpu import SavedOutput, tune_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -135,9 +135,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="time only the variants whose name contains TEXT (repeatable; transformers' Llama "
                         "always runs), e.g. --only '(fast)' for more rounds of the ones that matter")
     p.add_argument("--no-malloc-tuning", action="store_true")
+    p.add_argument("--save", metavar="FILE.md", help="also write the tables, under the command and the machine "
+                   "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)")
     p.add_argument("--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)")
     a = p.parse_args(argv)
+    command = " ".join(["python scripts/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
+    with SavedOutput(a.save, command):
+        return tables(a)
+
+
+def tables(a: argparse.Namespace) -> int:
+    """Run the benchmark and print its tables."""
     cfg = load_config(a.config, a.overrides)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and cfg.train.dtype == "float32":

@@ -12,7 +12,7 @@ from data.sources import DataError
 from study.grid import expand, expected_time, load_study, quick_study
 from study.refine import refined_runs
 from study.report import write_report
-from study.runner import REPO, parse_shard, run_study, sbatch_script, state
+from study.runner import parse_shard, run_study, sbatch_script, shown, state
 from training.config import ConfigError
 
 SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
@@ -50,10 +50,14 @@ Runs are grouped into arms by every config field that differs between them, exce
 and the seed; the learning rate is the x axis and seeds give the spread. Writes report.md and PNG
 figures into --out (default: the first directory). Reads only files; never a live process.
 
-Per arm: best LR (lowest mean final val loss), the final val loss there (mean +- std over seeds), the
-largest LR at which every seed finished `ok`, LR sensitivity (Wortsman et al. 2023: mean over the LR
-grid of min(L(lr), L0) - L*, L0 the loss at initialization and L* the arm's best), outcome counts,
-spike scores (OLMo 2, parameters as the runs logged them) and tokens/s.
+Per arm: best LR (the lowest mean over seeds of v = min(final val loss, L0), L0 the loss at initialization),
+v there for every seed, the largest LR at which every seed finished `ok`, LR sensitivity (Wortsman et al.
+2023: per seed, the mean over the LR grid of v(lr) - min v; then its mean and 95% CI over seeds), outcome
+counts, spike scores (OLMo 2, parameters as the runs logged them) and tokens/s. Arms that differ in one field
+are compared paired by seed (runs with one seed share init and batches): the mean difference, its 95% t CI,
+a TOST verdict at the study's equivalence margin and the minimum detectable difference; runs that split into
+separate outcomes are listed seed by seed, never averaged. The study file's claims are checked by the paired
+verdict alone.
 """
 
 
@@ -62,7 +66,8 @@ def sweep(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=SWEEP.split("\n\n")[0], epilog=SWEEP.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("study", type=Path)
-    p.add_argument("--out", type=Path, default=REPO / "studies")
+    p.add_argument("--out", type=Path, default=Path("studies"),
+                   help="where studies go (default: studies/ in the current directory, like train.py's runs/)")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
@@ -123,7 +128,7 @@ def sweep(argv: list[str] | None = None) -> int:
     print(f"sweep finished in {time.time() - t0:.0f}s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
     if not a.no_report:
-        print(f"report: {write_report([study_dir], study_dir)}")
+        print(f"report: {shown(write_report([study_dir], study_dir))}")
     return 0
 
 
@@ -155,7 +160,8 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
 
 def compare(argv: list[str] | None = None) -> int:
     """scripts/compare.py"""
-    p = argparse.ArgumentParser(description=COMPARE.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=COMPARE.split("\n\n")[0], epilog=COMPARE.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", type=Path, help="run directories or study directories")
     p.add_argument("--out", type=Path, default=None, help="where report.md and the figures go (default: first dir)")
     p.add_argument("--margin", type=float, default=None,
@@ -170,5 +176,5 @@ def compare(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"report: {path}")
+    print(f"report: {shown(path)}")
     return 0

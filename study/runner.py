@@ -154,6 +154,12 @@ def sbatch_script(study: dict, study_file: Path, out_parent: Path, n_runs: int, 
                          extra=(" --set " + " ".join(extra)) if extra else "")
 
 
+def shown(path: Path) -> str:
+    """A path as a user would type it: relative to the current directory where it lies below it, else absolute."""
+    path = Path(path).absolute()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None,
               index_name: str = "sweep.json") -> dict[str, int] | None:
     """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
@@ -166,7 +172,7 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
     index = {e["name"]: e for e in json.loads(index_path.read_text())["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     print(f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
-          f"on {n_workers} workers x {threads} threads -> {study_dir}", file=sys.stderr)
+          f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}", file=sys.stderr)
     prepare_once(study, runs)
     free = list(range(n_workers))  # worker slots, for GPU assignment
     counts: dict[str, int] = {}

@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-TINY = str(REPO / "configs" / "tiny.yaml")
 
 
 def _script(name: str, *args: str) -> str:
@@ -36,8 +36,16 @@ def test_bench_train_only_keeps_the_named_variants_and_the_baseline():
     assert rows == ["ours layernorm (fast)", "transformers Llama"]
 
 
-def test_bench_norms_prints_every_implementation():
-    out = _script("bench_norms", "--shapes", "4x8x64", "--dtypes", "float32", "--repeats", "2", "--no-compile")
+def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_path):
+    saved = tmp_path / "bench" / "norms.md"
+    args = ["--shapes", "4x8x64", "--dtypes", "float32", "--repeats", "2", "--no-compile"]
+    out = _script("bench_norms", *args, "--save", str(saved))
     for row in ("| rmsnorm | ours (fast) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fast) |",
                 "| layernorm | torch.nn.LayerNorm(bias=False) |", "| floor | copy + elementwise backward |"):
         assert row in out
+    # the saved file: the command and the machine (what the ratios depend on), then exactly the printed tables
+    head, _, body = saved.read_text().partition("\n\nMachine: ")
+    assert head.startswith(f"`python scripts/bench_norms.py {' '.join(args)} --save {saved}` on ")
+    machine, _, tables = body.partition("\n")
+    assert "cores, ISA: " in machine and "torch threads" in machine
+    assert tables == out

@@ -1,5 +1,7 @@
-"""Every command in the README's code blocks: the fast ones run verbatim on the embedded corpus, in a fresh copy
-of the repository, so a README command cannot rot; the slow ones are listed here by name, with why."""
+"""Every command in the README's and docs' code blocks: the fast ones run verbatim on the embedded corpus, in a fresh
+copy of the repository, so a documented command cannot rot; the slow ones are listed here by name, with why. Shown
+output (a ```text block of `$ command` and the lines it prints) is checked against what the command prints, with
+numbers free to differ."""
 
 import json
 import os
@@ -11,19 +13,25 @@ from pathlib import Path
 
 import pytest
 
+from model.blocks import BLOCKS
+from model.norms import NORMS
+
 REPO = Path(__file__).resolve().parent.parent
+PAGES = ["README.md", "docs/usage.md", "docs/performance.md"]
 
 MULTINODE = ("torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --master_addr $MASTER_ADDR "
              "--master_port 29500 train.py train.parallel=fsdp")
 # Not run here (each is minutes long, or is this test suite itself); everything else in a code block is.
 SLOW = {
-    "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~3.5 min)",
+    "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~3 min)",
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
-    "python train.py --norm layernorm": "the default model, 300 steps (~3 min)",
-    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~3 min)",
+    'python -m pytest -q -m "not slow"': "this test suite's fast tier",
+    "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
+    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~1 min)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~2 min)",
-    "torchrun --nproc_per_node 2 train.py": "the default model in two processes (~4 min)",
+    "torchrun --nproc_per_node 2 train.py": "the default model in two processes (~4 min); "
+    "tests/test_train.py runs it on the tiny config",
     "torchrun --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes (~4 min); "
     "tests/test_sharded.py runs it on the tiny config",
     "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (~4 min); "
@@ -33,21 +41,62 @@ SLOW = {
     "tests/test_study.py runs such an array's tasks locally",
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python scripts/sweep.py configs/study.yaml": "68 runs in two stages (~12 min)",
-    "python scripts/compare.py studies/norm-placement-lr": "needs the 40-run study above",
+    "python scripts/compare.py studies/norm-placement-lr": "needs the 68-run study above",
+    "python scripts/bench_norms.py --save docs/results/bench/norms.md": "a benchmark (minutes) that rewrites the "
+    "committed result; tests/test_bench.py runs it small",
+    "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
+    "rewrites the committed result; tests/test_bench.py runs it small",
 }
 
 
-def readme_commands() -> list[str]:
-    """The commands of the README's ```bash blocks, in order, without their trailing comments."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
-    lines = [re.sub(r"\s+#\s.*$", "", line).strip() for block in blocks for line in block.splitlines()]
+def code_blocks(kind: str, pages=PAGES) -> list[str]:
+    return [b for page in pages for b in re.findall(rf"```{kind}\n(.*?)```", (REPO / page).read_text(), flags=re.S)]
+
+
+def readme_commands(pages=PAGES) -> list[str]:
+    """The commands of the pages' ```bash blocks, in order, without their trailing comments."""
+    lines = [re.sub(r"\s+#\s.*$", "", line).strip() for block in code_blocks("bash", pages)
+             for line in block.splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def test_every_readme_command_is_run_or_listed_as_slow():
+def shown_outputs() -> dict[str, list[str]]:
+    """{command: the lines shown under it} from the pages' ```text blocks that start with `$ command`."""
+    shown = {}
+    for block in code_blocks("text"):
+        lines = block.rstrip("\n").splitlines()
+        if lines and lines[0].startswith("$ "):
+            shown[lines[0][2:]] = lines[1:]
+    return shown
+
+
+def shape(line: str) -> str:
+    """A shown line as a pattern: numbers (with separators and exponents) may differ, everything else may not."""
+    parts = re.split(r"\d[\d,.]*(?:e[-+]?\d+)?", line)
+    return r"\d[\d,.]*(?:e[-+]?\d+)?".join(re.escape(p) for p in parts)
+
+
+def test_every_documented_command_is_run_or_listed_as_slow():
     commands = readme_commands()
     assert len(commands) >= 10 and "python train.py --config configs/tiny.yaml" in commands
-    assert set(SLOW) <= set(commands), f"SLOW lists commands the README no longer has: {set(SLOW) - set(commands)}"
+    assert set(SLOW) <= set(commands), f"SLOW lists commands the docs no longer have: {set(SLOW) - set(commands)}"
+    assert set(shown_outputs()) <= set(commands) | {"python train.py --norm groupnorm"}
+
+
+def test_the_readme_names_every_norm_and_placement_and_quotes_the_code():
+    text = (REPO / "README.md").read_text()
+    norms = re.search(r"Norms: (.*?)\. Placements: (.*?)\. ", text, re.S)
+    assert re.findall(r"`(\w+)`", norms.group(1)) == list(NORMS)
+    assert re.findall(r"`(\w+)`", norms.group(2)) == list(BLOCKS)
+    for snippet in code_blocks("python", ["README.md"]):
+        code = (REPO / "model" / "norms.py").read_text()
+        assert all(line in code for line in snippet.splitlines()), snippet
+
+
+def test_shape_lets_numbers_differ_and_nothing_else():
+    pattern = shape("step 10: train loss 5.0456, val loss 4.9598 (72,699 tokens/s, lr 3.00e-04)")
+    assert re.fullmatch(pattern, "step 20: train loss 4.1, val loss 12 (1,002 tokens/s, lr 1e-3)")
+    assert not re.fullmatch(pattern, "step 20: train loss 4.1, val loss 12 (1,002 tok/s, lr 1e-3)")
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +116,17 @@ def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
            "PYTHONPATH": str(fresh_clone),  # its own packages, not the editable install of this checkout
            "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    ran = []
-    for command in readme_commands():
+    ran, shown = [], shown_outputs()
+    for command in dict.fromkeys([*readme_commands(), *shown]):  # each once, in the order a reader meets them
         if command in SLOW:
             continue
         r = subprocess.run(["bash", "-c", command], cwd=fresh_clone, env=env, capture_output=True, text=True,
                            timeout=600)
-        assert r.returncode == 0, f"{command!r} failed ({r.returncode}):\n{r.stderr[-3000:]}"
+        want = 2 if "groupnorm" in command else 0  # docs/usage.md shows what a bad flag prints
+        assert r.returncode == want, f"{command!r} ({r.returncode}):\n{r.stderr[-3000:]}"
+        printed = re.split(r"[\r\n]", r.stdout + r.stderr)  # tqdm redraws its bar with \r
+        for line in shown.get(command, []):
+            assert any(re.search(shape(line), p) for p in printed), f"{command!r} no longer prints {line!r}"
         ran.append(command)
     smoke = {"python train.py --config configs/tiny.yaml", "python scripts/sweep.py configs/study-quick.yaml"}
     assert smoke <= set(ran)

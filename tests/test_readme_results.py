@@ -68,6 +68,13 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
     (tmp_path / "docs").symlink_to(REPO / "docs")
     assert _run(readme, tmp_path / "none").returncode == 0
     assert readme.read_text() == (REPO / "README.md").read_text()
+    # docs/performance.md's benchmark tables are the committed benchmark outputs, as saved
+    (tmp_path / "perf").mkdir()
+    perf = tmp_path / "perf" / "performance.md"
+    perf.write_text((REPO / "docs" / "performance.md").read_text())
+    (tmp_path / "perf" / "results").symlink_to(REPO / "docs" / "results")
+    assert _run(perf, tmp_path / "none").returncode == 0
+    assert perf.read_text() == (REPO / "docs" / "performance.md").read_text()
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         from readme_results import index
@@ -96,3 +103,62 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
     assert _run(readme).returncode == 0
     assert readme.read_text().splitlines()[2:5] == [line[2:] for line in lines[-4:-1]]
+
+
+HEADLINE_REPORT = "\n".join([
+    '# Stability report: s',
+    '',
+    'Wall time: 2.0 min with runs in flight. 8 runs in 4 arms (arms differ in: model.norm, model.placemen'
+    't); learning rates 0.001, 0.01; seeds 0, 1; 100 steps per run.',
+    '',
+    '| arm | best LR | v at best LR, per seed | max LR with all seeds ok |',
+    '|---|---|---|---|',
+    '| layernorm/post | 0.001 | 3.1, 3.2 | 0.001 |',
+    '| layernorm/pre | 0.01 | 3.0, 3.1 | 0.01 |',
+    '| rmsnorm/post | 0.001 | 3.1, 3.2 | 0.001 |',
+    '| rmsnorm/pre | 0.01 | 3.0, 3.0 | 0.01 |',
+    '',
+    '## What the numbers show',
+    '',
+    '- layernorm/post - layernorm/pre (differ in model.placement) at lr 0.001: +0.100 nats (95% CI +0.050'
+    '..+0.150, n = 2 seeds): different (TOST p = 0.9); minimum detectable difference at 80% power 0.050.',
+    '- layernorm/post - rmsnorm/post (differ in model.norm) at lr 0.001: +0.001 nats (95% CI -0.010..+0.0'
+    '12, n = 2 seeds): equivalent within +-0.02 (TOST p = 0.01); minimum detectable difference at 80% pow'
+    'er 0.020.',
+    '- layernorm/pre - rmsnorm/pre (differ in model.norm) at lr 0.01: +0.050 nats (95% CI -0.500..+0.600,'
+    ' n = 2 seeds): inconclusive (TOST p = 0.7); minimum detectable difference at 80% power 0.900.',
+    '',
+])
+
+
+def test_the_headline_states_the_norm_comparisons_and_failure_edges_of_the_report(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "report.md").write_text(HEADLINE_REPORT)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- headline: r/report.md -->\nold\n<!-- /headline -->\n")
+    assert _run(readme).returncode == 0
+    text = readme.read_text()
+    assert "old" not in text
+    assert ("- **post-norm**: layernorm - rmsnorm = +0.001 nats of final val loss at lr 0.001 (the pair's best), "
+            "95% CI -0.010..+0.012, n = 2 paired seeds: equivalent within +-0.02 (TOST p = 0.01).\n"
+            "- **pre-norm**: layernorm - rmsnorm = +0.050 nats of final val loss at lr 0.01 (the pair's best), 95% CI "
+            "-0.500..+0.600, n = 2 paired seeds: inconclusive (TOST p = 0.7); the smallest difference 2 seeds could "
+            "detect is 0.900 nats.\n"
+            "- **Largest learning rate at which every seed trained**: layernorm/post 0.001, layernorm/pre 0.01, "
+            "rmsnorm/post 0.001, rmsnorm/pre 0.01 (the grid's largest: 0.01).\n\n"
+            "![stability map](r/stability_map.png)\n<!-- /headline -->") in text
+    assert "differ in model.placement" not in text and "layernorm - layernorm" not in text  # norm pairs only
+    (tmp_path / "r" / "report.md").write_text(HEADLINE_REPORT.replace("(differ in model.norm)", "(differ in x)"))
+    r = _run(readme)
+    assert r.returncode == 2 and "compares no arms that differ in the norm alone" in r.stderr
+
+
+def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):
+    (tmp_path / "bench.md").write_text("`python scripts/bench_norms.py` on 2026-01-01\n\nMachine: X\n\n## Norms\n\n"
+                                       "| a | b |\n|---|---|\n| 1 | 2 |\n")
+    page = tmp_path / "performance.md"
+    page.write_text("# P\n\n## Norms\n\n<!-- bench: bench.md -->\nstale\n<!-- /bench -->\n")
+    assert _run(page).returncode == 0
+    assert page.read_text() == ("# P\n\n## Norms\n\n<!-- bench: bench.md -->\n`python scripts/bench_norms.py` on "
+                                "2026-01-01\n\nMachine: X\n\n### Norms\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+                                "<!-- /bench -->\n")

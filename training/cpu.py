@@ -35,3 +35,70 @@ def _tune_malloc() -> str:
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         ok = False
     return "glibc mallopt mmap/trim threshold 1 GiB" if ok else "system default (mallopt unavailable)"
+
+
+# the instruction sets that change which kernels run (torch's dispatch, oneDNN/MKL, normlab's native build)
+_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
+        "asimd", "sve")
+
+
+def machine() -> str:
+    """The machine a benchmark ran on, for the header of its saved table: CPU model, cores, the instruction sets
+    that select kernels, torch's threads and version (speed ratios depend on all of them)."""
+    import os
+    from pathlib import Path
+
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model") and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = " ".join(f for f in _ISA if f in flags) or "unknown"
+    return (f"{model}, {os.cpu_count()} cores, ISA: {isa}; {torch.get_num_threads()} torch threads, torch "
+            f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}")
+
+
+class SavedOutput:
+    """Print to the terminal and, with a path, also keep what was printed and write it to that file at the end
+    (whole, atomically: an interrupted benchmark leaves no half-written table), under a header naming the
+    command and the machine."""
+
+    def __init__(self, path, command: str):
+        import io
+        import sys
+
+        self.path, self.command, self.buffer, self.stdout = path, command, io.StringIO(), sys.stdout
+
+    def write(self, text: str) -> int:
+        self.buffer.write(text)
+        return self.stdout.write(text)
+
+    def flush(self) -> None:
+        self.stdout.flush()
+
+    def __enter__(self):
+        import sys
+
+        sys.stdout = self
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        import datetime
+        import os
+        import sys
+        from pathlib import Path
+
+        sys.stdout = self.stdout
+        if self.path is None or kind is not None:
+            return
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = (f"`{self.command}` on {datetime.date.today().isoformat()}\n\nMachine: {machine()}\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(header + self.buffer.getvalue())
+        os.replace(tmp, path)
