@@ -219,10 +219,14 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
 
 
 # -- sweeps --------------------------------------------------------------------------------------------------------
-def _sweep_cmd(tmp_path, corpus_file, steps=200):
+SWEEP_STEPS = 1000  # long enough (~5 s a run) that both runs are surely in flight when the test strikes: with
+# 200 steps (~1 s) a run could finish between its first checkpoint and the signal, and the sweep exit 0
+
+
+def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
     study = tmp_path / "s.yaml"
     study.write_text(f"name: s\nconfig: {TINY}\n"
-                     f"overrides: {{train: {{steps: {steps}, checkpoint_every: 10, eval_every: 50, "
+                     f"overrides: {{train: {{steps: {steps}, checkpoint_every: 50, eval_every: 250, "
                      "sample_tokens: 0}}\n"
                      "grid: {lr: [1.0e-3, 3.0e-3]}\nworkers: 2\n")
     return [sys.executable, "scripts/sweep.py", str(study), "--out", str(tmp_path / "out"), "--no-report", "--set",
@@ -261,7 +265,7 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
     assert [e["status"] for e in index] == ["ok", "ok"] or all(e["status"] in ("ok", "plateau") for e in index)
     assert all(e["resumed"] for e in index)
     for run_dir in study_dir.glob("runs/*/"):
-        assert [r["step"] for r in records(run_dir)] == list(range(0, 201))
+        assert [r["step"] for r in records(run_dir)] == list(range(0, SWEEP_STEPS + 1))
 
 
 @pytest.mark.slow
@@ -283,4 +287,4 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
     assert r.returncode == 0, r.stderr[-2000:]
     index = {e["name"]: e for e in json.loads((study_dir / "sweep.json").read_text())["runs"]}
     assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in ("ok", "plateau"), index
-    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(0, 201))
+    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(0, SWEEP_STEPS + 1))
