@@ -42,7 +42,15 @@ from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training import distributed, faults
-from training.checkpoint import CheckpointError, has_checkpoint, load_latest, rng_state, save_checkpoint, set_rng_state
+from training.checkpoint import (
+    CheckpointError,
+    has_checkpoint,
+    has_pt,
+    load_latest,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
 from training.cpu import tune_cpu
 from training.flops import flops_per_token, peak_flops
@@ -50,7 +58,16 @@ from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.monitor import classify
 from training.optim import build_optimizer, lr_at
-from training.parallel import data_coords, is_sharded, load_sharded, newest_dcp, save_sharded_checkpoint, shard_model
+from training.parallel import (
+    data_coords,
+    dcp_candidates,
+    full_model_state,
+    is_sharded,
+    load_full_state,
+    load_sharded,
+    save_sharded_checkpoint,
+    shard_model,
+)
 from training.runinfo import RunDir, run_meta, summarize, truncate_metrics, write_json, write_text
 from training.step import Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
@@ -210,15 +227,16 @@ def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, b
     model.eval()
     # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows)
     total = torch.zeros(5, device=d.device, dtype=torch.float64)
-    for x, y in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.data_rank,
-                             d.data_world):
+    for x, y, counts in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.data_rank,
+                                     d.data_world):
         x, y = x.to(d.device), y.to(d.device)
-        with autocast:
+        with autocast:  # every rank runs as many forwards as the others (padding batches count 0)
             logits, loss = model(x, y)
-        per_window = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        w = per_window.double().mean(1)
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device).double(),
-                              w.sum(), w.pow(2).sum(), torch.tensor(len(w), device=d.device).double()])
+        if counts:
+            per_window = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+            w = per_window.double().mean(1)
+            total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device).double(),
+                                  w.sum(), w.pow(2).sum(), torch.tensor(len(w), device=d.device).double()])
         faults.point("eval")
     model.train()
     distributed.all_reduce(total)
@@ -362,15 +380,24 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
 
 def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
     """Restore the newest readable checkpoint into model, optimizer, loss scaler, loader and RNG; (its step,
-    notes)."""
-    sharded = newest_dcp(run.checkpoint)
-    state, fallback = ({}, None) if sharded else load_latest(run.checkpoint)
+    notes). A DCP directory (latest.dcp, else previous.dcp) or a .pt file, whichever is newer, loads into any
+    parallelism: DCP reshards, a .pt's full state is distributed onto a sharded model."""
+    notes, state, dcp_error = [], None, None
+    for path in dcp_candidates(run.checkpoint):  # written by a sharded run, newer than any latest.pt
+        try:
+            state = load_sharded(path, model, opt)
+            if dcp_error:
+                notes.append(f"{dcp_error}: resumed from {path.name} (step {state.get('step')})")
+            break
+        except CheckpointError as e:
+            dcp_error = dcp_error or str(e)
     try:
-        if sharded:  # written by a sharded run: DCP reshards it onto this run's processes and layout
-            state = load_sharded(sharded, model, opt)
-        else:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+        if state is None:
+            if dcp_error and not has_pt(run.checkpoint):
+                raise CheckpointError(dcp_error)
+            state, fallback = load_latest(run.checkpoint)
+            notes += [n for n in (dcp_error and f"{dcp_error}: resumed from the older .pt", fallback) if n]
+            load_full_state(model, opt, state["model"], state["optimizer"])
         if scaler.is_enabled() and "scaler" in state:
             scaler.load_state_dict(state["scaler"])
         data.loader.load_state_dict(state["loader"])
@@ -388,7 +415,7 @@ def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scal
         meta = json.loads(run.meta.read_text()) if run.meta.is_file() else {}
         meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
         write_json(run.meta, meta)
-    return step, [n for n in (fallback, resumed["note"]) if n]
+    return step, [*notes, *([resumed["note"]] if resumed["note"] else [])]
 
 
 def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
@@ -445,13 +472,23 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
     summary.json; (status, diverged_at)."""
     tc = cfg.train
     if status == "ok":
-        evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
-        init = next((v for s, v in evals if s == 0), None)
-        status = classify([v for s, v in evals if s > 0], data.meta.get("unigram_entropy"), cfg.log.plateau_margin,
-                          init, cfg.log.blowup_margin)
+        if d.is_master:  # rank 0 reads the metrics it wrote (other nodes may not share its file system)...
+            evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
+            init = next((v for s, v in evals if s == 0), None)
+            status = classify([v for s, v in evals if s > 0], data.meta.get("unigram_entropy"),
+                              cfg.log.plateau_margin, init, cfg.log.blowup_margin)
+        status = distributed.broadcast_object(status)  # ...and every rank exits with its verdict
         diverged_at = done if status == "diverged" else None  # a non-finite final val loss
-        if d.is_master and tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
-            logger.message("sample: " + sample(model, data.prepared, tc, d.device))
+        if tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
+            sampler = model
+            if is_sharded(model):  # rank 0 samples from an unsharded copy; gathering it is every rank's part
+                state = full_model_state(model)
+                sampler = Llama(cfg.model).to(d.device) if d.is_master else None
+                if sampler is not None:
+                    sampler.load_state_dict(state)
+            if d.is_master:
+                logger.message("sample: " + sample(sampler, data.prepared, tc, d.device,
+                                                   autocast_for(d.device, tc.dtype)))
     summary = None
     faults.point("summary")
     if d.is_master:
@@ -465,13 +502,15 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
     return status, diverged_at
 
 
-def sample(model: Llama, prepared: Path, tc, device: torch.device) -> str:
-    """A short sampled continuation of a fixed prompt (seeded: the same text for the same weights)."""
+def sample(model: Llama, prepared: Path, tc, device: torch.device, autocast) -> str:
+    """A short sampled continuation of a fixed prompt (seeded: the same text for the same weights, on every rank),
+    in the run's precision."""
     tok = Tokenizer(prepared / "tokenizer.model")
     prompt = torch.tensor([tok.encode("The ")], device=device)
     gen = torch.Generator(device=device).manual_seed(tc.seed)
     model.eval()
-    out = model.generate(prompt, tc.sample_tokens, temperature=0.8, top_k=50, generator=gen)
+    with autocast:
+        out = model.generate(prompt, tc.sample_tokens, temperature=0.8, top_k=50, generator=gen)
     model.train()
     return repr(tok.decode(out[0].tolist()))
 

@@ -105,18 +105,27 @@ class BatchLoader:
 def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: int, rank: int = 0,
                  world_size: int = 1):
     """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across ranks
-    (window i goes to rank i % world_size), as an iterator of (x, y) batches of at most batch_size.
-    Too little data raises DataError here, when called, not at the first batch."""
+    (window i goes to rank i % world_size), as an iterator of (x, y, counts) batches of at most batch_size.
+
+    Every rank gets the same number of batches, whatever the split: a sharded model's forward is a collective
+    (FSDP gathers parameters, tensor parallelism exchanges activations), so a rank that stopped early would
+    leave the others waiting. A rank with fewer windows pads with copies of window 0 that have counts=False
+    (their loss is weighted 0). Too little data raises DataError here, when called, not at the first batch."""
     available = (len(tokens) - 1) // seq_len
     n = available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)  # 0: the whole split
     if n < 1:
         raise DataError(f"{len(tokens)} val tokens are too few for one window of seq_len={seq_len}")
     mine = list(range(rank, n, world_size))
+    most = -(-n // world_size)  # rank 0 has the most windows
+    n_batches = -(-most // batch_size)
+
+    def window(j: int) -> np.ndarray:
+        return tokens[j * seq_len: j * seq_len + seq_len + 1]
 
     def batches():
-        for i in range(0, len(mine), batch_size):
-            w = np.stack([tokens[j * seq_len: j * seq_len + seq_len + 1] for j in mine[i:i + batch_size]])
-            w = torch.from_numpy(w.astype(np.int64))
-            yield w[:, :-1], w[:, 1:]
+        for b in range(n_batches):
+            rows = mine[b * batch_size:(b + 1) * batch_size]
+            w = torch.from_numpy(np.stack([window(j) for j in (rows or [0])]).astype(np.int64))
+            yield w[:, :-1], w[:, 1:], bool(rows)
 
     return batches()

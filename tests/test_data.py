@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import write_corpus
 
 from data import prepare as prep
@@ -140,7 +141,22 @@ def test_two_ranks_draw_disjoint_halves_of_the_global_batch(prepared):
         assert not set(s0) & set(s1)
         assert s0 + s1 == single.starts(step)
     ev = [list(eval_batches(tokens, 16, 4, 160, rank=r, world_size=2)) for r in (0, 1)]
-    assert sum(x.shape[0] for x, _ in ev[0] + ev[1]) == 10
+    assert sum(x.shape[0] for x, _, counts in ev[0] + ev[1] if counts) == 10
+
+
+@pytest.mark.parametrize("windows,world,batch", [(5, 2, 2), (3, 4, 1), (3, 4, 2), (9, 4, 2), (8, 4, 2), (1, 2, 4)])
+def test_every_rank_gets_as_many_eval_batches_and_each_window_counts_once(windows, world, batch):
+    """A sharded forward is a collective: a rank with fewer eval batches would leave the others waiting (5 windows
+    on 2 ranks with micro 2 gave 2 and 1 batches; 3 windows on 4 ranks gave one rank none). Padding batches
+    repeat a real window and count 0."""
+    tokens = np.arange(windows * 16 + 1, dtype=np.uint16)
+    per_rank = [list(eval_batches(tokens, 16, batch, 0, rank=r, world_size=world)) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) >= 1
+    counted = sorted(int(x[i, 0]) // 16 for b in per_rank for x, _, counts in b if counts for i in range(len(x)))
+    assert counted == list(range(windows))
+    for b in per_rank:
+        for x, y, _ in b:
+            assert x.shape[1] == 16 and torch.equal(x[:, 1:], y[:, :-1])
 
 
 def test_too_small_eval_set_fails_when_asked_not_at_the_first_batch():

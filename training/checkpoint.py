@@ -53,6 +53,11 @@ def has_checkpoint(path: str | Path) -> bool:
         (path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
 
 
+def has_pt(path: str | Path) -> bool:
+    """A one-file checkpoint (latest.pt or previous.pt) beside `path`."""
+    return Path(path).is_file() or previous_path(Path(path)).is_file()
+
+
 def load_checkpoint(path: str | Path) -> dict:
     """The state saved at `path` (tensors on CPU), or CheckpointError."""
     path = Path(path)

@@ -8,7 +8,8 @@
   column-wise; FSDP2 over the data dimension when it has more than one rank.
 - `fsdp`: FSDP2 (`fully_shard`) per block and at the root over a 1-D mesh: parameters, gradients and AdamW
   state are sharded across ranks and gathered per block for its forward and backward; with train.dtype
-  bfloat16 / float16 a MixedPrecisionPolicy computes in that dtype and reduces gradients in float32.
+  bfloat16 / float16 the blocks' matrices are gathered in that dtype, everything else (the residual stream,
+  RoPE, the norms' gains) stays float32 as under autocast, and gradients are reduced in float32.
 
 Checkpoints of a sharded model are written with torch.distributed.checkpoint (DCP): every rank writes its
 shards, and a load reshards to whatever world size reads it (saved on 2 ranks, resumed on 1, or the reverse).
@@ -16,6 +17,7 @@ shards, and a load reshards to whatever world size reads it (saved on 2 ranks, r
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from training import faults
+from training.checkpoint import CheckpointError
 
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
                 "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
@@ -58,13 +63,28 @@ def data_coords(rank: int, world: int, how: str, tp_size: int) -> tuple[int, int
 
 
 def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
+    """FSDP2 with the numerics of autocast, so that fsdp and ddp runs of one config are the same experiment.
+
+    FSDP's default mixed precision casts every module input to param_dtype: the residual stream and the RoPE
+    tables would become bfloat16 (float16 overflows there), while autocast keeps them float32 and casts only at
+    the matmuls. So: the blocks' matrices are gathered in the autocast dtype (the same rounding autocast applies
+    per matmul) without casting inputs, the norms' gains and the root (embedding, final norm, head) stay float32,
+    and the step runs under autocast as in one process; gradients are reduced in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from model.norms import NORMS
+
     low = LOW.get(dtype)
-    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32) if low else MixedPrecisionPolicy()
+    exact = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # parameters as stored (float32)
+    matmuls = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
+        if low else exact
+    norms = tuple(NORMS.values())
     for block in model.layers:  # gathered one block at a time; the root holds the embedding, final norm, head
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        for module in block.modules():
+            if low and isinstance(module, norms) and any(True for _ in module.parameters(recurse=False)):
+                fully_shard(module, mesh=mesh, mp_policy=exact)  # its own unit: the gains stay float32
+        fully_shard(block, mesh=mesh, mp_policy=matmuls)
+    fully_shard(model, mesh=mesh, mp_policy=exact)
     return model
 
 
@@ -107,19 +127,14 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
         })
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
+        # qk-norm gains are shared by every head, and a rank holds its own heads (dim 2 of q and k before the
+        # transpose): Replicate DTensors fed a head-sharded input, as torchtitan shards qwen3's q/k norms, so
+        # autograd sums their gradients over the group and FSDP / clipping / DCP see DTensors like every other
+        for name in ("attention.q_norm", "attention.k_norm"):
+            if any(True for _ in block.get_submodule(name).parameters()):
+                plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, mesh, plan)
-        group = mesh.get_group()
-        for qk in (block.attention.q_norm, block.attention.k_norm):  # shared by all heads; a rank sees its own
-            for p in qk.parameters():
-                p.register_hook(lambda g, group=group: _sum_over(g, group))
     return model
-
-
-def _sum_over(grad: torch.Tensor, group) -> torch.Tensor:
-    """The gradient of a parameter every rank of `group` uses on its own part of the data: the sum of theirs."""
-    import torch.distributed._functional_collectives as funcol
-
-    return funcol.all_reduce(grad, "sum", group)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -164,9 +179,10 @@ def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
 
 def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
     """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
-    latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate."""
-    import os
+    latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate, the renames
+    fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact."""
     import shutil
+
 
     latest, previous = dcp_paths(checkpoint)
     tmp = checkpoint.with_name(".latest.dcp.tmp")
@@ -176,26 +192,101 @@ def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim
         tmp.mkdir(parents=True)
     if dist.is_initialized():
         dist.barrier()
-    save_sharded(tmp, model, opt, extra)  # ends with a barrier: every rank's shards are written
-    if master:
+    save_sharded(tmp, model, opt, extra)  # every rank's shards are written, or every rank raised
+    faults.point("checkpoint")
+
+    def rotate() -> None:
         if latest.exists():
             shutil.rmtree(previous, ignore_errors=True)
             os.replace(latest, previous)
+            faults.point("checkpoint_swap")
         os.replace(tmp, latest)
+        _fsync_dir(latest.parent)
+
+    _on_master_then_everyone(rotate)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the renames inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _on_master_then_everyone(fn) -> None:
+    """Run fn on rank 0; if it fails, every rank raises (as an OSError: a storage error), so no rank waits at a
+    barrier for one that left."""
+    error = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            fn()
+        except OSError as e:
+            error = str(e)
     if dist.is_initialized():
-        dist.barrier()
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise OSError(error)
+
+
+def _dcp_failure(e: BaseException) -> BaseException:
+    """The first rank's underlying exception of a DCP CheckpointException (a BaseException that carries them)."""
+    failures = getattr(e, "failures", None) or {}
+    first = next(iter(failures.values()), None)
+    return first[0] if isinstance(first, tuple) else (first or e)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def newest_dcp(checkpoint: Path) -> Path | None:
     """The DCP checkpoint directory to resume from if it is newer than latest.pt (or there is no latest.pt)."""
-    latest, previous = dcp_paths(checkpoint)
-    found = [p for p in (latest, previous) if (p / "extra.pt").is_file()]
-    if not found:
-        return None
-    best = max(found, key=lambda p: (p / "extra.pt").stat().st_mtime)
-    if checkpoint.is_file() and checkpoint.stat().st_mtime > (best / "extra.pt").stat().st_mtime:
-        return None
-    return best
+    found = dcp_candidates(checkpoint)
+    return found[0] if found else None
+
+
+def dcp_candidates(checkpoint: Path) -> list[Path]:
+    """The DCP checkpoint directories newer than latest.pt (or all of them, without a latest.pt), newest first:
+    latest.dcp, then previous.dcp to fall back to if it cannot be read."""
+    found = sorted((p for p in dcp_paths(checkpoint) if (p / "extra.pt").is_file()),
+                   key=lambda p: (p / "extra.pt").stat().st_mtime, reverse=True)
+    if checkpoint.is_file():
+        found = [p for p in found if (p / "extra.pt").stat().st_mtime >= checkpoint.stat().st_mtime]
+    return found
+
+
+def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict) -> None:
+    """Load a full (unsharded) model and optimizer state, as a .pt checkpoint holds it, into this model and
+    optimizer: directly in one process or DDP; onto a sharded model through torch's distributed state-dict API,
+    which takes each rank's shard of every tensor (plain load_state_dict would accept full-size state for
+    sharded parameters). Shapes that do not fit raise."""
+    if not is_sharded(model):
+        model.load_state_dict(model_state)
+        opt.load_state_dict(opt_state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    # optimizer.state_dict() names parameters by their index in the param groups; the distributed API by name
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+    by_name = {"state": {order[i]: v for i, v in opt_state["state"].items()},
+               "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in opt_state["param_groups"]]}
+    set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """The whole model's state, unsharded, on rank 0's CPU ({} on the other ranks). A collective: every rank
+    calls it. For work that should not be a collective per step (sampling token by token: under tensor
+    parallelism a prompt's length rarely splits evenly over the sequence-parallel ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -217,27 +308,46 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
     """A DCP checkpoint directory: model and optimizer state as each rank holds it, plus `extra` (step, loader,
     RNG...; the same on every rank, written once)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, opt_state = get_state_dict(model, opt)
-    with _single_process_ok():
-        dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
-                 no_dist=not dist.is_initialized())
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save(extra, Path(path) / "extra.pt")
-    if dist.is_initialized():
-        dist.barrier()
+    try:
+        with _single_process_ok():
+            dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
+                     no_dist=not dist.is_initialized())
+    except CheckpointException as e:  # a BaseException, raised on every rank: a storage error, one line
+        raise OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}") from None
+
+    def write_extra() -> None:  # written last: a directory with extra.pt is a complete checkpoint
+        tmp = Path(path) / ".extra.pt.tmp"
+        with open(tmp, "wb") as f:
+            torch.save(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, Path(path) / "extra.pt")
+        _fsync_dir(Path(path))
+
+    _on_master_then_everyone(write_extra)
 
 
 def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     """Load a DCP checkpoint into this model and optimizer, whatever world size wrote it (DCP reshards); the
     `extra` dict."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
 
     model_state, opt_state = get_state_dict(model, opt)
     state = {"model": model_state, "optimizer": opt_state}
-    with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
+    try:
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
+        extra = torch.load(Path(path) / "extra.pt", weights_only=False)
+    except CheckpointException as e:  # a BaseException: a damaged or foreign checkpoint is bad input, one line
+        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
+    except Exception as e:
+        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return torch.load(Path(path) / "extra.pt", weights_only=False)
+    return extra
