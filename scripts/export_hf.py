@@ -52,7 +52,8 @@ def export(run_dir: Path, out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path, help="a run directory (config.yaml, checkpoints/latest.pt)")
+    p.add_argument("run_dir", type=Path, help="a run directory (config.yaml and a checkpoint: latest.pt, or a "
+                   "sharded run's latest.dcp; the newer of them)")
     p.add_argument("out_dir", type=Path, help="the transformers model directory to write")
     a = p.parse_args(argv)
     try:

@@ -280,6 +280,23 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: d
                    options=StateDictOptions(full_state_dict=True))
 
 
+def load_sharded_weights(path: Path, model: nn.Module) -> None:
+    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in one process, for
+    export and sampling; CheckpointError (one line) when it cannot be read or does not fit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    state = {"model": model.state_dict()}
+    try:
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    except CheckpointException as e:
+        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
+    except Exception as e:
+        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
+    model.load_state_dict(state["model"])
+
+
 def full_model_state(model: nn.Module) -> dict:
     """The whole model's state, unsharded, on rank 0's CPU ({} on the other ranks). A collective: every rank
     calls it. For work that should not be a collective per step (sampling token by token: under tensor
