@@ -38,8 +38,16 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 def expand_kv(q: torch.Tensor) -> bool:
     """Whether grouped-query attention should repeat its k/v heads rather than ask SDPA for enable_gqa: on CUDA
     in float32, where only the math kernel implements enable_gqa (flash, which has it, needs float16 / bfloat16;
-    the memory-efficient and cuDNN kernels need equal head counts). Elsewhere enable_gqa (no copy of k and v)."""
-    return q.device.type == "cuda" and q.dtype == torch.float32
+    the memory-efficient and cuDNN kernels need equal head counts). Elsewhere enable_gqa (no copy of k and v).
+    The dtype that counts is the one SDPA runs in: under autocast q may be float32 here (RoPE's float32 tables
+    promote it) while SDPA casts it to the autocast dtype."""
+    return runs_in_float32(q.device.type, q.dtype, torch.is_autocast_enabled(q.device.type),
+                           torch.get_autocast_dtype(q.device.type))
+
+
+def runs_in_float32(device: str, dtype: torch.dtype, autocast: bool, autocast_dtype: torch.dtype) -> bool:
+    """expand_kv's decision from plain values (testable without a GPU)."""
+    return device == "cuda" and (autocast_dtype if autocast else dtype) == torch.float32
 
 
 class Attention(nn.Module):

@@ -37,3 +37,6 @@ def test_mfu_of_a_known_device_and_none_elsewhere():
     peak = peak_flops("NVIDIA H200", "bfloat16")
     assert peak == 989e12 and mfu(1e6, 1e9, peak) == pytest.approx(1e15 / 989e12)
     assert peak_flops("cpu", "float32") is None and mfu(1e6, 1e9, None) is None
+    # the PCIe and NVL parts have lower peaks than the SXM part whose name they contain (MFU was understated)
+    assert peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12 and peak_flops("NVIDIA H100 NVL", "float32") == 418e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12

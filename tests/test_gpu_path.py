@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.layers import expand_kv
+from model.layers import expand_kv, runs_in_float32
 from training.distributed import use_tf32
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,6 +25,11 @@ def test_gqa_repeats_kv_heads_only_for_float32_on_cuda():
     assert expand_kv(_On("cuda", torch.float32))  # enable_gqa would force the math kernel
     assert not expand_kv(_On("cuda", torch.bfloat16))  # flash attention implements enable_gqa
     assert not expand_kv(_On("cpu", torch.float32))
+    # under autocast SDPA runs in the autocast dtype, whatever q's dtype (RoPE's float32 tables promote q)
+    assert not runs_in_float32("cuda", torch.float32, True, torch.bfloat16)
+    assert runs_in_float32("cuda", torch.float32, True, torch.float32) and runs_in_float32("cuda", torch.float32,
+                                                                                            False, torch.bfloat16)
+    assert not runs_in_float32("cpu", torch.float32, False, torch.bfloat16)
 
 
 def test_repeated_kv_heads_give_the_same_attention_as_enable_gqa():
@@ -34,14 +39,16 @@ def test_repeated_kv_heads_give_the_same_attention_as_enable_gqa():
     torch.testing.assert_close(gqa, rep)
 
 
-def test_tf32_is_switched_on_for_float32_matmuls():
-    before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+def test_tf32_is_switched_on_through_the_api_inductor_reads():
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
         use_tf32()
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        # torch.get_float32_matmul_precision() must still answer (inductor's max-autotune asks it): the
+        # per-backend fp32_precision API made it raise ('mix of the legacy and new APIs')
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
     finally:
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 @pytest.mark.slow

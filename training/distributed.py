@@ -40,9 +40,11 @@ def setup(device: str = "auto") -> Dist:
 
 def use_tf32() -> None:
     """float32 matmuls and convolutions on TF32 tensor cores (10-bit mantissa inputs, float32 accumulation):
-    what a float32 run on an Ampere+ GPU should use; recorded in meta.json (`tf32`)."""
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    what a float32 run on an Ampere+ GPU should use; recorded in meta.json (`tf32`). Through the API that
+    torch.get_float32_matmul_precision() reads (inductor's max-autotune calls it): setting the per-backend
+    fp32_precision instead makes that call raise ('mix of the legacy and new APIs')."""
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls
+    torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions
 
 
 def teardown() -> None:

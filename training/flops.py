@@ -11,9 +11,13 @@ from __future__ import annotations
 from model.args import ModelArgs
 
 # dense (no sparsity) peak TFLOP/s per device, by the dtype its matmuls run in; float32 means TF32 tensor cores
-# where the device has them (train.py enables TF32 on CUDA). From the vendors' data sheets (SXM parts).
+# where the device has them (train.py enables TF32 on CUDA). From the vendors' data sheets; the first key that the
+# device name contains wins, so the PCIe / NVL parts (lower clocks and power) come before their SXM namesakes.
 PEAK_TFLOPS = {
+    "H200 NVL": {"bfloat16": 836.0, "float16": 836.0, "float32": 418.0},
     "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.0},
+    "H100 PCIE": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "H100 NVL": {"bfloat16": 835.0, "float16": 835.0, "float32": 418.0},
     "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.0},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
     "L40S": {"bfloat16": 362.0, "float16": 362.0, "float32": 183.0},

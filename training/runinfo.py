@@ -72,7 +72,7 @@ def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_siz
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
         else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(), "world_size": world_size, "dtype": dtype,
-        "tf32": device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32",
+        "tf32": device.type == "cuda" and torch.get_float32_matmul_precision() != "highest",
         "parameters": model.num_params(), "non_embedding_parameters": model.num_params(non_embedding=True),
         "data": {k: data_meta.get(k) for k in ("source", "vocab_size", "train_tokens", "val_tokens",
                                                 "unigram_entropy", "corpus_sha256")},
