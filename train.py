@@ -20,18 +20,12 @@ is unreadable), with a finished run it exits 0.
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from filelock import FileLock, Timeout
 
 from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
@@ -42,44 +36,30 @@ from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training import distributed, faults
-from training.checkpoint import (
-    CheckpointError,
-    has_checkpoint,
-    has_pt,
-    load_latest,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
+from training.checkpoint import CheckpointError
+from training.config import Config, ConfigError, load_config, to_dict
 from training.cpu import tune_cpu
+from training.evaluate import evaluate
 from training.flops import flops_per_token, peak_flops
 from training.logger import Logger
 from training.metrics import StabilityProbe
-from training.monitor import classify
 from training.optim import build_optimizer, lr_at
-from training.parallel import (
-    data_coords,
-    dcp_candidates,
-    full_model_state,
-    is_sharded,
-    load_full_state,
-    load_sharded,
-    save_sharded_checkpoint,
-    shard_model,
+from training.parallel import data_coords, full_model_state, is_sharded, shard_model
+from training.run import (
+    StopRequest,
+    decide_status,
+    open_run,
+    resume_state,
+    resumed_config,
+    save_state,
+    start_state,
 )
-from training.runinfo import RunDir, run_meta, summarize, truncate_metrics, write_json, write_text
-from training.step import Every, StepParts, autocast_for, no_clip, scaler_for, train_step
+from training.runinfo import RunDir, summarize, write_json
+from training.step import NO_PROBE, Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 REPO = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
-# what a resumed run may change: its length and how it runs, not what it trains
-RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
-             "train.threads", "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb",
-             "log.wandb_project",
-             # how it is spread over processes (a resume on another count splits the same global batch)
-             "train.parallel", "train.tp_size", "train.micro_batch_size")
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
@@ -104,146 +84,6 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
         if saved.is_file():  # continue with the saved config: the checkpoint holds a model and optimizer built from it
             cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
     return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
-
-
-def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
-    """The saved config with the allowed changes of a --resume. A --config given again (a scheduler relaunching the
-    same command) must agree with the saved run on everything outside RESUMABLE."""
-    changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
-    if given is not None:
-        before, now = flat(to_dict(load_config(saved))), flat(to_dict(given))
-        differ = [k for k in now if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
-        if differ:
-            raise ConfigError(f"--resume: the command's config differs from the saved {saved} in {differ[0]} "
-                              f"({before.get(differ[0])!r} -> {now[differ[0]]!r}); a resume may change only: "
-                              f"{', '.join(RESUMABLE)}")
-        changed = [k for k in changed if k in RESUMABLE]  # the others were just checked equal
-    fixed = [k for k in changed if k not in RESUMABLE]
-    if fixed:
-        raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
-    flags = dict(flags)
-    if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
-        flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
-    return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)
-
-
-def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:
-    """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
-    and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
-    or the error, so all stop alike."""
-    found, lock = None, None
-    if d.is_master:
-        try:
-            run = RunDir(run_directory(cfg, default_name, resume))
-            lock = FileLock(str(run.lock))
-            try:
-                run.path.parent.mkdir(parents=True, exist_ok=True)
-                lock.acquire(timeout=0)
-            except Timeout:
-                raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
-                                  f"it to finish or choose another --name") from None
-            found = ("ok", str(run.path), run_state(run, cfg.train.steps) if resume else "new")
-        except (ConfigError, OSError) as e:
-            found = ("error", str(e), None)
-    kind, value, how = distributed.broadcast_object(found)
-    if kind == "error":
-        raise ConfigError(value)
-    cfg.log.name = Path(value).name
-    faults.point("start")
-    return RunDir(Path(value)), how, lock
-
-
-def run_state(run: RunDir, steps: int) -> str:
-    """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
-    summary = run.read_summary() or {}
-    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau", "unstable") \
-            and (summary.get("steps") or 0) >= steps:
-        return "finished"
-    return "resume" if has_checkpoint(run.checkpoint) else "new"
-
-
-def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
-    """runs/<name>; a derived name gets a -2, -3... suffix rather than touching an existing run."""
-    out = Path(cfg.log.out_dir)
-    if cfg.log.name:
-        run_dir = out / cfg.log.name
-        if run_dir.exists() and not resume:
-            raise ConfigError(f"run directory {run_dir} already exists: pass --resume to continue it, "
-                              f"or another --name")
-        return run_dir
-    run_dir, i = out / default_name, 1
-    while run_dir.exists():
-        i += 1
-        run_dir = out / f"{default_name}-{i}"
-    cfg.log.name = run_dir.name
-    return run_dir
-
-
-def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
-    """What a resume does to the LR schedule, for meta.json's `resumes` and the console.
-
-    The horizon (optim.schedule_steps) is kept unless given anew: extending a run past it holds the final LR
-    (a silent re-stretch of the cosine would jump the LR, and its spike would be blamed on the norm). An explicit
-    optim.schedule_steps=N re-schedules from this step on, jump included, and says so."""
-    horizon, steps = cfg.optim.schedule_steps, cfg.train.steps
-    lr_before = lr_at(step - 1, cfg.optim, saved_horizon) if step else 0.0
-    lr_after = lr_at(step, cfg.optim, horizon)
-    event = {"at_step": step, "train.steps": steps, "schedule_steps": horizon, "previous_schedule_steps": saved_horizon,
-             "lr_before": lr_before, "lr_after": lr_after, "note": ""}
-    if horizon != saved_horizon:
-        event["note"] = (f"LR re-scheduled at step {step}: horizon {saved_horizon} -> {horizon} steps "
-                         f"(optim.schedule_steps), lr {lr_before:.3g} -> {lr_after:.3g}")
-    elif steps > horizon:
-        event["note"] = (f"train.steps={steps} extends the run past its {horizon}-step LR schedule: steps after "
-                         f"{horizon} hold the final lr {cfg.optim.lr * cfg.optim.min_lr_ratio:.3g} "
-                         f"(pass optim.schedule_steps=N to re-schedule instead)")
-    return event
-
-
-class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (so the checkpoint is whole);
-    a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
-@torch.no_grad()
-def evaluate(model: Llama, tokens, cfg: Config, d: distributed.Dist, autocast, batch_size: int) -> tuple[float, float]:
-    """(mean next-token loss, its standard error) over the fixed validation set (the same tokens at every eval).
-
-    The standard error is over windows (seq_len tokens each): sd of the per-window mean losses / sqrt(windows).
-    Windows are consecutive text, so it is the eval's own sampling noise, a lower bound if windows correlate."""
-    model.eval()
-    # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows)
-    total = torch.zeros(5, device=d.device, dtype=torch.float64)
-    for x, y, counts in eval_batches(tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.data_rank,
-                                     d.data_world):
-        x, y = x.to(d.device), y.to(d.device)
-        with autocast:  # every rank runs as many forwards as the others (padding batches count 0)
-            logits, loss = model(x, y)
-        if counts:
-            per_window = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-            w = per_window.double().mean(1)
-            total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=d.device).double(),
-                                  w.sum(), w.pow(2).sum(), torch.tensor(len(w), device=d.device).double()])
-        faults.point("eval")
-    model.train()
-    distributed.all_reduce(total)
-    total /= d.world_size // d.data_world  # the ranks of a tensor-parallel group counted the same windows
-    loss_sum, n_tokens, s1, s2, n = total.tolist()
-    var = max(0.0, (s2 - s1 * s1 / n) / (n - 1)) if n > 1 else 0.0
-    return loss_sum / n_tokens, math.sqrt(var / n) if n > 1 else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,8 +131,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                   f"train further)", file=sys.stderr)
         return EXIT_OK
     scaler = scaler_for(d.device, tc.dtype)
-    start_step, notes = (resume_state if how == "resume" else start_state)(run, cfg, d, model, opt, scaler, data,
-                                                                           {"kernels": kernels, "cpu": cpu})
+    machine = {"kernels": kernels, "cpu": cpu}
+    start_step, notes = resume_state(run, cfg, d, model, opt, scaler, data.loader, machine) if how == "resume" \
+        else start_state(run, cfg, d, model, data.meta, machine)
     parts = StepParts(model, wrapped, torch.compile(wrapped) if tc.compile else wrapped, opt, data.micro,
                       data.accum, d.world_size, d.device, autocast_for(d.device, tc.dtype), tc.z_loss,
                       no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len, scaler,
@@ -311,12 +152,12 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     try:
         for step in range(start_step, tc.steps):
             # one optimizer step at this step's learning rate; the probe observes the steps it is due on
-            record = train_step(parts, next(data.loader), lr_at(step, cfg.optim, cfg.optim.schedule_steps),
-                                probe if probe.due(step + 1) else None)
-            done = step + 1
+            result = train_step(parts, next(data.loader), lr_at(step, cfg.optim, cfg.optim.schedule_steps),
+                                probe if probe.due(step + 1) else NO_PROBE)
+            record, done = result.record, step + 1
             faults.point("step")
             # a non-finite loss or gradient norm: no update was made; it is logged and the run ends
-            if record.pop("diverged"):
+            if result.diverged:
                 status, diverged_at = "diverged", done
                 logger.log(done, record)
                 logger.message(f"diverged at step {done}: loss {record['train/loss']}, grad norm {record['grad/norm']}")
@@ -378,80 +219,6 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
     return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro)
 
 
-def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
-    """Restore the newest readable checkpoint into model, optimizer, loss scaler, loader and RNG; (its step,
-    notes). A DCP directory (latest.dcp, else previous.dcp) or a .pt file, whichever is newer, loads into any
-    parallelism: DCP reshards, a .pt's full state is distributed onto a sharded model."""
-    notes, state, dcp_error = [], None, None
-    for path in dcp_candidates(run.checkpoint):  # written by a sharded run, newer than any latest.pt
-        try:
-            state = load_sharded(path, model, opt)
-            if dcp_error:
-                notes.append(f"{dcp_error}: resumed from {path.name} (step {state.get('step')})")
-            break
-        except CheckpointError as e:
-            dcp_error = dcp_error or str(e)
-    try:
-        if state is None:
-            if dcp_error and not has_pt(run.checkpoint):
-                raise CheckpointError(dcp_error)
-            state, fallback = load_latest(run.checkpoint)
-            notes += [n for n in (dcp_error and f"{dcp_error}: resumed from the older .pt", fallback) if n]
-            load_full_state(model, opt, state["model"], state["optimizer"])
-        if scaler.is_enabled() and "scaler" in state:
-            scaler.load_state_dict(state["scaler"])
-        data.loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
-        step = state["step"]
-    except CheckpointError:
-        raise
-    except Exception as e:  # any mismatch is one line and exit 2, never a traceback
-        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit this config: "
-                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
-    resumed = schedule_change(step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
-    if d.is_master:
-        truncate_metrics(run.metrics, step)
-        write_text(run.config, to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
-        meta = json.loads(run.meta.read_text()) if run.meta.is_file() else {}
-        meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
-        write_json(run.meta, meta)
-    return step, [*notes, *([resumed["note"]] if resumed["note"] else [])]
-
-
-def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, data: Data, machine: dict):
-    """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
-    validated before: only now does the run directory appear."""
-    notes = []
-    if d.is_master:
-        if run.path.exists():  # --resume before any checkpoint: what a killed start left is started over
-            notes.append(f"no checkpoint in {run.path} yet: starting from step 0")
-            run.metrics.unlink(missing_ok=True)
-            run.summary.unlink(missing_ok=True)
-            shutil.rmtree(run.checkpoint.parent, ignore_errors=True)  # temp files of a killed first save
-        run.path.mkdir(parents=True, exist_ok=True)
-        write_text(run.config, to_yaml(cfg))
-        faults.point("config")
-        write_json(run.meta, {**run_meta(model, d.device, cfg.train.dtype, d.world_size, data.meta), **machine})
-    return 0, notes
-
-
-def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler) -> None:
-    """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
-    scale too, so a resumed run scales its next step as the uninterrupted one would. A sharded model (fsdp, tp)
-    writes a DCP directory instead, every rank its shards (resumable on any number of processes)."""
-    if is_sharded(model):
-        save_sharded_checkpoint(run.checkpoint, model, opt, {
-            "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-            "schedule_steps": cfg.optim.schedule_steps,
-            **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
-        return
-    if d.is_master:
-        save_checkpoint(run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                         "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-                                         "schedule_steps": cfg.optim.schedule_steps,
-                                         **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
-
-
 def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, kernels: dict,
              notes: list[str], start_step: int) -> None:
     """The run's first lines: what trains where, which fast paths fall back, what a resume changed."""
@@ -472,12 +239,7 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
     summary.json; (status, diverged_at)."""
     tc = cfg.train
     if status == "ok":
-        if d.is_master:  # rank 0 reads the metrics it wrote (other nodes may not share its file system)...
-            evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
-            init = next((v for s, v in evals if s == 0), None)
-            status = classify([v for s, v in evals if s > 0], data.meta.get("unigram_entropy"),
-                              cfg.log.plateau_margin, init, cfg.log.blowup_margin)
-        status = distributed.broadcast_object(status)  # ...and every rank exits with its verdict
+        status = decide_status(run, cfg, d, data.meta.get("unigram_entropy"))
         diverged_at = done if status == "diverged" else None  # a non-finite final val loss
         if tc.sample_tokens and status == "ok":  # only a run that learned (NaN logits cannot)
             sampler = model

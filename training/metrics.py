@@ -89,6 +89,8 @@ def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Te
 class StabilityProbe:
     """Collects the per-layer metrics of DESIGN.md for one optimizer step of a Llama."""
 
+    eager = True  # its hooks run outside torch.compile
+
     def __init__(self, model: nn.Module, every=None):
         self.model = model
         self.every = every  # the probe's cadence (training.step.Every); None: whenever asked

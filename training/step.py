@@ -64,18 +64,87 @@ def scaler_for(device: torch.device, dtype: str) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=dtype == "float16")
 
 
-def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=None) -> dict:
-    """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`; the step's
-    metrics record. With a probe, its hooks observe this step (per-layer metrics join the record). A non-finite
-    loss or gradient norm makes no update and returns the record with diverged=True."""
+@dataclass
+class StepResult:
+    """What one optimizer step reports: its metrics record, and whether it diverged (a non-finite loss or gradient
+    norm: no update was made, and the run ends)."""
+
+    record: dict
+    diverged: bool = False
+
+
+class NoProbe:
+    """The probe on the steps it is not due: observes nothing (the step runs compiled, if it is)."""
+
+    eager = False
+
+    def attach(self) -> None: ...
+    def record_logits(self, logits: torch.Tensor) -> None: ...
+    def record_grads(self) -> None: ...
+    def snapshot(self) -> None: ...
+
+    def finish(self) -> dict:
+        return {}
+
+
+NO_PROBE = NoProbe()
+
+
+class NoScaling:
+    """float32 and bfloat16: the loss as it is; a non-finite gradient is a divergence, never an overflow."""
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale(self, opt: torch.optim.Optimizer) -> None: ...
+
+    def record(self) -> dict:
+        return {}
+
+    def overflowed(self, loss_value: float, norm_value: float) -> bool:
+        return False
+
+    def step(self, opt: torch.optim.Optimizer, overflow: bool) -> dict:
+        opt.step()
+        return {}
+
+
+class LossScaling(NoScaling):
+    """float16: GradScaler's dynamic loss scale. Gradients that overflow at the current scale (a finite loss, a
+    non-finite gradient norm, the scale still >= 1) are not a divergence: the step is skipped (GradScaler's step()
+    sees the infs unscale_ found) and the scale halves."""
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss)
+
+    def unscale(self, opt: torch.optim.Optimizer) -> None:
+        self.scaler.unscale_(opt)
+
+    def record(self) -> dict:
+        return {"amp/scale": self.scaler.get_scale()}
+
+    def overflowed(self, loss_value: float, norm_value: float) -> bool:
+        return is_finite(loss_value) and not is_finite(norm_value) and self.scaler.get_scale() >= 1
+
+    def step(self, opt: torch.optim.Optimizer, overflow: bool) -> dict:
+        self.scaler.step(opt)
+        self.scaler.update()
+        return {"amp/skipped": float(overflow)}
+
+
+def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=NO_PROBE) -> StepResult:
+    """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`. A due
+    probe's hooks observe this step (its per-layer metrics join the record)."""
     t0 = time.perf_counter()
-    scaler = p.scaler if p.scaler is not None and p.scaler.is_enabled() else None
+    scaling = LossScaling(p.scaler) if p.scaler is not None and p.scaler.is_enabled() else NoScaling()
     for group in p.opt.param_groups:
         group["lr"] = lr
     x, y = batch
-    if probe is not None:
-        probe.attach()
-    forward = p.ddp if probe is not None else p.compiled  # hooks run eagerly, outside torch.compile
+    probe.attach()
+    forward = p.ddp if probe.eager else p.compiled  # hooks run eagerly, outside torch.compile
     loss_sum = torch.zeros((), device=p.device)
     for i, (xm, ym) in enumerate(zip(x.split(p.micro), y.split(p.micro), strict=True)):
         # DDP all-reduces gradients only on the last micro-batch
@@ -83,40 +152,27 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
         with sync:
             with p.autocast:
                 logits, loss = forward(xm.to(p.device), ym.to(p.device))
-            if probe is not None:
-                probe.record_logits(logits)
+            probe.record_logits(logits)
             total = loss
             if p.z_loss:
                 total = total + p.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
-            (scaler.scale(total / p.accum) if scaler else total / p.accum).backward()
+            scaling.scale(total / p.accum).backward()
         loss_sum += loss.detach()
-    if scaler:
-        scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
-    if probe is not None:
-        probe.record_grads()  # before clipping, like the global norm
+    scaling.unscale(p.opt)  # true gradients from here on (probe, clipping)
+    probe.record_grads()  # before clipping, like the global norm
     grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))  # sharded: the global norm
     train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
     loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
-    record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
-    if scaler:
-        record["amp/scale"] = scaler.get_scale()
-    # float16: gradients that overflowed at this loss scale are not a divergence; the scaler skips the update
-    # (its step() sees the infs unscale_ found) and halves the scale
-    overflow = bool(scaler) and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
+    record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value, **scaling.record()}
+    overflow = scaling.overflowed(loss_value, norm_value)
     if not overflow and not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite grad
-        if probe is not None:
-            probe.finish()  # detach the hooks
-        return {**record, "diverged": True}
-    if probe is not None and not overflow:
+        probe.finish()  # detach the hooks
+        return StepResult(record, diverged=True)
+    if not overflow:
         probe.snapshot()  # parameters before the update, for update/ratio
-    if scaler:
-        record["amp/skipped"] = float(overflow)
-        scaler.step(p.opt)
-        scaler.update()
-    else:
-        p.opt.step()
+    record.update(scaling.step(p.opt, overflow))
     p.opt.zero_grad(set_to_none=True)
-    metrics = probe.finish() if probe is not None else {}
+    metrics = probe.finish()
     if not overflow:
         record["grad/clipped"] = float(norm_value > p.clip)
         record.update(metrics)
@@ -124,7 +180,7 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     record["train/tokens_per_s"] = p.tokens_per_step / dt
     if p.peak_flops:  # model FLOPs utilization of each device
         record["train/mfu"] = p.flops_per_step / dt / (p.peak_flops * p.world_size)
-    return {**record, "diverged": False}
+    return StepResult(record)
 
 
 def no_clip(value: float) -> float:
