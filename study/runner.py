@@ -178,7 +178,10 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
     counts: dict[str, int] = {}
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=study["name"], dynamic_ncols=True)
     pool = ThreadPoolExecutor(n_workers)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C and SIGTERM stop the sweep at a checkpoint; SIGINT's handler is installed here, not inherited: a
+    # process started in the background by a shell script inherits SIGINT ignored, and `kill -INT` did nothing
+    previous = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _raise_interrupt),
+                                                                       (signal.SIGINT, signal.default_int_handler))}
 
     def job(run):
         slot = free.pop()
@@ -204,7 +207,8 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
         bar.close()
         return None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     pool.shutdown()
     bar.close()
     _write_index(index_path, study, runs, index)

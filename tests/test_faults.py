@@ -219,14 +219,13 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
 
 
 # -- sweeps --------------------------------------------------------------------------------------------------------
-SWEEP_STEPS = 1000  # long enough (~5 s a run) that both runs are surely in flight when the test strikes: with
-# 200 steps (~1 s) a run could finish between its first checkpoint and the signal, and the sweep exit 0
+SWEEP_STEPS = 400  # ~2 s a run: both are still in flight when the test strikes after their first checkpoints
 
 
 def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
     study = tmp_path / "s.yaml"
     study.write_text(f"name: s\nconfig: {TINY}\n"
-                     f"overrides: {{train: {{steps: {steps}, checkpoint_every: 50, eval_every: 250, "
+                     f"overrides: {{train: {{steps: {steps}, checkpoint_every: 20, eval_every: 100, "
                      "sample_tokens: 0}}\n"
                      "grid: {lr: [1.0e-3, 3.0e-3]}\nworkers: 2\n")
     return [sys.executable, "scripts/sweep.py", str(study), "--out", str(tmp_path / "out"), "--no-report", "--set",
@@ -252,7 +251,9 @@ def _wait_for(predicate, seconds=120):
 def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_file):
     cmd = _sweep_cmd(tmp_path, corpus_file)
     study_dir = tmp_path / "out" / "s"
-    sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # started as a background job of a script is (SIGINT ignored, inherited): the sweep must still stop on kill -INT
+    sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) == 2)
     sweep.send_signal(signal.SIGINT)  # to the sweep alone, as `kill -INT` (a terminal's Ctrl-C reaches all)
     assert sweep.wait(timeout=120) == 130

@@ -23,7 +23,7 @@ MULTINODE = ("torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --ma
              "--master_port 29500 train.py train.parallel=fsdp")
 # Not run here (each is minutes long, or is this test suite itself); everything else in a code block is.
 SLOW = {
-    "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~3 min)",
+    "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~1.5 min)",
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
     "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
