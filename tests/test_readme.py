@@ -26,15 +26,15 @@ SLOW = {
     "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~1.5 min)",
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
-    "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
-    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",
-    "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~1 min)",
-    "python train.py --name my-run --resume": "the default model, 200 more steps (~2 min)",
-    "torchrun --nproc_per_node 2 train.py": "the default model in two processes (~4 min); "
+    "python train.py --norm layernorm": "the default model, 300 steps (~1 min)",
+    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~1 min)",
+    "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~20 s)",
+    "python train.py --name my-run --resume": "the default model, 200 more steps (~40 s)",
+    "torchrun --nproc_per_node 2 train.py": "the default model in two processes (minutes); "
     "tests/test_train.py runs it on the tiny config",
-    "torchrun --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes (~4 min); "
+    "torchrun --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes (minutes); "
     "tests/test_sharded.py runs it on the tiny config",
-    "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (~4 min); "
+    "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (minutes); "
     "tests/test_sharded.py runs it on the tiny config",
     MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
     "python scripts/sweep.py configs/study.yaml --slurm study.sbatch": "writes a file into the checkout; "
