@@ -6,7 +6,10 @@ the comparison uses the per-seed differences d_s = L_A(s) - L_B(s).
   `equivalent` (TOST passes, the CI contains 0), `different` (the 95% CI excludes 0; `different, within +-m`
   when TOST passes too: a real difference smaller than the margin), otherwise `inconclusive`;
 - the minimum detectable difference at 80% power (two-sided alpha = 0.05) for this n and the observed spread:
-  (t_{0.975, n-1} + t_{0.8, n-1}) * sd / sqrt(n).
+  the delta at which the paired t test's power, from the noncentral t with n - 1 df and noncentrality
+  delta / (sd / sqrt(n)), is 0.8 (the normal-style shortcut (t_{0.975} + t_{0.8}) sd / sqrt(n) is 16% low at n = 2);
+- the two-sided p of the paired t test (H0: no difference), for a multiplicity correction over a study's claims
+  (holm()).
 One seed (n = 1) has no spread: the verdict is `inconclusive` and the CI and MDE are None.
 """
 
@@ -17,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from scipy import stats as st
+from scipy.optimize import brentq
 
 ALPHA, POWER = 0.05, 0.8
 
@@ -30,6 +34,7 @@ class Paired:
     margin: float
     mde: float | None  # minimum detectable |difference| at 80% power
     p_tost: float | None
+    p_diff: float | None = None  # two-sided paired t test of no difference
 
     def describe(self) -> str:
         """One sentence fragment: 'A - B = +0.012 nats (95% CI -0.004..+0.028, n = 5 seeds): equivalent within
@@ -58,10 +63,12 @@ def paired(a: dict, b: dict, margin: float) -> Paired:
     se = sd / math.sqrt(n)
     if se == 0:  # identical differences: the CI is the point itself
         ci, p_lower, p_upper = (mean, mean), float(mean <= -margin), float(mean >= margin)
+        p_diff = 1.0 if mean == 0 else 0.0
     else:
         ci = (mean - t_ci * se, mean + t_ci * se)
         p_lower = st.t.sf((mean + margin) / se, df)  # H0: d <= -margin
         p_upper = st.t.cdf((mean - margin) / se, df)  # H0: d >= +margin
+        p_diff = float(2 * st.t.sf(abs(mean) / se, df))
     p_tost = max(p_lower, p_upper)
     equivalent = p_tost < ALPHA
     excludes_zero = ci[0] > 0 or ci[1] < 0
@@ -69,8 +76,56 @@ def paired(a: dict, b: dict, margin: float) -> Paired:
         verdict = "different, within margin" if equivalent else "different"
     else:
         verdict = "equivalent" if equivalent else "inconclusive"
-    mde = (t_ci + st.t.ppf(POWER, df)) * sd / math.sqrt(n)
-    return Paired(n, mean, ci, verdict, margin, mde, p_tost)
+    return Paired(n, mean, ci, verdict, margin, detectable(sd, n), p_tost, p_diff)
+
+
+def power(delta: float, sd: float, n: int) -> float:
+    """Power of the two-sided paired t test (alpha 0.05) to detect a true mean difference delta with n seeds at
+    per-seed sd: P(|T| > t_crit), T noncentral t with n - 1 df and noncentrality delta / (sd / sqrt(n))."""
+    df, crit = n - 1, st.t.ppf(1 - ALPHA / 2, n - 1)
+    nc = delta / (sd / math.sqrt(n))
+    lower = st.nct.cdf(-crit, df, nc)  # the far tail; scipy returns NaN where it underflows (df = 1)
+    return float(st.nct.sf(crit, df, nc) + (0.0 if math.isnan(lower) else lower))
+
+
+def detectable(sd: float, n: int) -> float:
+    """The minimum detectable |difference| at 80% power for n seeds at per-seed sd (noncentral t)."""
+    if sd == 0:
+        return 0.0
+    se = sd / math.sqrt(n)
+    hi = 1.0
+    while power(hi * se, sd, n) < POWER:  # bracket the noncentrality (scipy's nct turns NaN far out)
+        hi *= 2
+    nc = brentq(lambda c: power(c * se, sd, n) - POWER, hi / 2 if hi > 1 else 0.0, hi)
+    return nc * se
+
+
+def seeds_needed(delta: float, sd: float, most: int = 100_000) -> int | None:
+    """The fewest seeds (>= 2) at which the paired t test has 80% power for a true difference delta at per-seed
+    sd (what a margin costs at a pilot's spread); None beyond `most`."""
+    if delta <= 0:
+        return None
+    lo, hi = 2, 2
+    while power(delta, sd, hi) < POWER:
+        lo, hi = hi, hi * 2
+        if hi > most:
+            return None
+    while lo < hi:  # power rises with n: the first n that reaches 80%
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if power(delta, sd, mid) < POWER else (lo, mid)
+    return lo
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control over a study's primary tests), in the input
+    order: the i-th smallest p times (m - i), made monotone, capped at 1."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def mean_ci(values: list[float]) -> tuple[float | None, tuple[float, float] | None]:
