@@ -321,10 +321,11 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
              "LR sensitivity (Wortsman et al. 2023) per seed = mean over the LR grid of v(lr) - min v; lower is more "
              "robust. Arms are compared paired over seeds (runs of two arms with the same seed share init and "
              "batches): mean difference with its 95% t CI, a TOST equivalence test at the margin "
-             f"+-{margin:g} nats, and the minimum detectable difference at 80% power. Spike score (OLMo 2) = % of "
-             f"steps at least k={any_run.get('spike_k')} std from the mean of the trailing "
-             f"{any_run.get('spike_window')} steps (the paper uses k=7 over 1000 steps; scaled down for short "
-             "runs).", "",
+             f"+-{margin:g} nats, and the minimum detectable difference at 80% power. Spike score = % of judged "
+             f"steps whose value jumps above the median of the previous {any_run.get('spike_window')} by at least "
+             f"k={any_run.get('spike_k')} robust std of the jumps so far (training/monitor.py: from step 7 on, "
+             "so a falling curve's early spikes count; OLMo 2's 1000-step trailing mean judges none of a short "
+             "run's first steps).", "",
              "| arm | best LR | v at best LR, per seed | max LR with all seeds ok | LR sensitivity, mean (95% CI) | "
              "ok / plateau / unstable / diverged / failed | spike score loss / grad norm (%) | tokens/s |",
              "|---|---|---|---|---|---|---|---|"]

@@ -13,7 +13,10 @@ from training import monitor
 from training.config import Config, flat, to_dict
 from training.runinfo import RunDir, series
 
-IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb"}
+# not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured (the same
+# experiment whatever the detector's parameters: studies from before the detector changed still pair)
+IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb",
+           "log.spike_window", "log.spike_k"}
 
 
 OUTCOMES = (*monitor.OUTCOMES, "failed")  # failed: crashed without a summary (sweep.json has the error)

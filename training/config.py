@@ -75,8 +75,8 @@ class LogConfig:
     stats_every: int = 25  # steps between per-layer stability metrics (0 = never)
     wandb: str = "disabled"  # disabled | offline | online
     wandb_project: str = "normlab"
-    spike_window: int = 100  # trailing window of the spike detector (OLMo 2 uses 1000)
-    spike_k: float = 5.0  # a spike is >= spike_k standard deviations from the window mean (OLMo 2: 7)
+    spike_window: int = 5  # spike detector: a value is compared with the median of the previous spike_window
+    spike_k: float = 5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
     plateau_margin: float = 0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
     blowup_margin: float = 0.5  # nats: a run that learned and ended this far above its best val loss is unstable
 

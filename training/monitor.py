@@ -10,36 +10,60 @@ FINISHED = ("ok", "plateau", "unstable", "diverged")  # results: a rerun never t
 
 
 class SpikeDetector:
-    """A value is a spike when it is >= k standard deviations from the mean of the trailing `window`
-    values (OLMo 2 uses k=7 over 1000 steps; short runs use a shorter window). Values are judged only
-    once the window is full; spikes stay in the window, as in a rolling mean of the previous values."""
+    """Upward spikes of a positive series (loss, gradient norm), judged from the first steps and on a falling curve.
 
-    def __init__(self, window: int = 100, k: float = 5.0):
+    Each value is compared, in log space, with the median of the `window` values before it: a local level, so
+    the trend of a falling curve is removed and a lone spike barely moves it. The deviation d_t = log v_t -
+    log median counts as a spike when it exceeds `k` robust standard deviations (1.4826 x the median absolute
+    deviation) of the deviations before it (expanding from the start, the last 1000 at most, spikes left
+    out), widened by (1 + 5/n) while that spread rests on few (n) deviations, and a 5% jump at least (a perfectly
+    smooth curve has no spread to compare with). Judging starts once 5 deviations are known (step 7). OLMo 2's
+    score (>= 7 std from a 1000-step trailing mean) judges nothing before its window fills and, on a falling
+    curve, its std is the trend's, not the noise's."""
+
+    HISTORY = 1000  # deviations the spread is estimated from (OLMo 2's window)
+    FLOOR = math.log(1.05)
+
+    def __init__(self, window: int = 5, k: float = 5.0):
         self.window, self.k = window, k
-        self.values: deque[float] = deque(maxlen=window)
+        self.recent: deque[float] = deque(maxlen=window)  # log values
+        self.deviations: deque[float] = deque(maxlen=self.HISTORY)  # judged, not spikes
         self.seen = self.spikes = 0
 
     def update(self, value: float) -> bool:
         """Record `value`; True if it is a spike."""
-        spike = False
-        if math.isfinite(value):
-            if len(self.values) == self.window:
-                mean = sum(self.values) / self.window
-                std = math.sqrt(sum((v - mean) ** 2 for v in self.values) / self.window)
-                spike = abs(value - mean) >= self.k * std and std > 0
+        if not (math.isfinite(value) and value > 0):
+            return False
+        x, spike = math.log(value), False
+        if len(self.recent) >= min(2, self.window):
+            d = x - _median(self.recent)
+            n = len(self.deviations)
+            if n >= 5:
+                center = _median(self.deviations)
+                scale = 1.4826 * _median([abs(v - center) for v in self.deviations])
+                # a spread from few deviations is uncertain: the threshold widens by (1 + 5/n) while n is small
+                spike = d - center > max(self.k * scale * (1 + 5 / n), self.FLOOR)
                 self.seen += 1
                 self.spikes += spike
-            self.values.append(value)
+            if not spike:
+                self.deviations.append(d)
+        self.recent.append(x)  # a lone spike barely moves a median; a lasting jump becomes the new level
         return spike
 
     @property
     def score(self) -> float | None:
-        """Percentage of judged steps that were spikes (None before the window first fills)."""
+        """Percentage of judged steps that were spikes (None before judging starts)."""
         return 100.0 * self.spikes / self.seen if self.seen else None
 
 
-def spike_score(values, window: int = 100, k: float = 5.0) -> float | None:
-    """The spike score of a whole series (None where it is shorter than the window)."""
+def _median(values) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def spike_score(values, window: int = 5, k: float = 5.0) -> float | None:
+    """The spike score of a whole series (None where it is too short to judge)."""
     detector = SpikeDetector(window, k)
     for v in values:
         if v is not None:
