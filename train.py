@@ -7,9 +7,9 @@
 
 Writes runs/<name>/: config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt.
 
-Exit codes: 0 finished (status ok or plateau; or stopped at train.stop_at, resumable; or --resume of a run
-that had already finished), 2 bad input (config, command line, data or checkpoint; nothing is written),
-3 diverged (a result: logs and summary are complete), 4 the run's files could not be written (disk full:
+Exit codes: 0 finished (status ok, plateau, collapsed or unstable; or stopped at train.stop_at, resumable; or
+--resume of a run that had already finished), 2 bad input (config, command line, data or checkpoint; nothing is
+written), 3 diverged (a result: logs and summary are complete), 4 the run's files could not be written (disk full:
 the last checkpoint is intact), 130 interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume).
 
 --resume is safe on every launch, as a preemptible scheduler relaunches a job: with no run directory or no

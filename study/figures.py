@@ -99,8 +99,9 @@ def stability_map(plt, arms, colors, out: Path, made: list) -> None:
         for r in a.runs:  # every seed is drawn: a split outcome shows as two points, never as a mean +- std
             if r.value is None:
                 continue
-            marker = {"diverged": "x", "plateau": "o", "unstable": "^"}.get(r.status, ".")
-            style = (dict(facecolors="none", edgecolors=colors[label]) if r.status in ("plateau", "unstable")
+            marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(r.status, ".")
+            style = (dict(facecolors="none", edgecolors=colors[label])
+                     if r.status in ("plateau", "collapsed", "unstable")
                      else dict(color=colors[label]))
             ax.scatter([r.lr], [r.value], marker=marker, s=60 if marker != "." else 40, zorder=5, **style)
     if entropy:
@@ -108,7 +109,7 @@ def stability_map(plt, arms, colors, out: Path, made: list) -> None:
     if l0:
         ax.axhline(l0, color="gray", ls=":", lw=1, label="loss at init (L0)")
     _axes(ax, "peak learning rate", "final val loss, min(L, L0), mean over seeds",
-          "stability map: every seed (x diverged, o plateau, ^ unstable)", logx=True)
+          "stability map: every seed (x diverged, s collapsed, o plateau, ^ unstable)", logx=True)
     _save(fig, out / "stability_map.png", made,
           "min(final val loss, L0) vs learning rate: every seed a marker, the line the mean over seeds")
 

@@ -312,8 +312,10 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
              (f"Wall time: {span / 60:.1f} min with runs in flight. " if span else "")
              + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(keys) or 'nothing'}); learning rates "
              f"{', '.join(f'{x:g}' for x in lrs)}; seeds {', '.join(map(str, seeds))}; {steps} steps per run.", "",
-             "Outcomes, judged on the whole val curve: `ok` learned and kept it; `plateau` no eval got "
-             "`log.plateau_margin` nats below the unigram entropy (learned token frequencies only); `unstable` "
+             "Outcomes, judged on each run's own val curve: `ok` learned and kept it; `plateau` no eval got "
+             "`log.plateau_margin` nats below the unigram entropy (learned token frequencies only) but still "
+             "falling; `collapsed` the same and flat (its last evals fall slower than `log.flat_slope` nats per "
+             "step: stuck, not slow); `unstable` "
              "learned, then ended `log.blowup_margin` above its best or above L0; `diverged` non-finite loss or "
              "gradient. "
              f"L0 is {l0_kind}. Per run the comparisons use v = min(final val loss, L0), a diverged run counting "
@@ -327,7 +329,7 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
              "so a falling curve's early spikes count; OLMo 2's 1000-step trailing mean judges none of a short "
              "run's first steps).", "",
              "| arm | best LR | v at best LR, per seed | max LR with all seeds ok | LR sensitivity, mean (95% CI) | "
-             "ok / plateau / unstable / diverged / failed | spike score loss / grad norm (%) | tokens/s |",
+             "ok / plateau / collapsed / unstable / diverged / failed | spike score loss / grad norm (%) | tokens/s |",
              "|---|---|---|---|---|---|---|---|"]
     for a in arms.values():
         per_seed = a.per_seed(a.best_lr) if a.best_lr else {}
@@ -335,8 +337,8 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
         m, ci = mean_ci(list(a.sensitivity_per_seed().values()))
         lines.append(f"| {a.label} | {fmt(a.best_lr, 'g')} | "
                      f"{', '.join(f'{v:.3f}' for _, v in sorted(per_seed.items(), key=lambda t: str(t[0]))) or '-'} | "
-                     f"{fmt(a.max_lr_ok, 'g')} | {fmt(m)} ({_ci(ci)}) | {c['ok']} / {c['plateau']} / {c['unstable']} / "
-                     f"{c['diverged']} / {c['failed'] + c['interrupted']} | "
+                     f"{fmt(a.max_lr_ok, 'g')} | {fmt(m)} ({_ci(ci)}) | {c['ok']} / {c['plateau']} / "
+                     f"{c['collapsed']} / {c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
                      f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
                      f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | {fmt(a.tokens_per_s(), ',.0f')} |")
     pairs = comparisons(arms, keys, margin)

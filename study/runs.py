@@ -43,7 +43,7 @@ class Run:
     def final(self) -> float | None:
         """Final val loss of a run that finished without diverging."""
         v = self.summary.get("final_val_loss")
-        return v if self.status in ("ok", "plateau", "unstable") and v is not None else None
+        return v if self.status in ("ok", "plateau", "collapsed", "unstable") and v is not None else None
 
     @property
     def init_loss(self) -> float | None:

@@ -63,7 +63,8 @@ class Arm:
         return counts
 
     def summary_mean(self, key: str) -> float | None:
-        return _mean([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "unstable")])
+        return _mean([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "collapsed",
+                                                                                   "unstable")])
 
     def tokens_per_s(self) -> float | None:
         v = [r.summary.get("tokens_per_s") for r in self.runs if r.summary.get("tokens_per_s")]

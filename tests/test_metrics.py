@@ -203,7 +203,8 @@ def test_outcome_classification_on_the_whole_val_curve():
     nan = float("nan")
     judge = lambda curve: classify(curve, unigram_entropy=6.4, margin=0.25, init_loss=8.3, blowup_margin=0.5)  # noqa
     assert judge([6.0, 5.0, 4.0]) == "ok"
-    assert judge([6.3, 6.25, 6.3]) == "plateau"  # never 0.25 below the unigram entropy
+    assert judge([6.3, 6.25, 6.3]) == "collapsed"  # never 0.25 below the unigram entropy, and flat
+    assert judge([7.9, 7.0, 6.3]) == "plateau"  # never below it either, but still falling: too slow, not stuck
     assert judge([6.0, 4.0, 4.4]) == "ok"  # a rise within the blow-up margin
     assert judge([6.0, 3.5, 5.9]) == "unstable"  # learned, then ended 2.4 nats above its best
     assert judge([6.0, 4.0, 8.5]) == "unstable"  # ended above L0
@@ -211,3 +212,16 @@ def test_outcome_classification_on_the_whole_val_curve():
     # the old rule judged the final value only: a run that learned and blew back up to the unigram loss was a
     # "plateau"; it is unstable now, and a plateau means it never learned
     assert judge([6.0, 3.3, 6.3]) == "unstable"
+
+
+def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
+    """Post-norm at a high LR sits at the unigram loss (5.88 +- 0.005, the audit's plateaus): collapsed. A low-LR run
+    still falling toward the threshold (the audit's 5.633 vs a line at ~5.63): plateau, whatever side of the line
+    its noise puts the last value, as long as it has not crossed it."""
+    steps = [100, 200, 300, 400, 500]
+    judge = lambda curve: classify(curve, 5.88, 0.25, 8.3, 0.5, steps, flat_slope=1e-4)  # noqa: E731
+    assert judge([5.90, 5.884, 5.879, 5.885, 5.880]) == "collapsed"  # slope ~0 over the last evals
+    assert judge([6.6, 6.2, 5.95, 5.78, 5.64]) == "plateau"  # -1.4e-3 nats / step: learning, slowly
+    assert judge([6.6, 6.2, 5.95, 5.78, 5.60]) == "ok"  # 0.28 below the unigram entropy: it learned
+    assert judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"  # a slope of -4.5e-5 / step is flat
+    assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"  # one eval: no slope to call it stuck

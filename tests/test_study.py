@@ -138,7 +138,8 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     # per seed: seed 0 v = 3.0, 2.0, 5.0 -> (1.0 + 0 + 3.0) / 3; seed 1 v = 3.2, 2.2, 5.0 -> (1.0 + 0 + 2.8) / 3
     assert rms.sensitivity_per_seed() == pytest.approx({0: 4.0 / 3, 1: 3.8 / 3})
     assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-1
-    assert rms.outcomes() == {"ok": 4, "plateau": 0, "unstable": 0, "diverged": 2, "interrupted": 0, "failed": 0}
+    assert rms.outcomes() == {"ok": 4, "plateau": 0, "collapsed": 0, "unstable": 0, "diverged": 2, "interrupted": 0,
+                              "failed": 0}
     assert ln.outcomes()["plateau"] == 2 and ln.tokens_per_s() == 1500.0
     text = write_report([tmp_path], tmp_path / "out", margin=0.02).read_text()
     assert "| rmsnorm | 0.01 | 2.000, 2.200 | 0.01 | 1.300 (" in text  # per-seed values, never a mean +- std

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
-OUTCOMES = ("ok", "plateau", "unstable", "diverged", "interrupted")
-FINISHED = ("ok", "plateau", "unstable", "diverged")  # results: a rerun never trains them again
+OUTCOMES = ("ok", "plateau", "collapsed", "unstable", "diverged", "interrupted")
+FINISHED = ("ok", "plateau", "collapsed", "unstable", "diverged")  # results: a rerun never trains them again
+FAILED = ("collapsed", "unstable", "diverged")  # failures: they enter the failure curve, never a loss average
 
 
 class SpikeDetector:
@@ -76,20 +77,35 @@ def is_finite(*values: float) -> bool:
 
 
 def classify(val_losses: list[float], unigram_entropy: float | None, margin: float, init_loss: float | None = None,
-             blowup_margin: float = math.inf) -> str:
-    """The outcome of a finished run, judged on its whole val curve (evals after step 0, in order):
+             blowup_margin: float = math.inf, steps: list[int] | None = None, flat_slope: float = 1e-4) -> str:
+    """The outcome of a finished run, judged on its own val curve (evals after step 0, in order, at `steps`):
     - 'diverged': the final val loss is missing or non-finite;
-    - 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it learned token
-      frequencies and nothing more);
+    - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it
+      learned token frequencies and nothing more), and over its last evals (the last third, 3 at least) the val
+      loss is flat: falling slower than `flat_slope` nats per step (least squares) is 'collapsed' (stuck, what
+      post-norm does at a high LR), still falling is 'plateau' (the LR too low or the run too short); the slope
+      decides, not where the last value sits near the threshold;
     - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above the loss at
       initialization (init_loss, the step-0 val loss);
     - 'ok': learned and kept it."""
     if not val_losses or val_losses[-1] is None or not math.isfinite(val_losses[-1]):
         return "diverged"
+    steps = list(steps) if steps is not None else list(range(1, len(val_losses) + 1))
     finite = [v for v in val_losses if v is not None and math.isfinite(v)]
     final, best = val_losses[-1], min(finite)
     if unigram_entropy is not None and best > unigram_entropy - margin:
-        return "plateau"
+        tail = max(3, len(val_losses) // 3)
+        points = [(s, v) for s, v in zip(steps[-tail:], val_losses[-tail:], strict=True)
+                  if v is not None and math.isfinite(v)]
+        return "collapsed" if len(points) >= 2 and _slope(points) > -flat_slope else "plateau"
     if final - best > blowup_margin or (init_loss is not None and final > init_loss):
         return "unstable"
     return "ok"
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x."""
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0

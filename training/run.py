@@ -90,7 +90,7 @@ def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) 
 def run_state(run: RunDir, steps: int) -> str:
     """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
     summary = run.read_summary() or {}
-    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau", "unstable") \
+    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau", "collapsed", "unstable") \
             and (summary.get("steps") or 0) >= steps:
         return "finished"
     return "resume" if has_checkpoint(run.checkpoint) else "new"
@@ -241,6 +241,7 @@ def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy
     if d.is_master:
         evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
         init = next((v for s, v in evals if s == 0), None)
-        status = classify([v for s, v in evals if s > 0], unigram_entropy, cfg.log.plateau_margin, init,
-                          cfg.log.blowup_margin)
+        later = [(s, v) for s, v in evals if s > 0]
+        status = classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
+                          cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_slope)
     return distributed.broadcast_object(status)
