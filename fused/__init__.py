@@ -92,11 +92,21 @@ def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
 
 
 def _build(name: str, extra_cflags: list[str], extra_ldflags: list[str]) -> None:
-    from torch.utils.cpp_extension import load
+    """torch's load(), under an OS file lock. load() holds torch's own build lock (a plain `lock` file in the
+    build directory) while ninja checks or builds, in every process that loads; a process killed in that window
+    (kill -9, a scheduler's preemption, a test's timeout) leaves the file behind, and every later process waits
+    for it forever. An OS lock dies with its holder: holding it, no other normlab process is inside load(), so a
+    `lock` file found then is stale and is removed."""
+    from filelock import FileLock
+    from torch.utils.cpp_extension import _get_build_directory, load
 
-    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
-         extra_ldflags=extra_ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
-         verbose=False)
+    build_dir = Path(_get_build_directory(name, False))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(build_dir / "normlab.flock")):
+        (build_dir / "lock").unlink(missing_ok=True)  # torch's, left by a killed process (none is building now)
+        load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
+             extra_ldflags=extra_ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
+             build_directory=str(build_dir), verbose=False)
     _register_fake()
 
 
