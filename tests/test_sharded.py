@@ -93,10 +93,7 @@ def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, d
               "log.stats_every=4", "train.checkpoint_every=4"]
     micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []  # fsdp: each rank 4 sequences; tp: all 8
     assert train.main([*common, "--name", "single", *micro]) == 0
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--rdzv_backend",
-                        "c10d", "--rdzv_endpoint", "localhost:0", "train.py", *common, "--name", "par",
-                        f"train.parallel={parallel}", "train.stop_at=4"], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = _torchrun_train(2, *common, "--name", "par", f"train.parallel={parallel}", "train.stop_at=4")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "par" / "checkpoints" / "latest.dcp" / "extra.pt").is_file()
     assert train.main(["--name", "par", "--resume", f"log.out_dir={tmp_path}", "train.parallel=ddp", *micro]) == 0
@@ -143,11 +140,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun_train(nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """train.py under torchrun on this machine, one thread per process (gloo)."""
+def _torchrun_train(nproc: int, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """train.py under torchrun on this machine, one thread per process (gloo); env adds variables."""
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "train.py", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 @pytest.mark.slow
@@ -243,10 +241,7 @@ def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterru
     for action in ("", ":enospc"):
         name = f"k{action[1:]}"
         args = [*LIFE, *data, f"log.out_dir={tmp_path}", "--name", name, "train.parallel=fsdp"]
-        env = {**os.environ, "NORMLAB_KILL_AT": f"checkpoint:2{action}", "OMP_NUM_THREADS": "1"}
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--rdzv_backend",
-                            "c10d", "--rdzv_endpoint", "localhost:0", "train.py", *args], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=600)
+        r = _torchrun_train(2, *args, env={"NORMLAB_KILL_AT": f"checkpoint:2{action}"})
         assert r.returncode != 0
         ckpt = tmp_path / name / "checkpoints"
         assert torch.load(ckpt / "latest.dcp" / "extra.pt", weights_only=False)["step"] == 2  # the last whole one

@@ -28,22 +28,32 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
             stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        save_durably(state, tmp)
         faults.point("checkpoint")
         if path.exists():
             os.replace(path, previous_path(path))
             faults.point("checkpoint_swap")
         os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half of one
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # make the renames themselves durable
-        finally:
-            os.close(fd)
+        fsync_dir(path.parent)  # make the renames themselves durable
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def save_durably(obj, path: Path) -> None:
+    """torch.save to `path`, flushed and fsynced (on disk before anything is renamed onto it)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames inside directory `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def has_checkpoint(path: str | Path) -> bool:

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training import faults
-from training.checkpoint import CheckpointError
+from training import distributed, faults
+from training.checkpoint import CheckpointError, fsync_dir, save_durably
 
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
                 "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
@@ -183,7 +183,6 @@ def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim
     fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact."""
     import shutil
 
-
     latest, previous = dcp_paths(checkpoint)
     tmp = checkpoint.with_name(".latest.dcp.tmp")
     master = not dist.is_initialized() or dist.get_rank() == 0
@@ -201,18 +200,9 @@ def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim
             os.replace(latest, previous)
             faults.point("checkpoint_swap")
         os.replace(tmp, latest)
-        _fsync_dir(latest.parent)
+        fsync_dir(latest.parent)
 
     _on_master_then_everyone(rotate)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the renames inside `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _on_master_then_everyone(fn) -> None:
@@ -224,10 +214,7 @@ def _on_master_then_everyone(fn) -> None:
             fn()
         except OSError as e:
             error = str(e)
-    if dist.is_initialized():
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
+    error = distributed.broadcast_object(error)
     if error is not None:
         raise OSError(error)
 
@@ -242,12 +229,6 @@ def _dcp_failure(e: BaseException) -> BaseException:
 def _one_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def newest_dcp(checkpoint: Path) -> Path | None:
-    """The DCP checkpoint directory to resume from if it is newer than latest.pt (or there is no latest.pt)."""
-    found = dcp_candidates(checkpoint)
-    return found[0] if found else None
 
 
 def dcp_candidates(checkpoint: Path) -> list[Path]:
@@ -280,20 +261,28 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: d
                    options=StateDictOptions(full_state_dict=True))
 
 
-def load_sharded_weights(path: Path, model: nn.Module) -> None:
-    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in one process, for
-    export and sampling; CheckpointError (one line) when it cannot be read or does not fit."""
-    import torch.distributed.checkpoint as dcp
+@contextmanager
+def _readable(path: Path):
+    """A DCP checkpoint that cannot be read (damaged, foreign, missing pieces) is bad input: one CheckpointError
+    line. DCP raises CheckpointException, a BaseException, that `except Exception` would let through."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    state = {"model": model.state_dict()}
     try:
-        with _single_process_ok():
-            dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        yield
     except CheckpointException as e:
         raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
     except Exception as e:
         raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
+
+
+def load_sharded_weights(path: Path, model: nn.Module) -> None:
+    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in one process, for
+    export and sampling; CheckpointError (one line) when it cannot be read or does not fit."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    with _readable(path), _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     model.load_state_dict(state["model"])
 
 
@@ -337,13 +326,9 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
         raise OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}") from None
 
     def write_extra() -> None:  # written last: a directory with extra.pt is a complete checkpoint
-        tmp = Path(path) / ".extra.pt.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(extra, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, Path(path) / "extra.pt")
-        _fsync_dir(Path(path))
+        save_durably(extra, Path(path) / ".extra.pt.tmp")
+        os.replace(Path(path) / ".extra.pt.tmp", Path(path) / "extra.pt")
+        fsync_dir(Path(path))
 
     _on_master_then_everyone(write_extra)
 
@@ -352,19 +337,12 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
     """Load a DCP checkpoint into this model and optimizer, whatever world size wrote it (DCP reshards); the
     `extra` dict."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
 
     model_state, opt_state = get_state_dict(model, opt)
     state = {"model": model_state, "optimizer": opt_state}
-    try:
-        with _single_process_ok():
-            dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
+    with _readable(path), _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
-    except CheckpointException as e:  # a BaseException: a damaged or foreign checkpoint is bad input, one line
-        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
-    except Exception as e:
-        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return extra
