@@ -4,9 +4,10 @@ Each block sits between `<!-- results: PATH/report.md -->` and `<!-- /results --
 report's opening line (runs, wall time), its per-arm table, a link to the stability map and every sentence of
 its "What the numbers show" section, as the report states them (n, CI and verdict included). A block between
 `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
-the paper, the claim, agrees / disagrees / cannot tell, and the paired difference, CI and n behind it. A block
-between `<!-- headline: PATH/report.md -->` and `<!-- /headline -->` gets the README's headline: the report's
-comparisons of arms that differ in the norm alone, and each arm's largest LR at which every seed trained. A block
+the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it. A
+block between `<!-- headline: PATH/report.md -->` and `<!-- /headline -->` gets the README's headline from the
+report.json beside it: per pair of arms that differ in the norm alone, the LR50 ratio and the nested loss
+difference with their CIs and tests, and every arm's LR50. A block
 between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
 (`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
@@ -47,12 +48,6 @@ def block(report_path: Path) -> str:
                       *section(report, "What the numbers show"), ""])
 
 
-# a paired comparison sentence of a report's "What the numbers show" section
-COMPARISON = re.compile(r"^- (?P<a>\S+) - (?P<b>\S+) \(differ in (?P<keys>[^)]*)\) at lr (?P<lr>\S+): "
-                        r"(?P<mean>[-+]\d\.\d+) nats \(95% CI (?P<ci>\S+), n = (?P<n>\d+) seeds\): "
-                        r"(?P<verdict>[^;]*); minimum detectable difference at 80% power (?P<mde>\S+)\.$")
-
-
 def table(report: str) -> list[dict]:
     """The report's per-arm table (the one whose header starts `| arm |`) as one dict per row, keyed by column."""
     lines = report.splitlines()
@@ -62,27 +57,60 @@ def table(report: str) -> list[dict]:
     return [dict(zip(header, (c.strip() for c in row.strip("|").split("|")), strict=True)) for row in rows[2:]]
 
 
+def _g(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _ends(ci) -> str:
+    return "no CI" if not ci else f"{'open' if ci[0] is None else _g(ci[0])}..{'open' if ci[1] is None else _g(ci[1])}"
+
+
+def ratio_text(r: dict) -> str:
+    """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
+    if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
+        lo, hi = r["ci"]
+        bound = f"below {_g(hi)}" if hi is not None else f"above {_g(lo)}"
+        return f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; " \
+               f"{r['n']} runs)"
+    if r["ratio"] is None:
+        return f"not estimable ({r['failed']} of {r['n']} runs failed)"
+    return f"{_g(r['ratio'])} (95% CI {_ends(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
+           f"{r['failed']} failed)"
+
+
+def loss_text(p: dict) -> str:
+    """'+0.020 nats (95% CI -0.021..+0.060, n = 3 seeds, inconclusive)' from report.json."""
+    if p["mean"] is None:
+        return "no seed where both runs trained"
+    ci = f"95% CI {p['ci'][0]:+.3f}..{p['ci'][1]:+.3f}, " if p["ci"] else ""
+    return f"{p['mean']:+.3f} nats ({ci}n = {p['n']} seed{'s' * (p['n'] != 1)}, {p['verdict']})"
+
+
 def headline(report_path: Path, page_dir: Path = REPO) -> str:
-    """The README's top finding, generated from the report: per placement, the loss difference between the norms
-    (paired by seed, with CI, n and verdict), then the largest LR at which each arm's seeds all trained."""
-    report = report_path.read_text()
-    norm_pairs = [m for m in map(COMPARISON.match, section(report, "What the numbers show"))
-                  if m and m["keys"] == "model.norm"]
-    if not norm_pairs:
+    """The README's top finding, generated from the report's report.json: per pair of arms that differ in the norm
+    alone, the LR50 ratio (stability) and the loss difference at each one's best LR (nested, paired), each with
+    its CI, n and test; then every arm's LR50."""
+    r = json.loads(report_path.with_name("report.json").read_text())
+    pairs = [c for c in r.get("comparisons", []) if c["key"] == "model.norm"]
+    if not pairs:
         raise ValueError(f"{report_path} compares no arms that differ in the norm alone")
     lines = []
-    for m in norm_pairs:
-        placement = m["a"].split("/", 1)[1] + "-norm" if "/" in m["a"] else "Final val loss"
-        verdict = m["verdict"].strip()
-        if verdict.startswith("inconclusive"):
-            verdict += f"; the smallest difference {m['n']} seeds could detect is {m['mde']} nats"
-        lines.append(f"- **{placement}**: {m['a'].split('/')[0]} - {m['b'].split('/')[0]} = {m['mean']} nats of "
-                     f"final val loss at lr {m['lr']} (the pair's best), 95% CI {m['ci']}, n = {m['n']} paired "
-                     f"seeds: {verdict}.")
-    edge = ", ".join(f"{r['arm']} {r['max LR with all seeds ok']}" for r in table(report))
-    grid = re.search(r"learning rates ([\d., e-]+);", report)
-    top = f" (the grid's largest: {grid.group(1).split(', ')[-1]})" if grid else ""
-    lines.append(f"- **Largest learning rate at which every seed trained**: {edge}{top}.")
+    sel = ", ".join(map(str, r["selection_seeds"]))
+    for c in pairs:
+        a, b = c["A"], c["B"]
+        placement = a.split("/", 1)[1] + "-norm" if "/" in a else "the norms"
+        lines.append(f"- **{placement}**: stability, LR50 of {a} / {b} = {ratio_text(c['lr50_ratio'])}; loss, "
+                     f"{a} - {b} at each one's best LR ({', '.join(f'{x:g}' for x in c['lrs'] or [])}, chosen "
+                     f"on seeds {sel}) on the test seeds = {loss_text(c['loss'])}.")
+    arms = []
+    for label, arm in r["per_arm"].items():
+        if arm["lr50"] is not None:
+            arms.append(f"{label} {_g(arm['lr50'])} ({_ends(arm['lr50_ci'])})")
+        elif arm["failed"] == 0:
+            arms.append(f"{label} above {_g(arm['top_lr'])} (no run failed)")
+        else:
+            arms.append(f"{label} not estimable")
+    lines.append(f"- **LR50 per arm** (the LR at which half the runs fail, 95% CI): {'; '.join(arms)}.")
     rel = Path(os.path.relpath(report_path, page_dir))  # links work from the page the block is in
     return "\n".join([*lines, "", f"![stability map]({rel.parent / 'stability_map.png'})", ""])
 
@@ -93,11 +121,15 @@ def bench(path: Path) -> str:
 
 
 def claim_line(study: str, c: dict) -> str:
-    """One claim's result as the report decided it: paper, claim, verdict, with its difference, CI and n."""
-    ci = f", 95% CI {c['ci'][0]:+.3f}..{c['ci'][1]:+.3f}" if c.get("ci") else ""
-    diff = f" ({c['A']} - {c['B']} = {c['mean']:+.3f}{ci}, n = {c['n']}, {c['verdict']})" \
-        if c.get("mean") is not None else ""
-    return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}**{diff}"
+    """One claim's result as the report decided it: paper, claim, verdict, with the estimate, CI, n and p."""
+    if c.get("A") is None:
+        return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** (no arms match it)"
+    if "lr50_ratio" in c:
+        what = f"LR50 {c['A']} / {c['B']} = {ratio_text(c['lr50_ratio'])}"
+    else:
+        what = f"{c['A']} - {c['B']} = {loss_text(c['loss'])}"
+    p = f", Holm-adjusted p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else ""
+    return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** ({what}{p})"
 
 
 def claims(results: Path) -> str:
@@ -120,8 +152,10 @@ def index(results: Path) -> str:
         claims = ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))) if counts else ""
         size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "") \
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
-        lines.append(f"- [{path.parent.name}]({path.parent.name}/report.md): {r.get('about') or r['name']} "
-                     f"({size}{claims})")
+        page = "decision.md" if r.get("decided_from") else "report.md"
+        again = "; decided again from its archived runs" if r.get("decided_from") else ""
+        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {r.get('about') or r['name']} "
+                     f"({size}{claims}{again})")
         lines += [f"  - {claim_line(path.parent.name, c)}" for c in r.get("claims", [])]
     return "\n".join(lines) + "\n"
 

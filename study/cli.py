@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.grid import expand, expected_time, load_study, quick_study
-from study.refine import refined_runs
+from study.grid import expected_time, load_study, quick_study
+from study.protocol import first_runs, next_stage
 from study.report import write_report
 from study.runner import parse_shard, run_study, sbatch_script, shown, state
 from training.config import ConfigError
@@ -19,27 +19,33 @@ SWEEP = """Run a study: expand a grid of config values into runs, train them in 
 
     python scripts/sweep.py configs/study.yaml [--workers N] [--out studies] [--dry-run] [--no-report] [--quick]
 
-A study file names a training config, overrides applied to every run, and a grid:
+A study file names a training config, overrides applied to every run, a grid and (for a study that decides
+claims) the protocol that picks the runs after the grid:
 
     name: norm-placement-lr          # the study directory: <out>/<name>/
     config: default.yaml             # training config, relative to this file
     overrides: {train: {steps: 500}} # applied to every run
     grid:                            # one run per combination; any config field (dotted), or the
-      norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed
+      norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed (no seed with a protocol)
       lr: [1.0e-3, 1.0e-2]
-      seed: [0, 1]
+    protocol:                        # grid on the selection seeds, then per arm: bracket the best LR and the
+      selection_seeds: [0, 1]        # failure edge, refine next to both, failure seeds across the edge, test
+      test_seeds: [2, 3, 4]          # seeds at the best LR (chosen on the selection seeds only)
+      bracket: {factor: 3.16, min_lr: 1.0e-5, max_lr: 10, steps: 3}
+      refine: 2
+    equivalence_margin: 0.02         # nats, with margin_reason: why this margin
     threads_per_worker: 1            # CPU threads per run; workers = cores // threads (one per GPU on GPUs)
     claims:                          # what papers say, checked by the report ("What it shows")
-      - {paper: Xiong et al. 2020, says: Post-LN needs warmup, a: {placement: post, optim.warmup_steps: 0},
-         b: {placement: post, optim.warmup_steps: 100}, metric: loss, expect: higher}   # or lower | same
+      - {paper: Xiong et al. 2020, says: Post-LN is less stable than Pre-LN, a: {placement: post},
+         b: {placement: pre}, metric: lr50, expect: lower}   # metric best_loss | lr50; expect higher | lower | same
     quick: {config: tiny.yaml, grid: {...}}  # --quick: these replace the study's: a seconds-long smoke run
 
 Runs live in <out>/<name>/runs/<run>/ (ordinary train.py run directories), their console output in
 <out>/<name>/logs/<run>.log, and an index of every run's outcome in <out>/<name>/sweep.json. A rerun
-skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume); a diverged
-run is a result and a failed run (a crash, bad input) is recorded with its one-line error, neither stops the
-sweep. Ctrl-C or SIGTERM stops the runs in flight at a checkpoint and waits for them. At the end the report
-(scripts/compare.py) is written.
+skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume), and the
+protocol makes the same choices from the same finished runs; a diverged run is a result and a failed run (a
+crash, bad input) is recorded with its one-line error, neither stops the sweep. Ctrl-C or SIGTERM stops the
+runs in flight at a checkpoint and waits for them. At the end the report (scripts/compare.py) is written.
 """
 
 COMPARE = """Compare runs: read run directories (or study directories holding runs/) and write a stability report.
@@ -47,17 +53,16 @@ COMPARE = """Compare runs: read run directories (or study directories holding ru
     python scripts/compare.py studies/norm-placement-lr [other run or study dirs...] [--out DIR]
 
 Runs are grouped into arms by every config field that differs between them, except the learning rate
-and the seed; the learning rate is the x axis and seeds give the spread. Writes report.md and PNG
-figures into --out (default: the first directory). Reads only files; never a live process.
+and the seed. Writes report.md, report.json and PNG figures into --out (default: the first directory).
+Reads only files; never a live process.
 
-Per arm: best LR (the lowest mean over seeds of v = min(final val loss, L0), L0 the loss at initialization),
-v there for every seed, the largest LR at which every seed finished `ok`, LR sensitivity (Wortsman et al.
-2023: per seed, the mean over the LR grid of v(lr) - min v; then its mean and 95% CI over seeds), outcome
-counts, spike scores (OLMo 2, parameters as the runs logged them) and tokens/s. Arms that differ in one field
-are compared paired by seed (runs with one seed share init and batches): the mean difference, its 95% t CI,
-a TOST verdict at the study's equivalence margin and the minimum detectable difference; runs that split into
-separate outcomes are listed seed by seed, never averaged. The study file's claims are checked by the paired
-verdict alone.
+Per arm: its failure curve P(fail | lr) (collapsed, unstable and diverged runs fail) and LR50 with a 95%
+CI; the best LR, chosen on the selection seeds; the final val loss there on the test seeds; outcome counts,
+spike scores and tokens/s. Arms that differ in one field are compared by their LR50 ratio (95% CI) and by the
+loss difference at each one's best LR, paired by seed over the test seeds where both runs trained (95% t CI,
+TOST at the study's margin, the minimum detectable difference). The study file's claims are decided by one
+primary test each, Holm-adjusted within the study. Runs without a protocol choose on the lowest 40% of
+their seeds and test on the rest.
 """
 
 
@@ -83,7 +88,7 @@ def sweep(argv: list[str] | None = None) -> int:
     try:
         study = load_study(a.study)
         study = quick_study(study) if a.quick else study
-        runs = expand(study, a.set)
+        runs = first_runs(study, a.set)
         shard = parse_shard(a.shard) if a.shard else None
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -100,6 +105,8 @@ def sweep(argv: list[str] | None = None) -> int:
         for r in runs:
             print(r["name"], " ".join(r["overrides"]))
         print(f"{len(runs)} runs -> {study_dir}")
+        if study.get("protocol"):
+            print("then the protocol's stages (bracket, refine, edge, test) add runs chosen from their results")
         if study.get("expected"):
             try:
                 print(expected_time(study, runs))
@@ -112,13 +119,17 @@ def sweep(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         counts = run_study(study, runs, study_dir, a.workers)
-        if counts is not None and study.get("refine"):  # stage 2: more seeds at each arm's best LR and neighbours
-            lrs, more = refined_runs(study, runs, study_dir, a.set)
-            print(f"refine: lr {', '.join(f'{x:g}' for x in lrs)} x seeds {study['refine']['seeds']}: "
-                  f"{len(more)} more runs", file=sys.stderr)
-            stage2 = run_study(study, runs + more, study_dir, a.workers)
-            counts = None if stage2 is None else {k: counts.get(k, 0) + stage2.get(k, 0)
-                                                  for k in {*counts, *stage2}}
+        while counts is not None and study.get("protocol"):  # the protocol's next stage, from the finished runs
+            stage = next_stage(study, study_dir, runs, a.set)
+            if stage is None:
+                break
+            name, more = stage
+            print(f"{name}: {len(more)} more runs ({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
+                  file=sys.stderr)
+            runs = runs + more
+            more_counts = run_study(study, runs, study_dir, a.workers)
+            counts = None if more_counts is None else {k: counts.get(k, 0) + more_counts.get(k, 0)
+                                                       for k in {*counts, *more_counts}}
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -132,6 +143,10 @@ def sweep(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _lr_of(run: dict) -> str:
+    return next(o.split("=", 1)[1] for o in reversed(run["overrides"]) if o.startswith("optim.lr="))
+
+
 def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple[int, int]) -> int:
     """One task of a job array: this shard's grid runs; once every grid run of the study is finished (by all
     tasks), this shard's share of the second stage too. No report: compare.py reads the shared folder after."""
@@ -142,13 +157,16 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
     index = f"sweep-{k}-of-{n}.json"
     try:
         counts = run_study(study, runs[k::n], study_dir, a.workers, index)
-        if counts is not None and study.get("refine"):
-            if all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
-                _, more = refined_runs(study, runs, study_dir, a.set)
-                counts = run_study(study, more[k::n], study_dir, a.workers, index)
-            else:
-                print("refine: stage 2 waits until every grid run has finished; run this task again then",
-                      file=sys.stderr)
+        while counts is not None and study.get("protocol"):
+            if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
+                print("the protocol's next stage waits until every run so far has finished; run this task again "
+                      "then", file=sys.stderr)
+                break
+            stage = next_stage(study, study_dir, runs, a.set)
+            if stage is None:
+                break
+            runs = runs + stage[1]
+            counts = run_study(study, stage[1][k::n], study_dir, a.workers, index)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -39,18 +39,21 @@ def _save(fig, path: Path, made: list, caption: str) -> None:
     made.append((path.name, caption))
 
 
-def figures(arms: dict[str, Arm], out: Path) -> list[tuple[str, str]]:
-    """Every figure of the report, drawn into `out`; [(file name, caption)] of those made."""
+def figures(res, out: Path) -> list[tuple[str, str]]:
+    """Every figure of a StudyResult's report, drawn into `out`; [(file name, caption)] of those made."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    arms = res.arms
     colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(arms)}
     made: list[tuple[str, str]] = []
-    for draw in (loss_curves, grad_norm_curves, stability_map, grad_heatmaps, act_rms_depth, attn_logit_max):
+    for draw in (loss_curves, grad_norm_curves, grad_heatmaps, act_rms_depth, attn_logit_max):
         draw(plt, arms, colors, out, made)
-    return made
+    stability_map(plt, res, colors, out, made)
+    final_losses(plt, res, colors, out, made)
+    return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
 
 def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
@@ -88,30 +91,59 @@ def grad_norm_curves(plt, arms, colors, out: Path, made: list) -> None:
     _curves(plt, arms, colors, out, made, "grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", logy=True)
 
 
-def stability_map(plt, arms, colors, out: Path, made: list) -> None:
-    """Final val loss (min(L, L0), mean over seeds) vs learning rate per arm; diverged and plateau runs marked."""
-    l0 = _mean([a.l0 for a in arms.values()])
-    entropy = _mean([r.summary.get("unigram_entropy") for a in arms.values() for r in a.runs])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, a in arms.items():
-        xs = [lr for lr in a.lrs if a.clipped(lr) is not None]
-        ax.plot(xs, [a.clipped(lr) for lr in xs], color=colors[label], label=f"{label} (mean over seeds)", lw=1.2)
-        for r in a.runs:  # every seed is drawn: a split outcome shows as two points, never as a mean +- std
-            if r.value is None:
+def stability_map(plt, res, colors, out: Path, made: list) -> None:
+    """P(fail | lr) per arm: every run a marker at 0 (trained) or 1 (failed), jittered apart, and the arm's fitted
+    failure curve with LR50 and its 95% CI; no mean line through values no run reached."""
+    import numpy as np
+
+    arms = res.arms
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    lrs = [r.lr for a in arms.values() for r in a.runs]
+    grid = np.geomspace(min(lrs) / 1.5, max(lrs) * 1.5, 200)
+    for i, (label, a) in enumerate(arms.items()):
+        fit = res.failures[label]
+        shift = 0.04 * (i - (len(arms) - 1) / 2)
+        for r in a.runs:
+            if r.status not in ("ok", "plateau", "collapsed", "unstable", "diverged"):
                 continue
             marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(r.status, ".")
-            style = (dict(facecolors="none", edgecolors=colors[label])
-                     if r.status in ("plateau", "collapsed", "unstable")
-                     else dict(color=colors[label]))
-            ax.scatter([r.lr], [r.value], marker=marker, s=60 if marker != "." else 40, zorder=5, **style)
+            y = (1.0 if r.failed else 0.0) + shift
+            style = dict(facecolors="none", edgecolors=colors[label]) if marker in "os^" else dict(color=colors[label])
+            ax.scatter([r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style)
+        if fit.lr50 is not None:
+            p = 1 / (1 + np.exp(-fit.slope * (np.log10(grid) - np.log10(fit.lr50))))
+            ax.plot(grid, p, color=colors[label], lw=1.4, label=f"{label}: {fit.describe().split(' (')[0]}")
+            lo, hi = fit.ci
+            ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.35)
+        else:
+            ax.plot([], [], color=colors[label], label=f"{label}: {fit.describe()}")
+    ax.axhline(0.5, color="gray", ls=":", lw=0.8)
+    _axes(ax, "peak learning rate", "P(run fails)", "failure curves: every run at 0 (trained) or 1 (failed)",
+          logx=True)
+    _save(fig, out / "stability_map.png", made,
+          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar); every run a marker "
+          "(. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+
+
+def final_losses(plt, res, colors, out: Path, made: list) -> None:
+    """Final val loss vs LR of every run that trained, seed by seed; each arm's best LR (selection seeds) ringed."""
+    if not any(r.loss is not None for a in res.arms.values() for r in a.runs):
+        return  # no run trained: nothing to draw
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, a in res.arms.items():
+        pts = [(r.lr, r.loss) for r in a.runs if r.loss is not None]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), color=colors[label], s=18, label=label)
+        if a.best_lr is not None:
+            best = list(a.losses(a.best_lr).values())
+            ax.scatter([a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label])
+    entropy = _mean([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
     if entropy:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
-    if l0:
-        ax.axhline(l0, color="gray", ls=":", lw=1, label="loss at init (L0)")
-    _axes(ax, "peak learning rate", "final val loss, min(L, L0), mean over seeds",
-          "stability map: every seed (x diverged, s collapsed, o plateau, ^ unstable)", logx=True)
-    _save(fig, out / "stability_map.png", made,
-          "min(final val loss, L0) vs learning rate: every seed a marker, the line the mean over seeds")
+    _axes(ax, "peak learning rate", "final val loss (runs that trained)", "loss of every run that trained", logx=True)
+    _save(fig, out / "final_loss.png", made,
+          "Final val loss of every run that trained vs learning rate (failed runs are in the stability map, not "
+          "here); rings: each arm's best LR, chosen on the selection seeds")
 
 
 def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:

@@ -4,18 +4,23 @@ config validated before anything runs."""
 from __future__ import annotations
 
 import itertools
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from study import protocol
 from training.config import ConfigError, load_config
+
+DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
 
 ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr", "seed": "train.seed",
            "seeds": "train.seed"}
 
 
-STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin", "refine",
-              "claims", "quick", "expected"}
+STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin",
+              "margin_reason", "protocol", "claims", "quick", "expected"}
 
 
 
@@ -44,15 +49,13 @@ def load_study(path: Path) -> dict:
         value = study.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
-    refine = study.get("refine")
-    if refine is not None:
-        if not isinstance(refine, dict) or set(refine) - {"seeds", "neighbours"} or \
-                not isinstance(refine.get("seeds"), list) or not refine["seeds"] or \
-                not isinstance(refine.get("neighbours", 1), int) or refine.get("neighbours", 1) < 0:
-            raise ConfigError(f"{path}: refine must be a mapping {{seeds: [list of seeds], neighbours: int >= 0}}")
-        if "optim.lr" not in grid or "train.seed" not in grid:
-            raise ConfigError(f"{path}: refine needs lr and seed axes in the grid (it adds seeds around each arm's "
-                              f"best lr)")
+    if "protocol" in study:
+        if "optim.lr" not in grid or "train.seed" in grid:
+            raise ConfigError(f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
+                              f"protocol's seeds replace it)")
+        study["protocol"] = protocol.parse(study["protocol"], str(path))
+    else:
+        study["protocol"] = None
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
     quick = study.pop("quick", None)
     if quick is not None and (not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}):
@@ -64,9 +67,9 @@ def load_study(path: Path) -> dict:
     return study
 
 
-CLAIM_METRICS = {"best_loss": "v at each arm's own best learning rate (what each can reach)",
-                 "loss": "v at the learning rate where the two arms' mean v is lowest (one shared LR)",
-                 "sensitivity": "LR sensitivity per seed"}
+CLAIM_METRICS = {"best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
+                              "the test seeds where both trained",
+                 "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)"}
 CLAIM_EXPECTS = ("higher", "lower", "same")
 
 
@@ -79,6 +82,8 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
     if claim["metric"] not in CLAIM_METRICS or claim["expect"] not in CLAIM_EXPECTS:
         raise ConfigError(f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
                           f"{', '.join(CLAIM_EXPECTS)}")
+    if claim["metric"] == "lr50" and claim["expect"] == "same":
+        raise ConfigError(f"{where}: an lr50 claim expects higher or lower (an LR50 ratio has no equivalence margin)")
     sides = {}
     for side in ("a", "b"):
         if not isinstance(claim[side], dict) or not claim[side]:
@@ -124,7 +129,7 @@ def quick_study(study: dict) -> dict:
     quick = study["quick"]
     if quick is None:
         raise ConfigError(f"study {study['name']!r} has no quick section")
-    out = {**study, "name": f"{study['name']}-quick", "refine": None}
+    out = {**study, "name": f"{study['name']}-quick", "protocol": None}
     if "config" in quick:
         out["config"] = str((Path(study["dir"]) / quick["config"]).resolve())
     if "overrides" in quick:
@@ -164,3 +169,33 @@ def expand(study: dict, extra: list[str] = ()) -> list[dict]:
         runs.append({"name": name, "overrides": overrides})
     return runs
 
+
+
+@dataclass
+class StudyFile:
+    """What a report needs of the study file, read once: what it asks, its margin and why, its claims, its
+    protocol. Runs compared without a study file get the defaults."""
+
+    name: str
+    about: str = ""
+    margin: float = DEFAULT_MARGIN
+    margin_reason: str | None = None
+    claims: list = field(default_factory=list)
+    protocol: object = None  # study.protocol.Protocol
+
+
+def study_file(paths: list[Path]) -> StudyFile:
+    """The first study.yaml among `paths` (a study directory keeps a copy of its file), else the defaults."""
+    for p in paths:
+        if (p / "study.yaml").is_file():
+            return read_study_file(p / "study.yaml")
+    return StudyFile(", ".join(p.name for p in paths))
+
+
+def read_study_file(path: Path) -> StudyFile:
+    study = load_study(path)
+    comment = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(
+        lambda line: line.startswith("#"), path.read_text().splitlines()))
+    about = re.split(r"(?<=[.?])\s+(?=[A-Z])", comment, maxsplit=1)[0]
+    return StudyFile(study["name"], about, float(study.get("equivalence_margin") or DEFAULT_MARGIN),
+                     study.get("margin_reason"), study["claims"], study["protocol"])

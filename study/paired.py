@@ -40,7 +40,7 @@ class Paired:
         """One sentence fragment: 'A - B = +0.012 nats (95% CI -0.004..+0.028, n = 5 seeds): equivalent within
         +-0.02 (TOST p = 0.03); MDE 0.025'."""
         if self.n == 0:
-            return "no seed where both finished"
+            return "no seed where both runs trained"
         if self.ci is None:
             return f"{self.mean:+.3f} nats from n = 1 seed: inconclusive (no spread to test against)"
         verdict = {"equivalent": f"equivalent within +-{self.margin:g}",
@@ -113,6 +113,31 @@ def seeds_needed(delta: float, sd: float, most: int = 100_000) -> int | None:
     while lo < hi:  # power rises with n: the first n that reaches 80%
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if power(delta, sd, mid) < POWER else (lo, mid)
+    return lo
+
+
+def tost_power(margin: float, sd: float, n: int) -> float:
+    """Power of TOST (alpha 0.05 each side) to show equivalence within +-margin when the true difference is 0: both
+    one-sided tests must reject, P(|T + nc| ... ) ~ 1 - 2 P(T_nc < t_0.95) with T_nc noncentral t, n - 1 df and
+    noncentrality margin / (sd / sqrt(n)) (the two rejections are nearly exclusive failures)."""
+    df = n - 1
+    nc = margin / (sd / math.sqrt(n))
+    return max(0.0, 1 - 2 * float(st.nct.cdf(st.t.ppf(1 - ALPHA, df), df, nc)))
+
+
+def tost_seeds_needed(margin: float, sd: float, most: int = 100_000) -> int | None:
+    """The fewest seeds (>= 2) at which TOST at +-margin has 80% power for a true difference of 0 at per-seed sd
+    (what a margin costs at a pilot's spread); None beyond `most`."""
+    if margin <= 0 or sd <= 0:
+        return None
+    lo, hi = 2, 2
+    while tost_power(margin, sd, hi) < POWER:
+        lo, hi = hi, hi * 2
+        if hi > most:
+            return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if tost_power(margin, sd, mid) < POWER else (lo, mid)
     return lo
 
 

@@ -3,6 +3,7 @@ index, skip / resume on a rerun, and a clean stop (its runs checkpoint and are w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -111,7 +112,7 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
 def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None:
     entries = [index[r["name"]] for r in runs if r["name"] in index]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"study": study, "runs": entries}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"study": study, "runs": entries}, indent=2, default=dataclasses.asdict) + "\n")
     os.replace(tmp, path)
 
 

@@ -64,15 +64,25 @@ class Run:
         return self.config.get("train.seed")
 
     @property
-    def value(self) -> float | None:
-        """What the comparisons use per run: min(final val loss, L0); a diverged run counts as its L0 (it ended no
-        better than it started); None for a run without a result (failed, interrupted)."""
-        l0 = self.init_loss
-        if self.status == "diverged":
-            return l0
-        if self.final is None:
-            return None
-        return min(self.final, l0) if l0 is not None else self.final
+    def trained(self) -> bool:
+        """Learned (`ok`) or still learning (`plateau`): its final loss is a result to compare."""
+        return self.status in ("ok", "plateau")
+
+    @property
+    def failed(self) -> bool:
+        """Collapsed, unstable or diverged: an outcome for the failure curve, never a loss to average."""
+        return self.status in monitor.FAILED
+
+    @property
+    def loss(self) -> float | None:
+        """What loss comparisons use: the final val loss of a run that trained, else None."""
+        return self.final if self.trained else None
+
+
+def same(x, y) -> bool:
+    """Config values equal as the YAML meant them (0.1 == 0.1, 12 == 12.0, but False != 0)."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (x, y))
+    return float(x) == float(y) if numbers else x == y
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -92,8 +102,24 @@ def find_runs(paths: list[Path]) -> list[Run]:
         # a field added after a run was made is missing from its config.yaml; new fields default to the old
         # behaviour, so the run is read as having the default (runs from before and after compare)
         config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
-        runs.append(Run(d.name, d, config, summary, run.records()))
+        records = run.records()
+        summary["status"] = judged(config, summary, records)
+        runs.append(Run(d.name, d, config, summary, records))
     return runs
+
+
+def judged(config: dict, summary: dict, records: list[dict]) -> str:
+    """A finished run's outcome under the current rules (training/monitor.py classify, as train.py judges it),
+    from its own val curve: a report never mixes runs judged by two versions of the rules. Runs without a
+    curve or a unigram entropy, and diverged ones, keep the status they ended with."""
+    status = summary.get("status", "failed")
+    evals = [(r["step"], r["val/loss"]) for r in records if r.get("val/loss") is not None and r.get("step", 0) > 0]
+    if status not in ("ok", "plateau", "collapsed", "unstable") or not evals or \
+            summary.get("unigram_entropy") is None:
+        return status
+    init = next((r["val/loss"] for r in records if r.get("step") == 0 and r.get("val/loss") is not None), None)
+    return monitor.classify([v for _, v in evals], summary["unigram_entropy"], config["log.plateau_margin"], init,
+                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"])
 
 
 def arm_label(config: dict, keys: list[str]) -> str:

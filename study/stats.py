@@ -1,4 +1,5 @@
-"""The numbers of a study, per arm: best LR, finals over seeds, LR sensitivity, max LR that trains, outcomes."""
+"""The numbers of a study, per arm: its runs by LR and seed, losses of the runs that trained, its failure curve,
+outcome counts, the largest LR at which every seed trained."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from study.failure import FailureFit, fit_failure_curve
 from study.runs import OUTCOMES, Run
+from training.monitor import FINISHED
 
 
 def _mean(xs):
@@ -18,6 +21,7 @@ def _mean(xs):
 class Arm:
     label: str
     runs: list[Run]
+    best_lr: float | None = None  # chosen on the selection seeds (study/result.py); None before or if none trained
     lrs: list[float] = field(init=False)
     l0: float | None = field(init=False)
 
@@ -28,33 +32,20 @@ class Arm:
     def at(self, lr: float) -> list[Run]:
         return [r for r in self.runs if r.lr == lr]
 
-    def clipped(self, lr: float) -> float | None:
-        """Mean over seeds of v = min(L(lr), L0) (Run.value; a diverged run counts as its L0)."""
-        return _mean(list(self.per_seed(lr).values()))
-
-    @property
-    def best_lr(self) -> float | None:
-        scored = [(self.clipped(lr), lr) for lr in self.lrs if self.clipped(lr) is not None]
-        return min(scored)[1] if scored else None
+    def losses(self, lr: float, seeds=None) -> dict:
+        """{seed: final val loss} of the runs at this LR that trained (of these seeds): the unit of every paired
+        loss comparison; a run that failed is not a loss."""
+        return {r.seed: r.loss for r in self.at(lr) if r.loss is not None and (seeds is None or r.seed in seeds)}
 
     @property
     def max_lr_ok(self) -> float | None:
         ok = [lr for lr in self.lrs if self.at(lr) and all(r.status == "ok" for r in self.at(lr))]
         return max(ok) if ok else None
 
-    def per_seed(self, lr: float) -> dict:
-        """{seed: run.value} at this learning rate (the unit of every paired comparison)."""
-        return {r.seed: r.value for r in self.at(lr) if r.value is not None}
-
-    def sensitivity_per_seed(self) -> dict:
-        """{seed: LR sensitivity of that seed's runs}: mean over the LR grid of v(lr) - min v, v = min(L, L0) per
-        run (Wortsman et al. 2023, per seed); only seeds that have every LR of the arm."""
-        out = {}
-        for seed in sorted({r.seed for r in self.runs}, key=str):
-            vals = [self.per_seed(lr).get(seed) for lr in self.lrs]
-            if vals and all(v is not None for v in vals):
-                out[seed] = statistics.fmean(v - min(vals) for v in vals)
-        return out
+    def failure(self) -> FailureFit:
+        """P(fail | lr) over every finished run of the arm (study/failure.py)."""
+        done = [r for r in self.runs if r.status in FINISHED]
+        return fit_failure_curve([r.lr for r in done], [r.failed for r in done])
 
     def outcomes(self) -> dict[str, int]:
         counts = {o: 0 for o in OUTCOMES}

@@ -101,3 +101,27 @@ def logged(run_dir, key: str = "train/loss") -> list:
     from training.runinfo import read_metrics
 
     return [r[key] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if key in r]
+
+
+def write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0,
+               step0: bool = True, placement: str = "pre"):
+    """A finished run directory made by hand (config, summary, a 3-step metrics file), no training: for the
+    study and report tests. final=None for a run without a final loss."""
+    import json
+
+    from training.config import load_config, to_yaml
+
+    cfg = load_config(Path(TINY), [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}",
+                                              f"model.placement={placement}"])
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(to_yaml(cfg))
+    records = [{"step": 0, "val/loss": l0, "val/loss_se": 0.01}] if step0 else []
+    records += [{"step": s, "train/loss": l0 - s * 0.1, "grad/norm": 1.0 + s, "grad/norm/layer_0": 0.5,
+                 "grad/norm/layer_1": 0.25, "act/rms/layer_0": 1.0 + s, "act/rms/layer_1": 2.0 + s,
+                 "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "summary.json").write_text(json.dumps({
+        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 2.6,
+        "spike_score/loss": 1.0, "spike_score/grad_norm": 3.0, "tokens_per_s": 1000.0 * (1 + seed),
+        "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))

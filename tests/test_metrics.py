@@ -217,11 +217,17 @@ def test_outcome_classification_on_the_whole_val_curve():
 def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     """Post-norm at a high LR sits at the unigram loss (5.88 +- 0.005, the audit's plateaus): collapsed. A low-LR run
     still falling toward the threshold (the audit's 5.633 vs a line at ~5.63): plateau, whatever side of the line
-    its noise puts the last value, as long as it has not crossed it."""
+    its noise puts the last value, as long as it has not crossed it. The line is 5.88 - 0.25 = 5.63; a run is
+    still falling if at its last evals' slope it would cross it within as many steps again (500)."""
     steps = [100, 200, 300, 400, 500]
-    judge = lambda curve: classify(curve, 5.88, 0.25, 8.3, 0.5, steps, flat_slope=1e-4)  # noqa: E731
+    judge = lambda curve: classify(curve, 5.88, 0.25, 8.3, 0.5, steps, flat_horizon=1.0)  # noqa: E731
     assert judge([5.90, 5.884, 5.879, 5.885, 5.880]) == "collapsed"  # slope ~0 over the last evals
     assert judge([6.6, 6.2, 5.95, 5.78, 5.64]) == "plateau"  # -1.4e-3 nats / step: learning, slowly
     assert judge([6.6, 6.2, 5.95, 5.78, 5.60]) == "ok"  # 0.28 below the unigram entropy: it learned
     assert judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"  # a slope of -4.5e-5 / step is flat
+    # the default study's post-norm runs stuck at the unigram level but creeping down (-1.25e-4 / step: 0.06 nats in
+    # 500 more steps, 0.25 short of the line): collapsed; the flat-slope rule (1e-4 / step) called them plateaus
+    assert judge([5.914, 5.927, 5.904, 5.884, 5.879]) == "collapsed"
+    # Pre-LN at lr 1 leaving the unigram level late (-7.3e-4 / step reaches the line within 500 steps): plateau
+    assert judge([6.461, 6.096, 6.012, 5.879, 5.867]) == "plateau"
     assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"  # one eval: no slope to call it stuck

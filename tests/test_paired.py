@@ -83,7 +83,7 @@ def test_one_seed_and_no_common_seed():
     one = paired({0: 3.1}, {0: 3.0}, margin=0.02)
     assert one.n == 1 and one.ci is None and one.verdict == "inconclusive" and "n = 1 seed" in one.describe()
     none = paired({0: 3.1}, {1: 3.0}, margin=0.02)
-    assert none.n == 0 and none.describe() == "no seed where both finished"
+    assert none.n == 0 and none.describe() == "no seed where both runs trained"
 
 
 def test_mean_ci():

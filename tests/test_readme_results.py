@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import TINY, write_run
+
 REPO = Path(__file__).resolve().parent.parent
 
 REPORT = """# Stability report: s
@@ -85,19 +87,20 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
 
 def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     (tmp_path / "README.md").write_text("<!-- results: results/a/report.md -->\n<!-- /results -->\n")
+    loss = {"n": 5, "mean": 0.1, "ci": [0.05, 0.15], "verdict": "different"}
     for name, claims in (("a", ["agrees", "cannot tell", "agrees"]), ("b", [])):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "report.md").write_text(REPORT)
         (tmp_path / "results" / name / "report.json").write_text(json.dumps(
             {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
              "claims": [{"agreement": c, "paper": "P", "says": "S", "metric": "best_loss", "A": "x", "B": "y",
-                         "mean": 0.1, "ci": [0.05, 0.15], "n": 5, "verdict": "different"} for c in claims]}))
+                         "loss": loss, "p": 0.01, "p_holm": 0.03} for c in claims]}))
     assert _run(tmp_path / "README.md").returncode == 0
     lines = (tmp_path / "results" / "README.md").read_text().splitlines()
     assert lines[-5] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
         "1 cannot tell)"
-    assert lines[-4] == ("  - **a**, P: S (best_loss): **agrees** (x - y = +0.100, 95% CI +0.050..+0.150, n = 5, "
-                         "different)")
+    assert lines[-4] == ("  - **a**, P: S (best_loss): **agrees** (x - y = +0.100 nats (95% CI +0.050..+0.150, "
+                         "n = 5 seeds, different), Holm-adjusted p = 0.03)")
     assert lines[-1] == "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"
     readme = (tmp_path / "README.md")
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
@@ -105,50 +108,41 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     assert readme.read_text().splitlines()[2:5] == [line[2:] for line in lines[-4:-1]]
 
 
-HEADLINE_REPORT = "\n".join([
-    '# Stability report: s',
-    '',
-    'Wall time: 2.0 min with runs in flight. 8 runs in 4 arms (arms differ in: model.norm, model.placemen'
-    't); learning rates 0.001, 0.01; seeds 0, 1; 100 steps per run.',
-    '',
-    '| arm | best LR | v at best LR, per seed | max LR with all seeds ok |',
-    '|---|---|---|---|',
-    '| layernorm/post | 0.001 | 3.1, 3.2 | 0.001 |',
-    '| layernorm/pre | 0.01 | 3.0, 3.1 | 0.01 |',
-    '| rmsnorm/post | 0.001 | 3.1, 3.2 | 0.001 |',
-    '| rmsnorm/pre | 0.01 | 3.0, 3.0 | 0.01 |',
-    '',
-    '## What the numbers show',
-    '',
-    '- layernorm/post - layernorm/pre (differ in model.placement) at lr 0.001: +0.100 nats (95% CI +0.050'
-    '..+0.150, n = 2 seeds): different (TOST p = 0.9); minimum detectable difference at 80% power 0.050.',
-    '- layernorm/post - rmsnorm/post (differ in model.norm) at lr 0.001: +0.001 nats (95% CI -0.010..+0.0'
-    '12, n = 2 seeds): equivalent within +-0.02 (TOST p = 0.01); minimum detectable difference at 80% pow'
-    'er 0.020.',
-    '- layernorm/pre - rmsnorm/pre (differ in model.norm) at lr 0.01: +0.050 nats (95% CI -0.500..+0.600,'
-    ' n = 2 seeds): inconclusive (TOST p = 0.7); minimum detectable difference at 80% power 0.900.',
-    '',
-])
+def test_the_headline_states_the_norm_comparisons_of_the_report(tmp_path):
+    """A report made from constructed runs (4 arms, 3 LRs, seeds 0-1 choose, 2-3 test): post-norm fails at 0.1
+    in both norms, pre-norm nowhere; LayerNorm's loss is RMSNorm's + 0.05 on every seed. The headline states the
+    LR50 ratio and the nested loss difference of each norm pair, from report.json, and every arm's LR50."""
+    from study.report import write_report
 
-
-def test_the_headline_states_the_norm_comparisons_and_failure_edges_of_the_report(tmp_path):
-    (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "report.md").write_text(HEADLINE_REPORT)
+    root = tmp_path / "r"
+    for norm, extra in (("rmsnorm", 0.0), ("layernorm", 0.05)):
+        for placement in ("pre", "post"):
+            for lr in (1e-3, 1e-2, 1e-1):
+                for seed in range(4):
+                    fails = placement == "post" and lr == 1e-1
+                    write_run(root, f"{norm}-{placement}-{lr}-{seed}", norm, lr, seed,
+                              "collapsed" if fails else "ok", 5.9 if fails else 3.0 + extra + seed / 10
+                              + (0 if lr == 1e-2 else 0.3), placement=placement)
+    (root / "study.yaml").write_text(f"name: r\nconfig: {TINY}\ngrid: {{norm: [rmsnorm, layernorm], placement: "
+                                     "[pre, post], lr: [0.001, 0.01, 0.1]}\nprotocol: {selection_seeds: [0, 1], "
+                                     "test_seeds: [2, 3]}\n")
+    write_report([root], root)
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- headline: r/report.md -->\nold\n<!-- /headline -->\n")
     assert _run(readme).returncode == 0
     text = readme.read_text()
-    assert "old" not in text
-    assert ("- **post-norm**: layernorm - rmsnorm = +0.001 nats of final val loss at lr 0.001 (the pair's best), "
-            "95% CI -0.010..+0.012, n = 2 paired seeds: equivalent within +-0.02 (TOST p = 0.01).\n"
-            "- **pre-norm**: layernorm - rmsnorm = +0.050 nats of final val loss at lr 0.01 (the pair's best), 95% CI "
-            "-0.500..+0.600, n = 2 paired seeds: inconclusive (TOST p = 0.7); the smallest difference 2 seeds could "
-            "detect is 0.900 nats.\n"
-            "- **Largest learning rate at which every seed trained**: layernorm/post 0.001, layernorm/pre 0.01, "
-            "rmsnorm/post 0.001, rmsnorm/pre 0.01 (the grid's largest: 0.01).\n\n"
-            "![stability map](r/stability_map.png)\n<!-- /headline -->") in text
+    post = next(line for line in text.splitlines() if line.startswith("- **post-norm**"))
+    pre = next(line for line in text.splitlines() if line.startswith("- **pre-norm**"))
+    assert "stability, LR50 of layernorm/post / rmsnorm/post = 1 (95% CI" in post  # the same edge in both norms
+    assert "at each one's best LR (0.01, 0.01, chosen on seeds 0, 1) on the test seeds = +0.050 nats" in post
+    assert "n = 2 seeds" in post and "not estimable (0 of 24 runs failed)" in pre
+    arms = next(line for line in text.splitlines() if line.startswith("- **LR50 per arm**"))
+    assert "layernorm/pre above 0.1 (no run failed)" in arms and "rmsnorm/post 0.0" in arms
+    assert "![stability map](r/stability_map.png)\n<!-- /headline -->" in text
     assert "differ in model.placement" not in text and "layernorm - layernorm" not in text  # norm pairs only
-    (tmp_path / "r" / "report.md").write_text(HEADLINE_REPORT.replace("(differ in model.norm)", "(differ in x)"))
+    report = json.loads((root / "report.json").read_text())
+    report["comparisons"] = [c for c in report["comparisons"] if c["key"] != "model.norm"]
+    (root / "report.json").write_text(json.dumps(report))
     r = _run(readme)
     assert r.returncode == 2 and "compares no arms that differ in the norm alone" in r.stderr
 

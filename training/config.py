@@ -78,7 +78,7 @@ class LogConfig:
     spike_window: int = 5  # spike detector: a value is compared with the median of the previous spike_window
     spike_k: float = 5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
     plateau_margin: float = 0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
-    flat_slope: float = 1e-4  # nats per step: such a run whose last evals fall slower than this has collapsed
+    flat_horizon: float = 1.0  # x the run's steps: a plateau whose last evals would not cross the line that soon collapsed
     blowup_margin: float = 0.5  # nats: a run that learned and ended this far above its best val loss is unstable
 
 
@@ -210,8 +210,8 @@ def validate(cfg: Config) -> Config:
 
         if not torch.cuda.is_available():
             raise ConfigError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
-    if cfg.log.plateau_margin < 0 or cfg.log.blowup_margin <= 0 or cfg.log.flat_slope < 0:
-        raise ConfigError("log.plateau_margin and log.flat_slope must be >= 0 and log.blowup_margin > 0")
+    if cfg.log.plateau_margin < 0 or cfg.log.blowup_margin <= 0 or cfg.log.flat_horizon <= 0:
+        raise ConfigError("log.plateau_margin must be >= 0, log.blowup_margin and log.flat_horizon > 0")
     if cfg.log.spike_window < 2 or cfg.log.spike_k <= 0:
         raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
     try:

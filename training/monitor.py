@@ -77,14 +77,14 @@ def is_finite(*values: float) -> bool:
 
 
 def classify(val_losses: list[float], unigram_entropy: float | None, margin: float, init_loss: float | None = None,
-             blowup_margin: float = math.inf, steps: list[int] | None = None, flat_slope: float = 1e-4) -> str:
+             blowup_margin: float = math.inf, steps: list[int] | None = None, flat_horizon: float = 1.0) -> str:
     """The outcome of a finished run, judged on its own val curve (evals after step 0, in order, at `steps`):
     - 'diverged': the final val loss is missing or non-finite;
     - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it
-      learned token frequencies and nothing more), and over its last evals (the last third, 3 at least) the val
-      loss is flat: falling slower than `flat_slope` nats per step (least squares) is 'collapsed' (stuck, what
-      post-norm does at a high LR), still falling is 'plateau' (the LR too low or the run too short); the slope
-      decides, not where the last value sits near the threshold;
+      learned token frequencies and nothing more). The slope of its last evals (the last third, 3 at least; least
+      squares) decides which: 'plateau' (the LR too low or the run too short) if at that slope it would get
+      `margin` below the entropy within `flat_horizon` times as many steps again as it has run, 'collapsed'
+      (stuck at the unigram level, what post-norm does at a high LR) if not; not where the last value sits;
     - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above the loss at
       initialization (init_loss, the step-0 val loss);
     - 'ok': learned and kept it."""
@@ -97,7 +97,10 @@ def classify(val_losses: list[float], unigram_entropy: float | None, margin: flo
         tail = max(3, len(val_losses) // 3)
         points = [(s, v) for s, v in zip(steps[-tail:], val_losses[-tail:], strict=True)
                   if v is not None and math.isfinite(v)]
-        return "collapsed" if len(points) >= 2 and _slope(points) > -flat_slope else "plateau"
+        if len(points) < 2:
+            return "plateau"  # one eval: no slope to call it stuck
+        projected = final + _slope(points) * flat_horizon * steps[-1]
+        return "plateau" if projected <= unigram_entropy - margin else "collapsed"
     if final - best > blowup_margin or (init_loss is not None and final > init_loss):
         return "unstable"
     return "ok"

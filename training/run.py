@@ -243,5 +243,5 @@ def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy
         init = next((v for s, v in evals if s == 0), None)
         later = [(s, v) for s, v in evals if s > 0]
         status = classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
-                          cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_slope)
+                          cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon)
     return distributed.broadcast_object(status)

@@ -1,0 +1,74 @@
+"""Decide a committed study's claims again under the study protocol, from its archived runs (its report.md
+"## Runs" table; the run directories are not committed), and say which verdicts changed.
+
+    python scripts/redecide.py docs/results/norms [more result folders ...]
+
+For each folder: the study file in configs/ with the same name gives the grid (to read the run names), the claims
+and the margin; the runs were made before the protocol, so the lowest 40% of their seeds choose each arm's LR and
+the rest test it. Writes decision.md (the report, rendered from the archived runs: no figures, which need curves)
+and report.json (what the README and the index read), and prints one line per claim: old verdict -> new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from study.archive import archived_runs
+from study.grid import read_study_file
+from study.report import as_json, render
+from study.result import compute_runs
+
+REPO = Path(__file__).resolve().parent.parent
+NOTE = ("Re-decided under the study protocol from the archived runs of [report.md](report.md) (its Runs table: "
+        "status, final loss and L0 per run; no curves, so no figures here). The runs predate the protocol: no "
+        "bracketing, the lowest 40% of the seeds choose each arm's LR and the rest test it, and an archived `plateau` "
+        "above the lowest LR where its arm trained counts as `collapsed` (study/archive.py).")
+
+
+def study_for(folder: Path) -> Path:
+    for path in sorted((REPO / "configs").glob("study*.yaml")):
+        if read_study_file(path).name == folder.name:
+            return path
+    raise ValueError(f"no study file in configs/ is named {folder.name!r}")
+
+
+def redecide(folder: Path) -> list[str]:
+    path = study_for(folder)
+    file = read_study_file(path)
+    file.protocol = None  # the archived runs were not made under it: split their seeds instead
+    res = compute_runs(archived_runs(folder, path), file)
+    old_path = folder / "report.json"
+    old = json.loads(old_path.read_text()) if old_path.exists() else {}
+    metric = {"sensitivity": "lr50"}  # the claims that were about LR sensitivity are now about LR50
+    before = {(c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
+              for c in old.get("claims", [])}
+    text = render(res, []).replace("\n\n", f"\n\n{NOTE}\n\n", 1)
+    (folder / "decision.md").write_text(text)
+    new = as_json(res)
+    new["about"] = old.get("about") or new["about"]
+    new["wall_min"] = old.get("wall_min")
+    new["decided_from"] = "archived runs (report.md), scripts/redecide.py"
+    old_path.write_text(json.dumps(new, indent=1) + "\n")
+    return [f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
+            f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}" for c in new["claims"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="+", type=Path)
+    a = p.parse_args(argv)
+    for folder in a.folders:
+        try:
+            lines = redecide(folder)
+        except (ValueError, OSError) as e:
+            print(f"error: {folder}: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(lines) or f"{folder.name}: no claims")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

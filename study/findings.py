@@ -1,0 +1,114 @@
+"""The sentences a report states, each generated from the numbers of a StudyResult: a difference or an equivalence
+only ever with its n, its CI and the test that decided it; failed runs as outcomes, never as values."""
+
+from __future__ import annotations
+
+import math
+
+from study.result import StudyResult
+from study.stats import Arm, _max_series, _mean
+
+
+def findings(res: StudyResult) -> list[str]:
+    out = []
+    sel = ", ".join(map(str, res.selection_seeds))
+    for c in res.comparisons:
+        out.append(f"{c.a.label} over {c.b.label} (differ in {c.key}), stability: {c.ratio.describe()}.")
+        n = c.loss
+        if n.lrs is None:
+            out.append(f"{c.a.label} - {c.b.label}: no loss comparison (an arm has no LR where every selection "
+                       f"seed trained).")
+            continue
+        line = (f"{c.a.label} - {c.b.label}, each at its best LR ({n.lrs[0]:g}, {n.lrs[1]:g}; chosen on seeds "
+                f"{sel}), final val loss on the test seeds: {n.paired.describe()}")
+        if n.dropped:
+            line += f"; left out (a run failed): {', '.join(n.dropped)}"
+        out.append(line + ".")
+    for a in res.arms.values():
+        c = a.outcomes()
+        bad = {k: v for k, v in c.items() if k != "ok" and v}
+        if bad:
+            lrs = sorted({r.lr for r in a.runs if r.status != "ok"})
+            out.append(f"**{a.label}**: " + ", ".join(f"{v} {k}" for k, v in bad.items())
+                       + f" of {len(a.runs)} runs (at lr {', '.join(f'{x:g}' for x in lrs)}).")
+    for a in res.arms.values():  # split outcomes at one LR: said seed by seed, never averaged
+        for lr in a.lrs:
+            statuses = sorted({r.status for r in a.at(lr)})
+            if len(statuses) > 1:
+                out.append(f"**{a.label}** at lr {lr:g} splits: " + ", ".join(
+                    f"seed {r.seed} {r.status}" + (f" {r.final:.3f}" if r.final is not None else "")
+                    for r in sorted(a.at(lr), key=lambda r: str(r.seed))) + "; no mean is taken across them.")
+    logit = {a.label: [_max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
+    logit = {k: [x for x in v if x is not None] for k, v in logit.items()}
+    logit = {k: v for k, v in logit.items() if v}
+    if len(logit) > 1:
+        out.append("Max attention logit at each arm's highest LR, per seed: "
+                   + "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v) for k, v in logit.items()) + ".")
+    return out + norm_input_findings(res.arms, res.keys)
+
+
+def margin_sentence(res: StudyResult) -> str:
+    """The equivalence margin, why, and what it costs in seeds at the spread these runs show."""
+    reason = f" ({res.file.margin_reason})" if res.file.margin_reason else " (the default; the study file gives no reason)"
+    needed = [(c.a.label, c.b.label, c.loss.needed, c.loss.paired.n) for c in res.comparisons
+              if c.loss.paired.ci is not None]
+    text = f"Equivalence margin +-{res.margin:g} nats{reason}."
+    if needed:
+        text += " At the spread of the nested differences, TOST at this margin needs for 80% power: " + "; ".join(
+            f"{a} vs {b} {'> 100,000' if k is None else k} seeds (have {n})" for a, b, k, n in needed) + \
+            "; where the study has fewer, its numbers are an estimate with a CI, not an equivalence verdict."
+    return text
+
+
+def _layer_mean(run, prefix: str, step: int) -> float | None:
+    rec = next((r for r in run.records if r.get("step") == step), {})
+    vals = [v for k, v in rec.items() if k.startswith(prefix) and v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
+    """What the block norms receive, per arm at its best LR (mean over seeds): |per-token mean| / RMS averaged
+    over layers at the first and last logged step (what LayerNorm's centring removes); and, when the arms differ in
+    precision, the largest |input| seen (float16's x^2 overflows above 256) and float16's skipped steps."""
+    out, ratio, absmax, skipped = [], [], [], []
+    for a in arms.values():
+        runs = a.at(a.best_lr) if a.best_lr is not None else []
+        steps = [[r["step"] for r in run.records if "norm_in/rms/layer_0" in r] for run in runs]
+        pairs = []
+        for run, st in zip(runs, steps, strict=True):
+            if st:
+                ends = [(_layer_mean(run, "norm_in/mean/", s), _layer_mean(run, "norm_in/rms/", s)) for s in
+                        (st[0], st[-1])]
+                if all(m is not None and r for m, r in ends):
+                    pairs.append([m / r for m, r in ends])
+        if pairs:
+            ratio.append(f"{a.label} {_mean([x[0] for x in pairs]):.2f} -> {_mean([x[1] for x in pairs]):.2f}")
+        m = _max_series_all(a.runs, "norm_in/absmax/")
+        if m is not None:
+            absmax.append(f"{a.label} {m:.1f}")
+        sk = [sum(r.get("amp/skipped", 0) for r in run.records) for run in a.runs if
+              any("amp/skipped" in r for r in run.records)]
+        if sk:
+            skipped.append(f"{a.label} {sum(sk):.0f} of {sum(len(series_steps(run)) for run in a.runs)}")
+    if ratio:
+        dim = next(iter(arms.values())).runs[0].config.get("model.dim")
+        chance = f"; {(2 / (math.pi * dim)) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean {dim}-d vectors" \
+            if isinstance(dim, int) else ""
+        out.append("Block norms' inputs, |per-token mean| / RMS averaged over layers, first -> last logged step (at "
+                   f"each arm's best lr, mean over seeds{chance}): " + "; ".join(ratio) + ".")
+    if absmax and {"train.dtype", "model.norm_precision"} & set(keys):
+        out.append("Largest |norm input| over every logged step, layer and run (float16's x^2 overflows above "
+                   "256): " + "; ".join(absmax) + ".")
+    if skipped:
+        out.append("Optimizer steps skipped by the float16 loss scaler (overflowed gradients), of all steps: "
+                   + "; ".join(skipped) + ".")
+    return out
+
+
+def _max_series_all(runs, prefix: str) -> float | None:
+    vals = [v for run in runs if (v := _max_series(run, prefix)) is not None]
+    return max(vals) if vals else None
+
+
+def series_steps(run) -> list[int]:
+    return [r["step"] for r in run.records if "train/loss" in r]

@@ -1,0 +1,228 @@
+"""The study protocol: which runs a study makes, stage by stage, and which seeds choose and which test
+(docs/DESIGN.md, "The study protocol").
+
+    grid     the study's LR grid on the selection seeds, for every arm
+    bracket  per arm, the grid extended by `bracket.factor` (within min_lr..max_lr, at most `bracket.steps` LRs
+             beyond each end of the grid) until the arm's best LR has a worse neighbour on both sides and its
+             failure edge is crossed: an LR where every selection seed failed above one where every seed trained
+    refine   per arm, the geometric midpoint wherever the best LR or the failure edge has a neighbour more than
+             `refine` (x2) away
+    edge     the failure seeds at every LR from the last where every selection seed trained to the first where
+             every one failed, so the failure curve has >= 5 seeds where it rises
+    test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested selection)
+
+Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same choices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.runs import Run, find_runs, same
+from training.config import ConfigError
+from training.monitor import FAILED
+
+TRAINED = ("ok", "plateau")  # learned (or is still learning): a loss to compare; every other outcome is not one
+
+
+@dataclass(frozen=True)
+class Protocol:
+    selection_seeds: tuple
+    test_seeds: tuple
+    failure_seeds: tuple
+    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
+    min_lr: float = 1e-5
+    max_lr: float = 10.0
+    steps: int = 3  # at most this many LRs beyond each end of the grid
+    refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+
+
+KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "bracket", "refine"}
+BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
+
+
+def parse(section, where: str) -> Protocol:
+    """The study file's `protocol:` section; ConfigError on anything else."""
+    if not isinstance(section, dict) or set(section) - KEYS or not {"selection_seeds", "test_seeds"} <= set(section):
+        raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
+                          f"optionally failure_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, refine")
+    seeds = {}
+    for key in ("selection_seeds", "test_seeds", "failure_seeds"):
+        value = section.get(key, section["test_seeds"])
+        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
+            raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
+        seeds[key] = tuple(value)
+    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])):
+        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test or failure seeds (an LR "
+                          f"is chosen on some seeds and tested on others)")
+    bracket = section.get("bracket") or {}
+    if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
+        raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
+    out = Protocol(**seeds, **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
+                   refine=float(section.get("refine", Protocol.refine)))
+    if out.factor <= 1 or not 0 < out.min_lr < out.max_lr or out.steps < 0 or (out.refine and out.refine <= 1):
+        raise ConfigError(f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
+                          f"refine > 1 (or 0 for none)")
+    return out
+
+
+def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
+    """(selection seeds, test seeds): the protocol's; for runs made without one, the lowest 40% of the seeds (at
+    least one) choose and the rest test."""
+    seeds = sorted(set(seeds), key=str)
+    if protocol is not None:
+        return [s for s in seeds if s in protocol.selection_seeds], [s for s in seeds if s in protocol.test_seeds]
+    k = max(1, round(0.4 * len(seeds)))
+    return seeds[:k], seeds[k:]
+
+
+# --- what one arm's runs say, on a set of seeds ---------------------------------------------------------------
+
+def table(runs: list[Run], seeds) -> dict[float, list[Run]]:
+    """{lr: the runs of these seeds} at every LR where every one of the seeds has a finished run."""
+    out = {}
+    for lr in sorted({r.lr for r in runs}):
+        at = {r.seed: r for r in runs if r.lr == lr and r.seed in seeds}
+        if seeds and set(seeds) <= set(at):
+            out[lr] = [at[s] for s in seeds]
+    return out
+
+
+def trained(rs: list[Run]) -> bool:
+    return all(r.status in TRAINED for r in rs)
+
+
+def all_failed(rs: list[Run]) -> bool:
+    return all(r.status in FAILED for r in rs)
+
+
+def select_lr(runs: list[Run], seeds) -> float | None:
+    """The LR with the lowest mean final val loss over these seeds, among the LRs where every one of them trained."""
+    scored = [(statistics.fmean(r.final for r in rs), lr) for lr, rs in table(runs, seeds).items() if trained(rs)]
+    return min(scored)[1] if scored else None
+
+
+def edge(runs: list[Run], seeds) -> tuple[float | None, float | None]:
+    """(the last LR where every seed trained, the first above it where every seed failed) below/above the best LR;
+    None where there is none."""
+    t = table(runs, seeds)
+    best = select_lr(runs, seeds)
+    first_fail = next((lr for lr, rs in t.items() if all_failed(rs) and (best is None or lr > best)), None)
+    below = [lr for lr, rs in t.items() if trained(rs) and (first_fail is None or lr < first_fail)]
+    return (max(below) if below else None), first_fail
+
+
+def _round(lr: float) -> float:
+    return float(f"{lr:.3g}")
+
+
+def bracket_lrs(runs: list[Run], seeds, grid: list[float], p: Protocol) -> list[float]:
+    """The next LR(s) beyond the tried ones this arm needs: below while its best LR is the lowest tried (or nothing
+    trained), above while its best is the highest tried or no LR above it failed for every seed."""
+    t = table(runs, seeds)
+    if not t:
+        return []
+    tried, best = list(t), select_lr(runs, seeds)
+    out = []
+    below, above = sum(x < min(grid) for x in tried), sum(x > max(grid) for x in tried)
+    # the k-th step beyond an end is that end x factor^k (not a chain of rounded products)
+    lower, upper = _round(min(grid) / p.factor ** (below + 1)), _round(max(grid) * p.factor ** (above + 1))
+    if (best is None or best == tried[0]) and lower >= p.min_lr * (1 - 1e-9) and below < p.steps:
+        out.append(lower)
+    crossed = edge(runs, seeds)[1] is not None
+    if best is not None and (best == tried[-1] or not crossed) and upper <= p.max_lr * (1 + 1e-9) and \
+            above < p.steps:
+        out.append(upper)
+    return out
+
+
+def refine_lrs(runs: list[Run], seeds, p: Protocol) -> list[float]:
+    """Geometric midpoints next to the best LR and across the failure edge where the spacing exceeds p.refine."""
+    t = table(runs, seeds)
+    best = select_lr(runs, seeds)
+    if not p.refine or best is None:
+        return []
+    tried = list(t)
+    i = tried.index(best)
+    pairs = [(tried[j], tried[j + 1]) for j in (i - 1, i) if 0 <= j < len(tried) - 1]
+    ok, fail = edge(runs, seeds)
+    if ok is not None and fail is not None:
+        pairs.append((ok, fail))
+    return sorted({_round(math.sqrt(a * b)) for a, b in pairs if b / a > p.refine * (1 + 1e-9)})
+
+
+def edge_lrs(runs: list[Run], seeds) -> list[float]:
+    """The LRs where the failure curve rises: from the last where every seed trained to the first where every one
+    failed (to the highest tried when no LR failed for every seed but some runs failed)."""
+    t = table(runs, seeds)
+    ok, fail = edge(runs, seeds)
+    if ok is None or not any(r.status in FAILED for rs in t.values() for r in rs):
+        return []
+    return [lr for lr in t if ok <= lr and (fail is None or lr <= fail)]
+
+
+# --- the stages ------------------------------------------------------------------------------------------------
+
+def arms_of(study: dict) -> list[dict]:
+    """Every combination of the grid's values other than the LR and the seed: {field: value}."""
+    axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
+    return [r for r in runs if all(same(r.config.get(k), v) for k, v in arm.items())]
+
+
+def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
+    """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid names them."""
+    from study.grid import expand
+
+    grid = {k: ([arm[k]] if k in arm else v) for k, v in study["grid"].items()}
+    grid["optim.lr"], grid["train.seed"] = list(lrs), list(seeds)
+    return expand({**study, "grid": grid}, extra) if lrs and seeds else []
+
+
+STAGES = ("grid", "bracket", "refine", "edge", "test")
+
+
+def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
+    p: Protocol = study["protocol"]
+    sel, grid = p.selection_seeds, study["grid"]["optim.lr"]
+    if stage == "grid":
+        return specs(study, arm, grid, sel, extra)
+    if stage == "bracket":
+        return specs(study, arm, bracket_lrs(runs, sel, grid, p), sel, extra)
+    if stage == "refine":
+        return specs(study, arm, refine_lrs(runs, sel, p), sel, extra)
+    if stage == "edge":
+        return specs(study, arm, edge_lrs(runs, sel), p.failure_seeds, extra)
+    best = select_lr(runs, sel)
+    return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
+
+
+def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tuple[str, list[dict]] | None:
+    """(the stage, its runs not yet made) for the first stage that still wants runs, given the finished runs in
+    study_dir; None when the study is complete. `made`: the run specs launched so far (none is asked for twice)."""
+    runs = find_runs([study_dir]) if (study_dir / "runs").is_dir() else []
+    names = {r["name"] for r in made}
+    for stage in STAGES:
+        more = []
+        for arm in arms_of(study):
+            more += [s for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
+                     if s["name"] not in names and s["name"] not in {m["name"] for m in more}]
+        if more:
+            return stage, more
+    return None
+
+
+def first_runs(study: dict, extra=()) -> list[dict]:
+    """The runs a sweep starts with: the grid (on the selection seeds, with a protocol)."""
+    from study.grid import expand
+
+    if study.get("protocol") is None:
+        return expand(study, extra)
+    return [s for arm in arms_of(study) for s in wanted(study, "grid", arm, [], extra)]

@@ -1,0 +1,112 @@
+"""A study's result, computed once from its runs and its study file, before anything is written: arms with the LR
+each chose on the selection seeds and its failure curve, the comparisons between arms that differ in one field
+(LR50 ratio; nested loss difference), the claims, the exploratory per-LR table. study/report.py renders it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.claims import Checked, Nested, check_claims, nested, ratio
+from study.failure import FailureFit, RatioFit
+from study.grid import StudyFile, study_file
+from study.paired import Paired, paired
+from study.protocol import select_lr, split_seeds
+from study.runs import Run, find_runs, group_arms
+from study.stats import Arm
+
+
+@dataclass
+class Comparison:
+    """Two arms that differ in exactly one config field."""
+
+    a: Arm
+    b: Arm
+    key: str
+    ratio: RatioFit  # LR50_A / LR50_B
+    loss: Nested  # A - B at each one's best LR, on the test seeds
+
+
+@dataclass
+class StudyResult:
+    file: StudyFile
+    runs: list[Run]
+    keys: list[str]  # the config fields that tell arms apart
+    arms: dict[str, Arm]
+    failures: dict[str, FailureFit]
+    selection_seeds: list
+    test_seeds: list
+    comparisons: list[Comparison]
+    claims: list[Checked]
+    per_lr: list[tuple[Arm, Arm, str, float, Paired]]  # exploratory: every shared LR, seeds where both trained
+    wall_s: float | None
+
+    @property
+    def margin(self) -> float:
+        return self.file.margin
+
+
+def wall_span(runs) -> float | None:
+    """Seconds during which at least one run was in flight: the union of the runs' [start (meta.json), start +
+    summary wall time] intervals, so a study run in stages at different times is not charged for the gap."""
+    spans = []
+    for r in runs:
+        try:
+            meta = json.loads((r.path / "meta.json").read_text())
+            start = time.mktime(time.strptime(meta["started"][:19], "%Y-%m-%dT%H:%M:%S"))
+        except (OSError, ValueError, KeyError):
+            continue
+        spans.append((start, start + float(r.summary.get("wall_time_s") or 0)))
+    if not spans:
+        return None
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        total += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return total
+
+
+def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm, str]]:
+    """Every pair of arms that differ in exactly one config field: (A, B, the field)."""
+    out, labels = [], list(arms)
+    for i, la in enumerate(labels):
+        for lb in labels[i + 1:]:
+            a, b = arms[la], arms[lb]
+            diff = [k for k in keys if a.runs[0].config.get(k) != b.runs[0].config.get(k)]
+            if len(diff) == 1:
+                out.append((a, b, diff[0]))
+    return out
+
+
+def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
+    """The result of the runs under `paths`; ValueError when there are none (or the study file is invalid)."""
+    from training.config import ConfigError
+
+    runs = find_runs(paths)
+    if not runs:
+        raise ValueError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
+    try:
+        file = study_file(paths)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    if margin is not None:
+        file.margin = margin
+    return compute_runs(runs, file)
+
+
+def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
+    """The result of these runs under this study file (its claims, margin and protocol)."""
+    keys, grouped = group_arms(runs)
+    selection, test = split_seeds({r.seed for r in runs}, file.protocol)
+    arms = {label: Arm(label, rs) for label, rs in grouped.items()}
+    for a in arms.values():
+        a.best_lr = select_lr(a.runs, selection)
+    comparisons = [Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
+                   for a, b, key in one_field_pairs(arms, keys)]
+    per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
+              for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
+    return StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
+                       comparisons, check_claims(file.claims, arms, keys, test, file.margin), per_lr,
+                       wall_span(runs))
