@@ -230,4 +230,7 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     assert judge([5.914, 5.927, 5.904, 5.884, 5.879]) == "collapsed"
     # Pre-LN at lr 1 leaving the unigram level late (-7.3e-4 / step reaches the line within 500 steps): plateau
     assert judge([6.461, 6.096, 6.012, 5.879, 5.867]) == "plateau"
+    # 20 steps of the tiny config: far above the unigram level (4.58 vs 3.38) and falling 0.04 / step: too short,
+    # not stuck, though at that slope it would not reach the line within 20 more steps
+    assert classify([4.96, 4.58], 3.38, 0.25, 6.9, 0.5, [10, 20]) == "plateau"
     assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"  # one eval: no slope to call it stuck

@@ -331,8 +331,9 @@ def test_a_slurm_array_run_as_local_processes_reports_what_a_local_sweep_does(tm
         b = json.loads((shared / "runs" / run.name / "summary.json").read_text())
         assert a["final_val_loss"] == b["final_val_loss"] and a["status"] == b["status"], run.name
     mine, theirs = (local / "report.md").read_text(), (shared / "report.md").read_text()
-    assert "| layernorm | rmsnorm | model.norm |" in _section(mine, "Paired comparisons")
-    assert _section(mine, "Paired comparisons") == _section(theirs, "Paired comparisons")
+    assert "| layernorm | rmsnorm | model.norm |" in _section(mine, "Arms compared")
+    for title in ("Arms compared", "Per-LR paired differences (exploratory)"):
+        assert _section(mine, title) == _section(theirs, title)
 
 
 def test_bad_shard_is_one_line(tmp_path, capsys):

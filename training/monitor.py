@@ -82,9 +82,11 @@ def classify(val_losses: list[float], unigram_entropy: float | None, margin: flo
     - 'diverged': the final val loss is missing or non-finite;
     - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it
       learned token frequencies and nothing more). The slope of its last evals (the last third, 3 at least; least
-      squares) decides which: 'plateau' (the LR too low or the run too short) if at that slope it would get
-      `margin` below the entropy within `flat_horizon` times as many steps again as it has run, 'collapsed'
-      (stuck at the unigram level, what post-norm does at a high LR) if not; not where the last value sits;
+      squares) decides which: 'collapsed' (stuck, what post-norm does at a high LR) if at that slope it would not
+      get `margin` below the entropy within `flat_horizon` times as many steps again as it has run while it sits
+      at the unigram level (within `margin` above the entropy); otherwise 'plateau' (the LR too low or the run
+      too short: still descending toward the unigram level, or leaving it). Not where the last value sits near
+      a threshold;
     - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above the loss at
       initialization (init_loss, the step-0 val loss);
     - 'ok': learned and kept it."""
@@ -99,8 +101,10 @@ def classify(val_losses: list[float], unigram_entropy: float | None, margin: flo
                   if v is not None and math.isfinite(v)]
         if len(points) < 2:
             return "plateau"  # one eval: no slope to call it stuck
-        projected = final + _slope(points) * flat_horizon * steps[-1]
-        return "plateau" if projected <= unigram_entropy - margin else "collapsed"
+        drop = -_slope(points) * flat_horizon * steps[-1]  # how far it would fall in as many steps again
+        crosses = final - drop <= unigram_entropy - margin
+        at_unigram = final <= unigram_entropy + margin  # far above it, it is still on its way down (too short)
+        return "collapsed" if at_unigram and not crosses else "plateau"
     if final - best > blowup_margin or (init_loss is not None and final > init_loss):
         return "unstable"
     return "ok"
