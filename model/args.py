@@ -25,6 +25,12 @@ class ModelArgs:
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the original Transformer)
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
     qk_norm: bool = False  # the model's norm applied per head to q and k
+    prms_fraction: float = 0.0625  # pRMSNorm's p: the RMS from the first ceil(p d) features (the paper's 6.25%)
+    dyt_alpha_attn: float = 0.5  # DyT's alpha0 in the norm before attention (Zhu et al. 2025 LLaMA 7B: 0.8)
+    dyt_alpha_ffn: float = 0.5  # ... before the feed-forward (LLaMA 7B: 0.2)
+    dyt_alpha_final: float = 0.5  # ... the final norm (LLaMA 7B: 0.2); 0.5 everywhere is the paper's non-LLM default
+    dyt_bias: bool = True  # DyT's b (the paper's LLaMA DyT has none: g * tanh(alpha x))
+    embed_scale: str = "none"  # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
     rope_theta: float = 10000.0
     max_seq_len: int = 256
     tie_embeddings: bool = False
@@ -74,6 +80,12 @@ class ModelArgs:
         if self.init_embedding_std is not None and self.init_embedding_std < 0:
             raise ValueError(f"model.init_embedding_std must be >= 0 or null, got {self.init_embedding_std}")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
+        lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
+        if not 0 < self.prms_fraction <= 1:
+            raise ValueError(f"model.prms_fraction must be in (0, 1], got {self.prms_fraction}")
+        for name in ("dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
         if self.norm_precision not in ("float32", "autocast"):  # model/norms.py NORM_PRECISIONS (torch-free here)
             raise ValueError(f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32")
         return self
@@ -81,6 +93,19 @@ class ModelArgs:
 
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
 RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain": lambda n_layers: 1.0}
+# the initial value of a learnable scalar multiplying the embedding (None: no scalar)
+EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
+
+
+def norm_options(args: ModelArgs, location: str) -> dict:
+    """What the chosen norm takes from ModelArgs at `location` (attention | ffn | final; a peri block's output
+    norms count as their sublayer's): DyT's alpha0 there and its bias, pRMSNorm's fraction, LayerNorm's bias."""
+    if args.norm == "dyt":
+        alpha0 = {"attention": args.dyt_alpha_attn, "ffn": args.dyt_alpha_ffn, "final": args.dyt_alpha_final}
+        return {"bias": args.dyt_bias, "alpha0": lookup(alpha0, location, "norm location")}
+    if args.norm == "prmsnorm":
+        return {"bias": args.norm_bias, "fraction": args.prms_fraction}
+    return {"bias": args.norm_bias}
 
 
 def lookup(registry: dict, name: str, kind: str):

@@ -33,7 +33,7 @@ def check_expressible(args: ModelArgs) -> None:
     """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras)."""
     unsupported = {"norm": (args.norm, "rmsnorm"), "placement": (args.placement, "pre"),
                    "qk_norm": (args.qk_norm, False), "norm_bias": (args.norm_bias, False), "ffn": (args.ffn, "swiglu"),
-                   "linear_bias": (args.linear_bias, False)}
+                   "linear_bias": (args.linear_bias, False), "embed_scale": (args.embed_scale, "none")}
     bad = [f"model.{k}={got!r} (needs {need!r})" for k, (got, need) in unsupported.items() if got != need]
     if bad:
         raise ValueError("transformers' LlamaForCausalLM cannot express " + ", ".join(bad))

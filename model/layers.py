@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup
+from model.args import ModelArgs, lookup, norm_options
 from model.norms import build_norm
 from model.ops import OPS_IMPLS
 
@@ -63,8 +63,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
         # qk-norm: the model's norm over each head's q and k bounds the attention logits.
         qk = args.norm if args.qk_norm else "none"
-        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
-        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
+        options = norm_options(args, "attention")
+        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_impl, args.norm_precision, **options)
+        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_impl, args.norm_precision, **options)
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.args import ModelArgs, lookup
+from model.args import EMBED_SCALES, ModelArgs, lookup, norm_options
 from model.blocks import BLOCKS, build_block
 from model.layers import rope_tables
 from model.norms import _Norm, build_norm
@@ -14,7 +14,7 @@ from model.ops import OPS_IMPLS
 
 def parameter_kinds(model: nn.Module) -> dict[str, str]:
     """Each named parameter's kind, told by the module that owns it (never by its shape): 'matrix' (a Linear's
-    weight), 'embedding', 'gain' (a norm's weight) or 'bias'. Tied weights are listed once, under their first name.
+    weight), 'embedding', 'gain' (a norm's weight, or the embedding's scalar) or 'bias'. Tied weights are listed once, under their first name.
     """
     owner = {}
     for module in model.modules():
@@ -26,6 +26,8 @@ def parameter_kinds(model: nn.Module) -> dict[str, str]:
             elif isinstance(module, nn.Linear):
                 kind = "matrix"
             elif isinstance(module, (_Norm, nn.LayerNorm, nn.RMSNorm)) or hasattr(module, "normalized_shape"):
+                kind = "gain"
+            elif isinstance(module, Llama) and pname == "embed_scale":  # a scalar gain on the embedding
                 kind = "gain"
             else:
                 raise TypeError(f"parameter_kinds: no rule for {type(module).__name__}.{pname}")
@@ -42,7 +44,11 @@ class Llama(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(build_block(args, i) for i in range(args.n_layers))
         final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
-        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_bias, args.norm_impl, args.norm_precision)
+        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_impl, args.norm_precision,
+                               **norm_options(args, "final"))
+        scale = lookup(EMBED_SCALES, args.embed_scale, "embed_scale")(args.dim)
+        # a learnable scalar times the embedding (DyT's LLaMA recipe: init sqrt(dim)), else none
+        self.embed_scale = None if scale is None else nn.Parameter(torch.full((1,), float(scale)))  # 1-D for FSDP2
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cross_entropy = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").cross_entropy
         if args.tie_embeddings:
@@ -72,6 +78,8 @@ class Llama(nn.Module):
             layer.reset_parameters(std, self.args.n_layers, self.args.init_residual)
         if hasattr(self.norm, "reset_parameters"):
             self.norm.reset_parameters()
+        if self.embed_scale is not None:
+            nn.init.constant_(self.embed_scale, EMBED_SCALES[self.args.embed_scale](self.args.dim))
         if not self.args.tie_embeddings:
             nn.init.normal_(self.output.weight, 0.0, std)
 
@@ -84,6 +92,8 @@ class Llama(nn.Module):
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}")
         rope = (self.rope_cos[:T], self.rope_sin[:T])
         h = self.tok_embeddings(idx)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))

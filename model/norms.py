@@ -119,7 +119,10 @@ class PRMSNorm(_Norm):
     features (Zhang & Sennrich, 2019, "partial RMSNorm"; p = 6.25% as in the paper). Over several normalized
     dims the features are taken in flattened order."""
 
-    p = 0.0625
+    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = False, impl: str = "reference", precision: str = "float32", fraction: float = 0.0625):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, impl=impl, precision=precision)
+        self.p = fraction  # model.prms_fraction; k = ceil(p d) >= 32 in the paper's models (p d = 0.0625 x 512)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(-len(self.dims)) if len(self.dims) > 1 else x
@@ -129,17 +132,17 @@ class PRMSNorm(_Norm):
 
 
 class DyT(_Norm):
-    """y = g * tanh(alpha * x) + b, alpha a learnable scalar   (Zhu et al., 2025, "Transformers without
-    Normalization"). Element-wise: no statistics, so eps is unused; b is part of the definition (always on);
-    alpha starts at 0.5, the paper's default. tanh is taken in float32 like the other norms' statistics."""
-
-    alpha0 = 0.5
+    """y = g * tanh(alpha * x) (+ b), alpha a learnable scalar   (Zhu et al., 2025, "Transformers without
+    Normalization"). Element-wise: no statistics, so eps is unused. alpha starts at alpha0: 0.5, the paper's
+    default, or per location (model.dyt_alpha_attn / _ffn / _final) as its LLaMA recipe sets it (7B: 0.8 before
+    attention, 0.2 elsewhere); b is on by default, off in that recipe (model.dyt_bias). tanh is taken in float32
+    like the other norms' statistics."""
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
-        self.alpha = None
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=True, impl=impl, precision=precision)
-        self.alpha = nn.Parameter(torch.full((), self.alpha0))
+                 bias: bool = True, impl: str = "reference", precision: str = "float32", alpha0: float = 0.5):
+        self.alpha, self.alpha0 = None, alpha0
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, impl=impl, precision=precision)
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))  # 1-D: FSDP2 cannot shard a 0-dim parameter
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -153,9 +156,8 @@ class DyT(_Norm):
 class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
-    def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
-        super().__init__()
+    def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True, **options):
+        super().__init__()  # a norm's options (bias, precision, DyT's alpha0, ...) mean nothing here
         self.weight = self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,11 +168,12 @@ NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm,
                                      "none": NoNorm}
 
 
-def build_norm(name: str, dim: Shape, eps: float = 1e-5, bias: bool = False, impl: str = "reference",
-               precision: str = "float32") -> nn.Module:
+def build_norm(name: str, dim: Shape, eps: float = 1e-5, impl: str = "reference", precision: str = "float32",
+               **options) -> nn.Module:
     """The norm called `name` over the last dims of shape `dim`; `impl` picks the fused kernel or the formula,
-    `precision` the dtype of its statistics (NORM_PRECISIONS)."""
-    return lookup(NORMS, name, "norm")(dim, eps=eps, bias=bias, impl=impl, precision=precision)
+    `precision` the dtype of its statistics (NORM_PRECISIONS); `options` are the norm's own (bias; DyT's alpha0,
+    pRMSNorm's fraction: model/args.py norm_options)."""
+    return lookup(NORMS, name, "norm")(dim, eps=eps, impl=impl, precision=precision, **options)
 
 
 def swap_norms(module: nn.Module, to: str, impl: str = "reference") -> int:

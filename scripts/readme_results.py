@@ -132,10 +132,16 @@ def claim_line(study: str, c: dict) -> str:
     return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** ({what}{p})"
 
 
+def claim_lines(report_json: Path) -> list[str]:
+    """A study's claims as decided, then the ones it withdrew, with why."""
+    r, study = json.loads(report_json.read_text()), report_json.parent.name
+    return [claim_line(study, c) for c in r.get("claims", [])] + [
+        f"**{study}**, {w['paper']}: {w['says']}: **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])]
+
+
 def claims(results: Path) -> str:
     """Every study's claims, one line each (the body of a `<!-- claims: FOLDER -->` block)."""
-    lines = [f"- {claim_line(path.parent.name, c)}" for path in sorted(results.glob("*/report.json"))
-             for c in json.loads(path.read_text()).get("claims", [])]
+    lines = [f"- {line}" for path in sorted(results.glob("*/report.json")) for line in claim_lines(path)]
     return "\n".join(lines) + "\n"
 
 
@@ -149,6 +155,8 @@ def index(results: Path) -> str:
         counts = {}
         for c in r.get("claims", []):
             counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
+        if r.get("withdrawn"):
+            counts["withdrawn"] = len(r["withdrawn"])
         claims = ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))) if counts else ""
         size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "") \
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
@@ -156,7 +164,7 @@ def index(results: Path) -> str:
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
         lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {r.get('about') or r['name']} "
                      f"({size}{claims}{again})")
-        lines += [f"  - {claim_line(path.parent.name, c)}" for c in r.get("claims", [])]
+        lines += [f"  - {line}" for line in claim_lines(path)]
     return "\n".join(lines) + "\n"
 
 

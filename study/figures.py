@@ -174,10 +174,12 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
 
 def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
     """RMS of the residual stream after each block, at step 1 and at the end (median over seeds, best LR)."""
+    drawn = {label: [m for m in (_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)) if m]
+             for label, a in arms.items() if a.best_lr}
+    if not any(drawn.values()):
+        return  # no arm trained at any LR: nothing to draw
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, a in arms.items():
-        mats = [_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)] if a.best_lr else []
-        mats = [m for m in mats if m]
+    for label, mats in drawn.items():
         if mats:
             last = [statistics.median(m[1][i][-1] for m in mats) for i in range(len(mats[0][1]))]
             first = [statistics.median(m[1][i][0] for m in mats) for i in range(len(mats[0][1]))]

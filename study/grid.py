@@ -20,7 +20,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
 
 
 STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin",
-              "margin_reason", "protocol", "claims", "quick", "expected"}
+              "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected"}
 
 
 
@@ -57,6 +57,12 @@ def load_study(path: Path) -> dict:
     else:
         study["protocol"] = None
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
+    withdrawn = study.get("withdrawn") or []
+    if not isinstance(withdrawn, list) or any(not isinstance(w, dict) or set(w) != {"paper", "says", "why"}
+                                              for w in withdrawn):
+        raise ConfigError(f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test as "
+                          f"the paper states it, and why")
+    study["withdrawn"] = withdrawn
     quick = study.pop("quick", None)
     if quick is not None and (not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}):
         raise ConfigError(f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)")
@@ -182,6 +188,7 @@ class StudyFile:
     margin_reason: str | None = None
     claims: list = field(default_factory=list)
     protocol: object = None  # study.protocol.Protocol
+    withdrawn: list = field(default_factory=list)  # [{paper, says, why}]
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -198,4 +205,4 @@ def read_study_file(path: Path) -> StudyFile:
         lambda line: line.startswith("#"), path.read_text().splitlines()))
     about = re.split(r"(?<=[.?])\s+(?=[A-Z])", comment, maxsplit=1)[0]
     return StudyFile(study["name"], about, float(study.get("equivalence_margin") or DEFAULT_MARGIN),
-                     study.get("margin_reason"), study["claims"], study["protocol"])
+                     study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"])

@@ -83,13 +83,16 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
                          f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | {p.n} | {p.verdict} | "
                          f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |")
         lines += ["", margin_sentence(res)]
-    if res.claims:
+    if res.claims or res.file.withdrawn:
         lines += ["", "## What it shows", "",
                   "Each claim of the literature named in the study file, decided by its primary test alone, "
                   f"Holm-adjusted over the {sum(c.p is not None for c in res.claims)} tests of this study: `agrees` / "
                   "`disagrees` need an adjusted p < 0.05 (a `same` claim disagrees when its CI lies outside the "
                   "margin); anything else is `cannot tell`.", ""]
         lines += [f"- {claim_sentence(c, res.margin)}" for c in res.claims]
+    if res.file.withdrawn:
+        lines += ["", "Claims withdrawn: what these runs cannot test as the paper states it.", ""]
+        lines += [f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}" for w in res.file.withdrawn]
     lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:
         lines += ["", "## Per-LR paired differences (exploratory)", "",
@@ -149,7 +152,8 @@ def as_json(res: StudyResult) -> dict:
                     "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement,
                     **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
                     **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired)}
-                       if c.nested else {})} for c in res.claims]}
+                       if c.nested else {})} for c in res.claims],
+        "withdrawn": res.file.withdrawn}
 
 
 def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:

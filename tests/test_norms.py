@@ -172,3 +172,46 @@ def test_swap_norms_on_torch_transformer():
     assert len(rms) == 5 and rms[0].bias is None and rms[0].weight.min() >= 0.5  # gains carried over
     y = model(x)
     assert torch.isfinite(y).all() and not torch.allclose(y, expected)
+
+
+def test_dyt_as_the_papers_llama_recipe_configures_it():
+    """Zhu et al. 2025's LLaMA code (other_tasks/LLaMA/fms_fsdp/models/llama.py): DyT without a bias, alpha0 per
+    location (7B: 0.8 before attention, 0.2 before the feed-forward and in the final norm), and a learnable scalar
+    times the embedding, initialized to sqrt(d). The defaults keep normlab's DyT (0.5 everywhere, with b)."""
+    from model import Llama, ModelArgs
+    from model.llama import parameter_kinds
+
+    small = dict(dim=64, n_layers=2, n_heads=4, vocab_size=64, norm="dyt")
+    recipe = Llama(ModelArgs(**small, dyt_alpha_attn=0.8, dyt_alpha_ffn=0.2, dyt_alpha_final=0.2, dyt_bias=False,
+                             embed_scale="sqrt_dim"))
+    for block in recipe.layers:
+        assert block.attention_norm.alpha.item() == pytest.approx(0.8) and block.attention_norm.bias is None
+        assert block.ffn_norm.alpha.item() == pytest.approx(0.2)
+    assert recipe.norm.alpha.item() == pytest.approx(0.2) and recipe.embed_scale.item() == 8.0
+    assert parameter_kinds(recipe)["embed_scale"] == "gain"  # no weight decay, like a norm's gain
+    idx = torch.randint(0, 64, (2, 8))
+    plain = Llama(ModelArgs(**small, dyt_alpha_attn=0.8, dyt_alpha_ffn=0.2, dyt_alpha_final=0.2, dyt_bias=False))
+    plain.load_state_dict({k: v for k, v in recipe.state_dict().items() if k != "embed_scale"})
+    with torch.no_grad():  # the scalar multiplies the embedding and nothing else
+        plain.tok_embeddings.weight.mul_(8.0)
+        assert torch.allclose(recipe(idx)[0], plain(idx)[0], atol=1e-6)
+    default = Llama(ModelArgs(**small))
+    assert default.embed_scale is None and default.layers[0].attention_norm.bias is not None
+    assert {b.attention_norm.alpha.item() for b in default.layers} == {0.5}
+    with pytest.raises(ValueError, match="unknown embed_scale 'sqrt'; valid: none, sqrt_dim"):
+        ModelArgs(**small, embed_scale="sqrt").check()
+
+
+def test_prmsnorm_fraction_sets_how_many_features_estimate_the_rms():
+    """k = ceil(p d): the paper's p = 6.25% gives k = 4 at d = 64 (its models have d >= 512, k >= 32); p = 0.5
+    gives k = 32 here. Checked against float64 math."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 64, dtype=torch.float64)
+    for fraction, k in ((0.0625, 4), (0.5, 32), (1.0, 64)):
+        norm = build_norm("prmsnorm", 64, fraction=fraction).double()
+        want = x / torch.sqrt(x[..., :k].pow(2).mean(-1, keepdim=True) + 1e-5)
+        assert torch.allclose(norm(x), want, rtol=1e-12)
+    with pytest.raises(ValueError, match="prms_fraction must be in"):
+        from model import ModelArgs
+
+        ModelArgs(dim=64, norm="prmsnorm", prms_fraction=0.0).check()

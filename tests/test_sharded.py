@@ -201,6 +201,19 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
     assert summary["steps"] == 30 and summary["status"] == "ok" and r.stderr.count("sample: ") == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["fsdp", "tp"])
+def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel):
+    """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones ("fully_shard
+    doesn't support scalar parameters", the error DyT runs hit before)."""
+    r = _torchrun_train(2, "--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+                        "--name", "d", "train.steps=4", "train.eval_every=2", "train.sample_tokens=0",
+                        f"train.parallel={parallel}", "model.norm=dyt", "model.embed_scale=sqrt_dim",
+                        "model.dyt_bias=false", "model.dyt_alpha_attn=0.8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps"] == 4
+
+
 # -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export ----------------------------------
 LIFE = ["--config", str(REPO / "configs" / "tiny.yaml"), "train.steps=6", "train.batch_size=8", "train.eval_every=2",
         "train.checkpoint_every=2", "train.sample_tokens=0", "optim.lr=1e-2"]

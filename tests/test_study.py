@@ -350,7 +350,7 @@ def test_runs_from_before_a_field_existed_read_as_its_default(tmp_path):
     for seed in (0, 1):
         path = tmp_path / "runs" / f"old-{seed}" / "config.yaml"
         path.write_text(path.read_text().replace("  ffn: swiglu\n", ""))
-        assert "ffn:" not in path.read_text()
+        assert "  ffn:" not in path.read_text()
     keys, arms = _arms(tmp_path)
     assert keys == [] and len(arms["all"].runs) == 4
 
@@ -435,3 +435,18 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
         assert by_name["layernorm-lr0.1-s2"].config["model.norm"] == "layernorm" and by_name["rmsnorm-lr0.1-s1"].lr == 0.1
     # an old `plateau` above the lowest LR where its arm trained reads as collapsed (no curve to judge it by)
     assert {r.status for r in from_md if r.name.startswith("rmsnorm-lr0.1")} == {"collapsed"}
+
+
+def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_refused(tmp_path):
+    for seed in range(2):
+        write_run(tmp_path, f"rms-{seed}", "rmsnorm", 1e-2, seed, "ok", 3.0)
+        write_run(tmp_path, f"ln-{seed}", "layernorm", 1e-2, seed, "ok", 3.1)
+    head = f"name: w\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01], seed: [0, 1]}}\n"
+    (tmp_path / "study.yaml").write_text(head + "withdrawn:\n  - {paper: P 2020, says: S, why: needs 1000 layers}\n")
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "- **P 2020**: S: **withdrawn**: needs 1000 layers" in text
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["withdrawn"] == [
+        {"paper": "P 2020", "says": "S", "why": "needs 1000 layers"}]
+    (tmp_path / "study.yaml").write_text(head + "withdrawn:\n  - {paper: P, says: S}\n")
+    with pytest.raises(ConfigError, match="withdrawn is a list of"):
+        grid.load_study(tmp_path / "study.yaml")
