@@ -53,6 +53,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
         draw(plt, arms, colors, out, made)
     stability_map(plt, res, colors, out, made)
     final_losses(plt, res, colors, out, made)
+    trend_figure(plt, res, out, made)
     return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
 
@@ -216,3 +217,30 @@ def _layer_matrix(run: Run, prefix: str):
     n = max(int(k[len(prefix):]) for k in recs[0] if k.startswith(prefix)) + 1
     return [r["step"] for r in recs], [[r.get(f"{prefix}{i}") or 0.0 for r in recs] for i in range(n)]
 
+
+def trend_figure(plt, res, out: Path, made: list) -> None:
+    """Each trend (study/trend.py): the estimates with their 95% CIs against the axis, and the fitted line."""
+    if not res.trends:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, what, ylabel in ((axes[0], "LR50 ratio", "log10 LR50 ratio"), (axes[1], "loss difference",
+                                                                             "loss difference (nats)")):
+        for i, t in enumerate(x for x in res.trends if x.what == what):
+            color = plt.cm.tab10(i % 10)
+            pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
+            for x, e, ci in pts:
+                ax.errorbar([x], [e], yerr=[[e - ci[0]], [ci[1] - e]] if ci else None, fmt="o", color=color,
+                            capsize=3)
+            if t.slope is not None and pts:
+                xs = sorted(p[0] for p in pts)
+                tx = [math.log2(x) if t.log2 else x for x in xs]
+                e0 = statistics.fmean(e for _, e, _ in pts) - t.slope * statistics.fmean(tx)
+                ax.plot(xs, [e0 + t.slope * x for x in tx], color=color, lw=1, label=f"{t.pair}: {t.slope:+.3f}")
+            else:
+                ax.plot([], [], color=color, label=f"{t.pair}: no slope")
+        ax.axhline(0, color="gray", lw=0.8, ls=":")
+        axis = res.trends[0].axis
+        drawn = any(e is not None for t in res.trends if t.what == what for _, e, _ in t.points)
+        _axes(ax, axis, ylabel, f"{what} by {axis}", logx=res.trends[0].log2 and drawn, legend=6)
+    _save(fig, out / "trend.png", made, "Trends: each comparison's estimate and 95% CI at every value of the axis, "
+          "with the fitted slope (legend: slope per doubling)")

@@ -24,6 +24,12 @@ def findings(res: StudyResult) -> list[str]:
         if n.dropped:
             line += f"; left out (a run failed): {', '.join(n.dropped)}"
         out.append(line + ".")
+    for a in res.arms.values():  # a best LR at the end of the LRs tried is a bound, not an optimum
+        tried = sorted({r.lr for r in a.runs if r.seed in res.selection_seeds})
+        if a.best_lr is not None and len(tried) > 1 and a.best_lr in (tried[0], tried[-1]):
+            side = "lowest" if a.best_lr == tried[0] else "highest"
+            out.append(f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds tried: not "
+                       f"bracketed, the loss at its true best may be lower (a protocol study extends the grid).")
     for a in res.arms.values():
         c = a.outcomes()
         bad = {k: v for k, v in c.items() if k != "ok" and v}

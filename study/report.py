@@ -93,6 +93,11 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     if res.file.withdrawn:
         lines += ["", "Claims withdrawn: what these runs cannot test as the paper states it.", ""]
         lines += [f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}" for w in res.file.withdrawn]
+    if res.trends:
+        lines += ["", "## Trends", "",
+                  "Each comparison along a numeric axis of the arms: the estimate and its 95% CI at each value, and a "
+                  "weighted fit of them with the slope's 95% CI (study/trend.py); nothing beyond the values "
+                  "measured.", ""] + [f"- {t.describe()}." for t in res.trends]
     lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:
         lines += ["", "## Per-LR paired differences (exploratory)", "",
@@ -153,7 +158,10 @@ def as_json(res: StudyResult) -> dict:
                     **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
                     **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired)}
                        if c.nested else {})} for c in res.claims],
-        "withdrawn": res.file.withdrawn}
+        "withdrawn": res.file.withdrawn,
+        "trends": [{"what": t.what, "pair": t.pair, "axis": t.axis, "per_doubling": t.log2,
+                    "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points], "slope": t.slope,
+                    "ci": list(t.ci) if t.ci else None, "used": t.used} for t in res.trends]}
 
 
 def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:

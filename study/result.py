@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from study.claims import Checked, Nested, check_claims, nested, ratio
@@ -16,6 +16,7 @@ from study.paired import Paired, paired
 from study.protocol import select_lr, split_seeds
 from study.runs import Run, find_runs, group_arms
 from study.stats import Arm
+from study.trend import trends
 
 
 @dataclass
@@ -42,6 +43,7 @@ class StudyResult:
     claims: list[Checked]
     per_lr: list[tuple[Arm, Arm, str, float, Paired]]  # exploratory: every shared LR, seeds where both trained
     wall_s: float | None
+    trends: list = field(default_factory=list)  # study/trend.py: comparisons along a numeric axis
 
     @property
     def margin(self) -> float:
@@ -107,6 +109,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
                    for a, b, key in one_field_pairs(arms, keys)]
     per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
               for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
-    return StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
-                       comparisons, check_claims(file.claims, arms, keys, test, file.margin), per_lr,
-                       wall_span(runs))
+    res = StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
+                      comparisons, check_claims(file.claims, arms, keys, test, file.margin), per_lr, wall_span(runs))
+    res.trends = trends(res)
+    return res

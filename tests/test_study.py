@@ -1,6 +1,7 @@
 """The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's numbers."""
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -450,3 +451,47 @@ def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_re
     (tmp_path / "study.yaml").write_text(head + "withdrawn:\n  - {paper: P, says: S}\n")
     with pytest.raises(ConfigError, match="withdrawn is a list of"):
         grid.load_study(tmp_path / "study.yaml")
+
+
+def test_a_best_lr_at_the_edge_of_the_grid_is_flagged(tmp_path):
+    for seed in range(2):
+        for lr, final in ((1e-3, 3.0), (1e-2, 3.2)):  # the lowest LR is the best: not bracketed
+            write_run(tmp_path, f"rms-{lr}-{seed}", "rmsnorm", lr, seed, "ok", final)
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "**all**: its best LR (0.001) is the lowest its selection seeds tried: not bracketed" in text
+
+
+def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
+    """study/trend.py's fit on constructed points: estimates exactly on a line in log2(x) give that slope; the CI
+    is the fixed-effect one, sqrt(1 / sum w (x - xw)^2) x 1.96; points without a CI are left out."""
+    from study.trend import Z, fit
+
+    se = 0.1
+    ci = lambda e: (e - Z * se, e + Z * se)  # noqa: E731
+    pts = [(64, 0.1, ci(0.1)), (128, 0.3, ci(0.3)), (256, 0.5, ci(0.5)), (512, 0.9, None)]
+    slope, (lo, hi), used = fit(pts, log2=True)
+    assert used == 3 and slope == pytest.approx(0.2)
+    half = Z * (1 / (sum((x - 7) ** 2 for x in (6, 7, 8)) / se ** 2)) ** 0.5  # log2 64, 128, 256; mean 7
+    assert (hi - lo) / 2 == pytest.approx(half)
+    assert fit(pts[:1], log2=True)[0] is None  # one point: no slope
+
+
+def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
+    """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32) plus the same
+    seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling; the report's Trends section
+    says so with its CI."""
+    from training.config import load_config, to_yaml
+
+    for dim in (32, 64, 128):
+        for norm in ("rmsnorm", "layernorm"):
+            for seed in range(4):
+                extra = 0.01 * math.log2(dim / 32) + 0.002 * ((seed * 7) % 3 - 1) if norm == "layernorm" else 0.0
+                name = f"{norm}-{dim}-{seed}"
+                write_run(tmp_path, name, norm, 1e-2, seed, "ok", 3.0 + seed / 10 + extra + 0.001 * (seed % 2))
+                path = tmp_path / "runs" / name / "config.yaml"
+                cfg = load_config(path, [f"model.dim={dim}"])
+                path.write_text(to_yaml(cfg))
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("- loss difference layernorm - rmsnorm"))
+    assert "by model.dim" in line and "slope +0.010 per doubling of model.dim" in line and "32..128 only" in line
+    assert (tmp_path / "out" / "trend.png").stat().st_size > 1000

@@ -1,0 +1,96 @@
+"""How a comparison moves along a numeric axis of the arms (width, depth, ...): for each group of arm pairs that
+differ in one field (the norm, say) and agree on everything else but the axis, the LR50 ratio and the nested loss
+difference at each value of the axis, and a fitted slope with its 95% CI.
+
+The slope is a fixed-effect meta-regression: each point's estimate (log10 of the LR50 ratio, or the loss
+difference in nats) with the standard error read off its own 95% CI (half-width / z_0.975; t-based CIs of small n
+make this conservative), weighted by 1 / se^2, against log2 of the axis (per doubling) when every value is positive,
+else the axis itself. SE of the slope = sqrt(1 / sum w (x - x_w)^2); the CI is normal. Points without a two-sided
+CI (an open end, one seed) are left out and counted. Nothing is said beyond the largest value measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.stats import norm as normal
+
+Z = float(normal.ppf(0.975))
+
+
+@dataclass
+class Trend:
+    what: str  # "LR50 ratio" | "loss difference"
+    pair: str  # "layernorm - rmsnorm at placement=post"
+    axis: str
+    log2: bool
+    points: list[tuple[float, float | None, tuple | None]]  # (axis value, estimate, CI) as reported
+    slope: float | None
+    ci: tuple[float, float] | None
+    used: int  # points with a two-sided CI, the ones the slope is fitted to
+
+    def describe(self) -> str:
+        unit = "log10 ratio" if self.what == "LR50 ratio" else "nats"
+        per = "per doubling of " + self.axis if self.log2 else "per unit of " + self.axis
+        pts = "; ".join(f"{x:g}: " + ("-" if e is None else f"{e:+.3f}") + (
+            f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "") for x, e, ci in self.points)
+        head = f"{self.what} {self.pair}, in {unit}, by {self.axis}: {pts}"
+        if self.slope is None:
+            return f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
+        return (f"{head}; slope {self.slope:+.3f} {per} (95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}, from "
+                f"{self.used} of {len(self.points)} points; {self.axis} {min(p[0] for p in self.points):g}.."
+                f"{max(p[0] for p in self.points):g} only)")
+
+
+def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> tuple[float | None, tuple | None, int]:
+    """(slope, 95% CI, points used) of the estimates against the axis (see the module doc)."""
+    usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * Z)) for x, e, ci in points
+              if e is not None and ci is not None and ci[0] is not None and ci[1] is not None and ci[1] > ci[0]]
+    if len({x for x, _, _ in usable}) < 2:
+        return None, None, len(usable)
+    w = [1 / se ** 2 for _, _, se in usable]
+    xw = sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w)
+    yw = sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w)
+    sxx = sum(wi * (x - xw) ** 2 for wi, (x, _, _) in zip(w, usable, strict=True))
+    slope = sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx
+    se = math.sqrt(1 / sxx)
+    return slope, (slope - Z * se, slope + Z * se), len(usable)
+
+
+def numeric_axes(res) -> list[str]:
+    """The arm fields whose values are all numbers (not booleans), with at least two values."""
+    out = []
+    for key in res.keys:
+        values = {a.runs[0].config.get(key) for a in res.arms.values()}
+        if len(values) > 1 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out.append(key)
+    return out
+
+
+def trends(res) -> list[Trend]:
+    """Every trend of res.comparisons along every numeric axis (study/result.py StudyResult)."""
+    out = []
+    for axis in numeric_axes(res):
+        groups: dict = {}
+        for c in res.comparisons:
+            if c.key == axis:
+                continue
+            rest = tuple((k, c.a.runs[0].config.get(k)) for k in res.keys if k not in (axis, c.key))
+            groups.setdefault((c.key, rest), []).append(c)
+        for (key, rest), comps in groups.items():
+            if len(comps) < 2:
+                continue
+            comps.sort(key=lambda c: c.a.runs[0].config.get(axis))
+            xs = [c.a.runs[0].config.get(axis) for c in comps]
+            log2 = all(x > 0 for x in xs)
+            a, b = (comps[0].a.runs[0].config.get(key), comps[0].b.runs[0].config.get(key))
+            where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest)
+            at = f" at {where}" if where else ""
+            ratio_pts = [(x, None if c.ratio.ratio is None else math.log10(c.ratio.ratio),
+                          None if not c.ratio.ci or None in c.ratio.ci else tuple(math.log10(v) for v in c.ratio.ci))
+                         for x, c in zip(xs, comps, strict=True)]
+            loss_pts = [(x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)]
+            for what, op, pts in (("LR50 ratio", "/", ratio_pts), ("loss difference", "-", loss_pts)):
+                out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2)))
+    return out
