@@ -105,7 +105,9 @@ def headline(report_path: Path, page_dir: Path = REPO) -> str:
     arms = []
     for label, arm in r["per_arm"].items():
         if arm["lr50"] is not None:
-            arms.append(f"{label} {_g(arm['lr50'])} ({_ends(arm['lr50_ci'])})")
+            beyond = f", beyond the largest LR tried ({_g(arm['top_lr'])}): extrapolated" \
+                if arm["lr50"] > arm["top_lr"] else ""
+            arms.append(f"{label} {_g(arm['lr50'])} ({_ends(arm['lr50_ci'])}{beyond})")
         elif arm["failed"] == 0:
             arms.append(f"{label} above {_g(arm['top_lr'])} (no run failed)")
         else:

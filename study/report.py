@@ -63,7 +63,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         fit, c = res.failures[label], a.outcomes()
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
-        lr50 = f"{fmt(fit.lr50, '.3g')} ({_ends(fit.ci)})" if fit.lr50 else (
+        beyond = f"; above the largest LR tried, {fit.top:g}: extrapolated" if fit.lr50 and fit.lr50 > fit.top else ""
+        lr50 = f"{fmt(fit.lr50, '.3g')} ({_ends(fit.ci)}{beyond})" if fit.lr50 else (
             f"> {fit.top:g} (none failed)" if fit.failed == 0 and fit.top else "-")
         lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | {lr50} | "
                      f"{fmt(a.max_lr_ok, 'g')} | {c['ok']} / {c['plateau']} / {c['collapsed']} / {c['unstable']} / "
