@@ -28,7 +28,8 @@ def _axes(ax, xlabel: str, ylabel: str, title: str, logx: bool = False, logy: bo
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-    ax.legend(fontsize=legend)
+    if ax.get_legend_handles_labels()[0]:  # an empty panel (nothing measured) gets no legend
+        ax.legend(fontsize=legend)
 
 
 def _save(fig, path: Path, made: list, caption: str) -> None:

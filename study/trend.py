@@ -77,8 +77,9 @@ def trends(res) -> list[Trend]:
             if c.key == axis:
                 continue
             rest = tuple((k, c.a.runs[0].config.get(k)) for k in res.keys if k not in (axis, c.key))
-            groups.setdefault((c.key, rest), []).append(c)
-        for (key, rest), comps in groups.items():
+            pair = (c.a.runs[0].config.get(c.key), c.b.runs[0].config.get(c.key))  # the values compared
+            groups.setdefault((c.key, pair, rest), []).append(c)
+        for (key, _, rest), comps in groups.items():
             if len(comps) < 2:
                 continue
             comps.sort(key=lambda c: c.a.runs[0].config.get(axis))
@@ -92,5 +93,6 @@ def trends(res) -> list[Trend]:
                          for x, c in zip(xs, comps, strict=True)]
             loss_pts = [(x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)]
             for what, op, pts in (("LR50 ratio", "/", ratio_pts), ("loss difference", "-", loss_pts)):
-                out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2)))
+                if any(e is not None for _, e, _ in pts):  # nothing measured at any value: nothing to say
+                    out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2)))
     return out
