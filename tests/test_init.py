@@ -66,5 +66,22 @@ def test_relu_feed_forward_is_the_original_transformers():
     x = torch.randn(2, 5, 32)
     torch.testing.assert_close(ff(x), torch.relu(x @ ff.w1.weight.T) @ ff.w2.weight.T)
     assert not hasattr(ff, "w3")
-    with pytest.raises(ValueError, match="unknown ffn 'gelu'; valid: relu, swiglu"):
-        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn="gelu"))
+    with pytest.raises(ValueError, match="unknown ffn 'geglu'; valid: gelu, relu, relu2, swiglu"):
+        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn="geglu"))
+
+
+@pytest.mark.parametrize("ffn, act", [
+    ("gelu", lambda a: 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))),  # a * Phi(a), by hand
+    ("relu2", lambda a: torch.where(a > 0, a * a, torch.zeros_like(a))),
+])
+def test_gelu_and_relu2_feed_forwards_match_their_formulas_with_relus_weights(ffn, act):
+    def model(name):
+        torch.manual_seed(0)
+        return Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn=name))
+
+    ff, relu = model(ffn).layers[0].feed_forward, model("relu").layers[0].feed_forward
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(ff(x), act(x @ ff.w1.weight.T) @ ff.w2.weight.T)
+    assert {k: v.shape for k, v in ff.state_dict().items()} == {k: v.shape for k, v in relu.state_dict().items()}
+    for k, v in ff.state_dict().items():  # the same init: the same draws for the same seed
+        torch.testing.assert_close(v, relu.state_dict()[k])
