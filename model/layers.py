@@ -127,4 +127,23 @@ class ReluFeedForward(nn.Module):
         return self.w2(F.relu(self.w1(x)))
 
 
-FFNS: dict[str, type[nn.Module]] = {"swiglu": FeedForward, "relu": ReluFeedForward}
+class GeluFeedForward(ReluFeedForward):
+    """w2(gelu(w1 x)), gelu(a) = a * Phi(a) with Phi the standard normal CDF (exact erf form; Hendrycks & Gimpel
+    2016; BERT / GPT-2). Smooth and degree-1 homogeneous for large |a|, as ReLU: an ablation of the SwiGLU-vs-ReLU
+    argument (scripts/init_grads.py). ReLU's parameters (w1, w2) and init."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Relu2FeedForward(ReluFeedForward):
+    """w2(relu(w1 x)^2): squared ReLU (So et al. 2021, Primer). Degree-2 homogeneous as SwiGLU, without its gate:
+    separates the degree from the gating in the SwiGLU-vs-ReLU argument (scripts/init_grads.py). ReLU's
+    parameters (w1, w2) and init."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.relu(self.w1(x)).square())
+
+
+FFNS: dict[str, type[nn.Module]] = {"swiglu": FeedForward, "relu": ReluFeedForward, "gelu": GeluFeedForward,
+                                    "relu2": Relu2FeedForward}
