@@ -3,6 +3,7 @@
 #include "norms_api.h"  // every header before the target pragma: only the loops get the AVX2 target
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+#define NORMLAB_VEC_BYTES 32  // the pragma does not define __AVX2__ / __AVX512F__
 #define NORMLAB_ISA avx2
 #include "norms_isa.h"
 #pragma GCC pop_options

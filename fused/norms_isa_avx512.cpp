@@ -3,6 +3,7 @@
 #include "norms_api.h"  // every header before the target pragma: only the loops get the AVX-512 target
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+#define NORMLAB_VEC_BYTES 64  // the pragma does not define __AVX2__ / __AVX512F__
 #define NORMLAB_ISA avx512
 #include "norms_isa.h"
 #pragma GCC pop_options

@@ -5,10 +5,10 @@
 // Why explicit vectors (GCC vector extensions) rather than `omp simd` loops: GCC ends an `omp simd` reduction
 // with one scalar add per lane (32 for bfloat16 rows), per row and per sum, which at the default model's rows
 // of 128 cost as much as the row itself; and its fused dw += g * xhat loop ran 4x slower than the same loop
-// without the store. Here every loop works on blocks of 16 float lanes (one AVX-512 register, two AVX2
-// ones), sums with one vector accumulator and adds the lanes in a fixed tree, so the rounding is the same on
-// every instruction set (up to FMA contraction); the gain gradient is accumulated over blocks of rows, so
-// its per-thread buffer is read and written once per block instead of once per row.
+// without the store. Here every loop works on vectors of the instruction set's width (NORMLAB_VEC_BYTES: 64
+// for AVX-512, 32 for AVX2, 16 otherwise; GCC 12 expands wider ones element by element), sums into one vector
+// accumulator and adds its lanes in a fixed tree; the gain gradient is accumulated over blocks of rows, so its
+// per-thread buffer is read and written once per block instead of once per row.
 //
 // Precision policy (model/norms.py): statistics and normalization in float32 (float64 for float64 input),
 // xhat rounded to the input dtype, then the gain (and bias) with one rounding to the output dtype.
@@ -18,17 +18,28 @@
 
 namespace kernel {
 
+// the vector width of the instruction set this copy is compiled for: GCC splits wider vectors element by element
+#if !defined(NORMLAB_VEC_BYTES)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define NORMLAB_VEC_BYTES 64
+#elif defined(__AVX2__)
+#define NORMLAB_VEC_BYTES 32
+#else
+#define NORMLAB_VEC_BYTES 16
+#endif
+#endif
+
 template <typename A>
 struct VecOf {
-  typedef A type __attribute__((vector_size(64)));  // 16 floats or 8 doubles
+  typedef A type __attribute__((vector_size(NORMLAB_VEC_BYTES)));
 };
 template <typename A>
 using Vec = typename VecOf<A>::type;
 template <typename A>
-constexpr int64_t kLanes = 64 / sizeof(A);
+constexpr int64_t kLanes = NORMLAB_VEC_BYTES / sizeof(A);
 
-typedef uint16_t U16x16 __attribute__((vector_size(32)));
-typedef uint32_t U32x16 __attribute__((vector_size(64)));
+typedef uint16_t U16s __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));  // one Vec<float> of bfloat16
+typedef uint32_t U32s __attribute__((vector_size(NORMLAB_VEC_BYTES)));
 
 struct VecTag {};
 struct ScalarTag {};
@@ -49,13 +60,13 @@ inline Vec<A> load(VecTag, const A* p) {
   return v;
 }
 inline Vec<float> load(VecTag, const c10::BFloat16* p) {  // bfloat16 is the top half of a float
-  U16x16 h;
+  U16s h;
   std::memcpy(&h, p, sizeof h);
-  return bit_cast<Vec<float>>(__builtin_convertvector(h, U32x16) << 16);
+  return bit_cast<Vec<float>>(__builtin_convertvector(h, U32s) << 16);
 }
 inline Vec<float> load(VecTag, const c10::Half* p) {
-  float f[16];
-  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(p[i]);
+  float f[kLanes<float>];
+  for (int i = 0; i < kLanes<float>; ++i) f[i] = static_cast<float>(p[i]);
   return load(VecTag{}, f);
 }
 template <typename A>
@@ -64,10 +75,10 @@ inline float load(ScalarTag, const c10::BFloat16* p) { return bit_cast<float>(st
 inline float load(ScalarTag, const c10::Half* p) { return static_cast<float>(*p); }
 
 // ---- rounding a float to bfloat16 bits: to nearest even, as c10 does; NaN stays NaN ----
-inline U32x16 bf16_bits(Vec<float> f) {
-  const U32x16 u = bit_cast<U32x16>(f);
-  const U32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? U32x16{} + 0x7FC0u : rounded;
+inline U32s bf16_bits(Vec<float> f) {
+  const U32s u = bit_cast<U32s>(f);
+  const U32s rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? U32s{} + 0x7FC0u : rounded;
 }
 inline uint32_t bf16_bits(float f) {
   const uint32_t u = bit_cast<uint32_t>(f);
@@ -78,11 +89,11 @@ inline uint32_t bf16_bits(float f) {
 template <typename A>
 inline void store(VecTag, A* p, Vec<A> v) { std::memcpy(p, &v, sizeof v); }
 inline void store(VecTag, c10::BFloat16* p, Vec<float> v) {
-  const U16x16 h = __builtin_convertvector(bf16_bits(v), U16x16);
+  const U16s h = __builtin_convertvector(bf16_bits(v), U16s);
   std::memcpy(p, &h, sizeof h);
 }
 inline void store(VecTag, c10::Half* p, Vec<float> v) {
-  for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::Half>(v[i]);
+  for (int i = 0; i < kLanes<float>; ++i) p[i] = static_cast<c10::Half>(v[i]);
 }
 template <typename A>
 inline void store(ScalarTag, A* p, A v) { *p = v; }
@@ -100,7 +111,7 @@ inline V round_to(V v) {
   } else if constexpr (std::is_same_v<T, c10::Half>) {
     if constexpr (std::is_same_v<V, float>) return static_cast<float>(static_cast<c10::Half>(v));
     else {
-      for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(static_cast<c10::Half>(v[i]));
+      for (int i = 0; i < kLanes<float>; ++i) v[i] = static_cast<float>(static_cast<c10::Half>(v[i]));
       return v;
     }
   } else {
@@ -108,21 +119,22 @@ inline V round_to(V v) {
   }
 }
 
-// the lanes of a vector added in a fixed tree, halves first (the same order on every instruction set)
-typedef float F8 __attribute__((vector_size(32)));
-typedef float F4 __attribute__((vector_size(16)));
-typedef double D4 __attribute__((vector_size(32)));
-typedef double D2 __attribute__((vector_size(16)));
-inline float hsum(Vec<float> v) {
-  const F8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const F4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-inline double hsum(Vec<double> v) {
-  const D4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  const D2 b = __builtin_shufflevector(a, a, 0, 1) + __builtin_shufflevector(a, a, 2, 3);
-  return b[0] + b[1];
+// the lanes of a vector added in a fixed tree, halves first
+template <typename V>
+inline auto hsum(V v) {
+  constexpr int n = sizeof(V) / sizeof(v[0]);
+  if constexpr (n == 1) {
+    return v[0];
+  } else if constexpr (n == 2) {
+    return v[0] + v[1];
+  } else {
+    typedef std::remove_cvref_t<decltype(v[0])> E;
+    typedef E HalfVec __attribute__((vector_size(sizeof(V) / 2)));
+    HalfVec lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return hsum(lo + hi);
+  }
 }
 
 // sum over j of f(tag, j), f called on vector blocks then on the scalar tail
