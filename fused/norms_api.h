@@ -12,6 +12,11 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>  // before any target pragma: the loops of each instruction set use its intrinsics
+#endif
 
 namespace normlab {
 
@@ -26,6 +31,7 @@ struct FwdCall {  // x (rows, d) contiguous; y, rstd, mean written for rows [beg
   double eps;
   c10::ScalarType x_type, w_type;
   bool center;
+  bool stream;  // float32 output larger than the caches: written with streaming stores
 };
 
 struct BwdCall {  // g in the output dtype; dx in x's; the gain gradients go to per-thread buffers
@@ -38,6 +44,7 @@ struct BwdCall {  // g in the output dtype; dx in x's; the gain gradients go to 
   int64_t d;
   c10::ScalarType x_type, w_type;
   bool center;
+  bool stream;  // float32 dx larger than the caches: written with streaming stores
 };
 
 // Calls f(x_t{}, w_t{}, o_t{}) for the supported dtype combinations: weight in x's dtype or float32, output
