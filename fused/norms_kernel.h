@@ -17,7 +17,8 @@
 // - bfloat16 <-> float conversions use the instruction set's integer shifts and packs (AVX2, AVX-512); the
 //   rounding is to nearest even with NaN kept a NaN, as c10 rounds.
 // - float32 outputs of 32 MiB and more are written with streaming stores (larger than the caches anyway): they
-//   skip reading each destination line before overwriting it, a third of a norm's memory traffic.
+//   skip reading each destination line before overwriting it, a third of a norm's memory traffic; the input
+//   rows two ahead are prefetched meanwhile.
 // - The backward's first pass computes both row sums and adds the row's share of the gain gradient (into the
 //   thread's float buffer, in L1); its second pass writes dx.
 //
@@ -188,8 +189,25 @@ inline void stream_fence() {
 template <typename T, typename V>
 inline V round_to(V v) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if constexpr (std::is_same_v<V, float>) return bit_cast<float>(bf16_bits(v) << 16);
-    else return bit_cast<VF>(bf16_bits(v) << 16);
+    if constexpr (std::is_same_v<V, float>) {
+      return bit_cast<float>(bf16_bits(v) << 16);
+    } else {  // the top half rounded to nearest even in place; a NaN stays itself
+#if NORMLAB_X86 == 64
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb),
+                                         _mm512_set1_epi32(int(0xFFFF0000u)));
+      return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+#elif NORMLAB_X86 == 32
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb),
+                                         _mm256_set1_epi32(int(0xFFFF0000u)));
+      return _mm256_blendv_ps(_mm256_castsi256_ps(r), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+#else
+      return bit_cast<VF>(bf16_bits(v) << 16);
+#endif
+    }
   } else if constexpr (std::is_same_v<T, c10::Half>) {
     if constexpr (std::is_same_v<V, float>) {
       return static_cast<float>(static_cast<c10::Half>(v));
@@ -292,6 +310,11 @@ inline const A* as_acc(const T* src, A* dst, int64_t n) {
   }
 }
 
+// Rows much larger than the caches (where outputs are streamed): while the last pass over a row runs from L1,
+// its input rows `prefetch_rows` ahead (at least 4 KiB ahead) are prefetched, so that memory stays busy
+// between one row's first pass and the next's (the hardware's stream prefetchers stop with the reads).
+inline int64_t prefetch_rows(int64_t row_bytes) { return std::max<int64_t>(2, 4096 / std::max<int64_t>(row_bytes, 1)); }
+
 // Forward over rows [begin, end): y = round_to<x_t>((x - mean) * rstd) * w (+ b), rstd / mean per row.
 template <bool kCenter, typename x_t, typename w_t, typename o_t>
 void forward(const x_t* x, const w_t* w_in, const w_t* b_in, o_t* y, acc_of<x_t>* rstd, acc_of<x_t>* means,
@@ -304,6 +327,7 @@ void forward(const x_t* x, const w_t* w_in, const w_t* b_in, o_t* y, acc_of<x_t>
   const A* b = b_in ? as_acc<A>(b_in, buffer.data() + d, d) : nullptr;
   A* xf = buffer.data() + (k16bit<w_t> ? 2 * d : 0);
   stream = stream && std::is_same_v<o_t, float>;
+  const int64_t ahead = prefetch_rows(d * sizeof(x_t));
   for (int64_t r = begin; r < end; ++r) {
     const x_t* xr = x + r * d;
     o_t* yr = y + r * d;
@@ -336,7 +360,9 @@ void forward(const x_t* x, const w_t* w_in, const w_t* b_in, o_t* y, acc_of<x_t>
     const A rs = A(1) / std::sqrt(ss / d + static_cast<A>(eps));
     rstd[r] = rs;
     means[r] = mean;
+    const int64_t pf = stream && r + ahead < end ? ahead * d : 0;
     auto out = [&](auto t, int64_t j) {
+      if (pf && (j * sizeof(x_t)) % 64 == 0) __builtin_prefetch(xr + pf + j);
       auto v = (ld<A>(t, xa + j) - mean) * rs;
       if (w) v = round_to<x_t>(v) * ld<A>(t, w + j);
       if (b) v = round_to<o_t>(v) + ld<A>(t, b + j);
@@ -368,6 +394,7 @@ void backward(const g_t* g, const x_t* x, const w_t* w_in, const acc_of<x_t>* rs
   A* gwf = buffer.data() + (k16bit<w_t> ? d : 0);  // 16-bit rows: g*w and xhat in float
   A* xhf = gwf + d;
   stream = stream && std::is_same_v<x_t, float>;
+  const int64_t ahead = prefetch_rows(d * sizeof(x_t));
   for (int64_t r = begin; r < end; ++r) {
     const x_t* xr = x + r * d;
     const g_t* gr = g + r * d;
@@ -389,7 +416,12 @@ void backward(const g_t* g, const x_t* x, const w_t* w_in, const acc_of<x_t>* rs
     const A c0 = kCenter ? s.total(0) / d : A(0);
     const A c1 = s.total(1) / d;
     // second pass: dx
+    const int64_t pf = stream && r + ahead < end ? ahead * d : 0;
     auto out = [&](auto t, int64_t j) {
+      if (pf && (j * sizeof(x_t)) % 64 == 0) {
+        __builtin_prefetch(xr + pf + j);
+        __builtin_prefetch(gr + pf + j);
+      }
       if constexpr (k16) {
         return rs * (ld<A>(t, gwf + j) - c0 - ld<A>(t, xhf + j) * c1);
       } else {
