@@ -1,6 +1,7 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
-under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp, autograd in
-fused/norms.py) and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
+under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp with their
+autograd, row loops in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py)
+and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
 All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
 tensors, and it sits below model/ in the import order (it imports only torch).
 
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / f"{name}_cpu.cpp" for name in ("norms", "cross_entropy", "swiglu")]
+SOURCES = [Path(__file__).parent / f"{name}.cpp"
+           for name in ("norms_cpu", "norms_isa_base", "norms_isa_avx2", "norms_isa_avx512", "cross_entropy_cpu",
+                        "swiglu_cpu")]
 _loaded: bool | None = None  # None: not tried yet
 _built: dict = {}  # how the loaded build was made (for meta.json)
 
@@ -45,6 +48,7 @@ def build_target(features: str | None, portable: bool) -> tuple[str, list[str]]:
     return f"normlab_kernels_native_{tag}", ["-march=native"]
 
 
+@torch.compiler.assume_constant_result  # torch.compile calls it while tracing: no graph break at a first build
 def kernel_available() -> bool:
     """Build (or load the cached build of) the CPU kernels once per process; False if that fails."""
     global _loaded
@@ -54,6 +58,8 @@ def kernel_available() -> bool:
                   file=sys.stderr, flush=True)
         name, arch = build_target(cpu_features(), bool(os.environ.get("NORMLAB_PORTABLE")))
         cflags = ["-O3", "-fopenmp"] + arch  # -fopenmp: at::parallel_for is an inline OpenMP loop
+        if arch:  # one copy of the norms' loops, for this CPU; the portable build has one per instruction set
+            cflags.append("-DNORMLAB_NATIVE")
         attempts = [(cflags, ["-fopenmp"])]
         if sys.platform.startswith("linux"):  # first with glibc's vector exp (libmvec), then without
             attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
@@ -61,7 +67,7 @@ def kernel_available() -> bool:
             try:
                 _build(name, extra_cflags, extra_ldflags)
                 _loaded = True
-                _built.update(name=name, cflags=extra_cflags)
+                _built.update(name=name, cflags=extra_cflags, norm_loops=torch.ops.normlab.norm_loops())
                 break
             except Exception as e:  # no compiler, no headers...: stay correct, just slower
                 error = e
@@ -112,6 +118,11 @@ def _build(name: str, extra_cflags: list[str], extra_ldflags: list[str]) -> None
 
 def _register_fake() -> None:
     """Shape-only versions of the ops so torch.compile can trace through them."""
+
+    @torch.library.register_fake("normlab::norm")
+    def _(x, d, weight, bias, eps, center):
+        dtype = torch.promote_types(x.dtype, weight.dtype) if weight is not None else x.dtype
+        return x.new_empty(x.shape, dtype=dtype)
 
     @torch.library.register_fake("normlab::norm_fwd")
     def _(x, weight, bias, eps, center):

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from fused.norms import fused_norm
 from model.args import lookup
 
 Shape = int | tuple[int, ...] | list[int] | torch.Size
@@ -62,7 +63,7 @@ class _Norm(nn.Module):
 
     def check_input(self, x: torch.Tensor) -> None:
         """ValueError unless x's last dims are normalized_shape (as torch's F.layer_norm requires)."""
-        if tuple(x.shape[max(0, x.dim() - len(self.normalized_shape)):]) != self.normalized_shape:
+        if x.shape[-len(self.normalized_shape):] != self.normalized_shape:  # (a shorter x: its whole shape)
             raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an input of "
                              f"shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
 
@@ -75,14 +76,14 @@ class _Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        dtype = self.compute_dtype(x)
-        if self.impl == "fast" and self.center is not None and dtype == torch.promote_types(x.dtype, torch.float32):
-            from fused.norms import fused_norm  # imported on first use: it may compile the kernels
-
+        # the fused kernel has the float32 policy; the "autocast" policy gives it when autocast is off and x has
+        # at least float32 (compute_dtype only asked then: it costs a microsecond a call, as much as a small row)
+        if self.impl == "fast" and self.center is not None and (
+                self.precision == "float32" or self.compute_dtype(x) == torch.promote_types(x.dtype, torch.float32)):
             y = fused_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.center)
             if y is not None:
                 return y
-        y = self.normalize(x.to(dtype)).type_as(x)
+        y = self.normalize(x.to(self.compute_dtype(x))).type_as(x)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:

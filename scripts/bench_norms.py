@@ -175,8 +175,8 @@ def tables(a: argparse.Namespace) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     allocator = ("CUDA caching allocator" if device.type == "cuda"
                  else tune_cpu(malloc=not a.no_malloc_tuning)["allocator"])
-    fast = ("fused C++ kernel" if kernel_available() else "reference fallback") if device.type == "cpu" \
-        else "torch fused kernels"
+    fast = (f"fused C++ kernel, {torch.ops.normlab.norm_loops()} loops" if kernel_available()
+            else "reference fallback") if device.type == "cpu" else "torch fused kernels"
     print(f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
           f"{torch.__version__}; allocator: {allocator}; ours (fast) = {fast}; {a.repeats} alternating rounds)\n")
     print("| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "

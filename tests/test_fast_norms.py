@@ -2,6 +2,10 @@
 
 import copy
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +195,81 @@ def test_zero_size_inputs_behave_as_the_reference(ref_cls, fast_cls, xshape, sha
     for a, b in zip(_run(fast, x, g), _run(ref, x, g), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         torch.testing.assert_close(a, b)
+
+
+def test_the_loops_follow_torchs_instruction_set():
+    """A native build runs its one -march=native copy of the loops; the portable one runs the copy for torch's
+    own CPU capability (so ATEN_CPU_CAPABILITY=avx2 runs the AVX2 loops, as torch runs its AVX2 kernels)."""
+    assert fast_norms.kernel_available()
+    loops = torch.ops.normlab.norm_loops()
+    if not os.environ.get("NORMLAB_PORTABLE"):
+        assert loops.startswith("native")
+    else:
+        want = {"AVX512": "portable AVX-512", "AVX2": "portable AVX2"}
+        assert loops == want.get(torch.backends.cpu.get_cpu_capability(), "portable baseline")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_every_instruction_set_of_the_portable_build_is_as_accurate(capability):
+    """The portable build's three copies of the loops (x86-64 baseline, AVX2, AVX-512), each run in a process that
+    tells torch to use that instruction set: fp32 and bf16, RMSNorm and LayerNorm, against float64 math."""
+    if capability != "default" and not _cpu_has(capability):
+        pytest.skip(f"this CPU has no {capability}")
+    code = (
+        "import torch, fused\n"
+        "assert fused.kernel_available()\n"
+        "print(torch.ops.normlab.norm_loops())\n"
+        "from model.norms import LayerNorm, RMSNorm\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "for cls in (RMSNorm, LayerNorm):\n"
+        "  for dt in (torch.float32, torch.bfloat16):\n"
+        "    x = torch.randn(37, 3, 77, generator=g) * 3 + 1; dy = torch.randn(37, 3, 77, generator=g)\n"
+        "    m = cls(77, impl='fast'); m.weight.data.uniform_(0.5, 1.5, generator=g)\n"
+        "    t = cls(77).double(); t.load_state_dict(m.state_dict())\n"
+        "    xd = x.double().requires_grad_(); t(xd).backward(dy.double())\n"
+        "    m = m.to(dt); xf = x.to(dt).requires_grad_(); y = m(xf); y.backward(dy.to(dt))\n"
+        "    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()\n"
+        "    bound = 2e-6 if dt == torch.float32 else 1e-2\n"
+        "    errs = (rel(y, t(x.double())), rel(xf.grad, xd.grad), rel(m.weight.grad, t.weight.grad))\n"
+        "    assert max(errs) < bound, (cls, dt, errs)\n")
+    env = {**os.environ, "NORMLAB_PORTABLE": "1", "ATEN_CPU_CAPABILITY": capability}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = {"default": "portable baseline", "avx2": "portable AVX2", "avx512": "portable AVX-512"}[capability]
+    assert r.stdout.strip() == want, r.stdout
+
+
+def _cpu_has(capability: str) -> bool:
+    from fused import cpu_features
+
+    flags = (cpu_features() or "").split()
+    return {"avx2": {"avx2", "fma", "bmi2"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}[capability] \
+        <= set(flags)
+
+
+@pytest.mark.parametrize("cls", [RMSNorm, LayerNorm])
+def test_compiles_without_a_graph_break_and_matches_eager(cls):
+    """torch.compile traces the fused norm (torch.ops.normlab.norm, its autograd in C++) with no graph break:
+    AOTAutograd turns it into the norm_fwd / norm_bwd kernels, through their fake (shape-only) versions."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    norm = cls(24, impl="fast")
+    norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(5, 7, 24)
+
+    def loss(x):
+        return (norm(x) * torch.arange(24.0)).sum()
+
+    explained = torch._dynamo.explain(loss)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert any("normlab.norm" in str(n.target) for n in explained.graphs[0].graph.nodes)
+    grads = []
+    for fn in (loss, torch.compile(loss, backend="aot_eager", fullgraph=True)):
+        xx = x.clone().requires_grad_()
+        norm.weight.grad = None
+        fn(xx).backward()
+        grads.append((xx.grad, norm.weight.grad))
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)  # the same kernels, traced
