@@ -22,7 +22,7 @@ class ModelArgs:
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
     norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
-    ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the original Transformer) | gelu | relu2
+    ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
     qk_norm: bool = False  # the model's norm applied per head to q and k
     prms_fraction: float = 0.0625  # pRMSNorm's p: the RMS from the first ceil(p d) features (the paper's 6.25%)

@@ -14,7 +14,8 @@ from model.ops import OPS_IMPLS
 
 def parameter_kinds(model: nn.Module) -> dict[str, str]:
     """Each named parameter's kind, told by the module that owns it (never by its shape): 'matrix' (a Linear's
-    weight), 'embedding', 'gain' (a norm's weight, or the embedding's scalar) or 'bias'. Tied weights are listed once, under their first name.
+    weight), 'embedding', 'gain' (a norm's weight, or the embedding's scalar) or 'bias'. Tied weights are listed
+    once, under their first name.
     """
     owner = {}
     for module in model.modules():

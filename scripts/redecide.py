@@ -53,7 +53,8 @@ def redecide(folder: Path) -> list[str]:
     new["decided_from"] = "archived runs (report.md), scripts/redecide.py"
     old_path.write_text(json.dumps(new, indent=1) + "\n")
     return [f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
-            f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}" for c in new["claims"]]
+            f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}"
+            for c in new["claims"]]
 
 
 def main(argv: list[str] | None = None) -> int:

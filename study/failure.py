@@ -13,7 +13,6 @@ reported beside it, since the data say nothing finer than that.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

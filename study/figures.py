@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from study.runs import Run
-from study.stats import Arm, _max_series, _mean, fmt
+from study.stats import _max_series, _mean, fmt
 
 
 def _smooth(ys: list[float], n: int) -> list[float]:

@@ -55,7 +55,8 @@ def findings(res: StudyResult) -> list[str]:
 
 def margin_sentence(res: StudyResult) -> str:
     """The equivalence margin, why, and what it costs in seeds at the spread these runs show."""
-    reason = f" ({res.file.margin_reason})" if res.file.margin_reason else " (the default; the study file gives no reason)"
+    reason = f" ({res.file.margin_reason})" if res.file.margin_reason else \
+        " (the default; the study file gives no reason)"
     needed = [(c.a.label, c.b.label, c.loss.needed, c.loss.paired.n) for c in res.comparisons
               if c.loss.paired.ci is not None]
     text = f"Equivalence margin +-{res.margin:g} nats{reason}."

@@ -100,20 +100,23 @@ def detectable(sd: float, n: int) -> float:
     return nc * se
 
 
-def seeds_needed(delta: float, sd: float, most: int = 100_000) -> int | None:
-    """The fewest seeds (>= 2) at which the paired t test has 80% power for a true difference delta at per-seed
-    sd (what a margin costs at a pilot's spread); None beyond `most`."""
-    if delta <= 0:
-        return None
+def _fewest(power_at, most: int) -> int | None:
+    """The fewest n >= 2 with power_at(n) >= 80% (power rises with n); None beyond `most`."""
     lo, hi = 2, 2
-    while power(delta, sd, hi) < POWER:
+    while power_at(hi) < POWER:
         lo, hi = hi, hi * 2
         if hi > most:
             return None
-    while lo < hi:  # power rises with n: the first n that reaches 80%
+    while lo < hi:  # bisect for the first n that reaches 80%
         mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if power(delta, sd, mid) < POWER else (lo, mid)
+        lo, hi = (mid + 1, hi) if power_at(mid) < POWER else (lo, mid)
     return lo
+
+
+def seeds_needed(delta: float, sd: float, most: int = 100_000) -> int | None:
+    """The fewest seeds (>= 2) at which the paired t test has 80% power for a true difference delta at per-seed
+    sd (what a margin costs at a pilot's spread); None beyond `most`."""
+    return _fewest(lambda n: power(delta, sd, n), most) if delta > 0 else None
 
 
 def tost_power(margin: float, sd: float, n: int) -> float:
@@ -128,17 +131,7 @@ def tost_power(margin: float, sd: float, n: int) -> float:
 def tost_seeds_needed(margin: float, sd: float, most: int = 100_000) -> int | None:
     """The fewest seeds (>= 2) at which TOST at +-margin has 80% power for a true difference of 0 at per-seed sd
     (what a margin costs at a pilot's spread); None beyond `most`."""
-    if margin <= 0 or sd <= 0:
-        return None
-    lo, hi = 2, 2
-    while tost_power(margin, sd, hi) < POWER:
-        lo, hi = hi, hi * 2
-        if hi > most:
-            return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if tost_power(margin, sd, mid) < POWER else (lo, mid)
-    return lo
+    return _fewest(lambda n: tost_power(margin, sd, n), most) if margin > 0 and sd > 0 else None
 
 
 def holm(pvalues: list[float]) -> list[float]:

@@ -104,7 +104,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         lines += ["", "## Per-LR paired differences (exploratory)", "",
                   "Every LR both arms ran, over every seed where both runs trained; not corrected for multiplicity "
                   "and not nested (the LRs were chosen on these seeds): for orientation only.", "",
-                  "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for a, b, key, lr, p in res.per_lr:
             lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | "
                          f"{p.verdict} | {fmt(p.p_diff, '.3g')} |")

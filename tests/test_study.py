@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import write_run
 
 import train
-from conftest import write_run
 from study import cli, grid, protocol, runner, stats
 from study import runs as study_runs
 from study.report import write_report
@@ -210,7 +210,8 @@ def _claims_study(root: Path, claims: str, diffs: list[float], post_diffs: list[
     return json.loads((root / "out" / "report.json").read_text())["claims"], (root / "out" / "report.md").read_text()
 
 
-CLAIM = "  - {{paper: P et al., says: S, a: {{norm: layernorm{extra}}}, b: {{norm: rmsnorm{extra}}}, metric: best_loss, " \
+CLAIM = "  - {{paper: P et al., says: S, a: {{norm: layernorm{extra}}}, b: {{norm: rmsnorm{extra}}}, " \
+        "metric: best_loss, " \
         "expect: {expect}}}\n"
 WORSE = [0.10, 0.12, 0.09, 0.11, 0.10]  # layernorm clearly higher
 SAME = [0.001, -0.002, 0.0015, -0.001, 0.0005]
@@ -433,7 +434,8 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
     for runs in (from_json, from_md):
         by_name = {r.name: r for r in runs}
         assert len(runs) == 12 and by_name["layernorm-lr0.1-s2"].loss == pytest.approx(3.32)
-        assert by_name["layernorm-lr0.1-s2"].config["model.norm"] == "layernorm" and by_name["rmsnorm-lr0.1-s1"].lr == 0.1
+        assert by_name["layernorm-lr0.1-s2"].config["model.norm"] == "layernorm"
+        assert by_name["rmsnorm-lr0.1-s1"].lr == 0.1
     # an old `plateau` above the lowest LR where its arm trained reads as collapsed (no curve to judge it by)
     assert {r.status for r in from_md if r.name.startswith("rmsnorm-lr0.1")} == {"collapsed"}
 
@@ -480,7 +482,7 @@ def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
     """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32) plus the same
     seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling; the report's Trends section
     says so with its CI."""
-    from training.config import load_config, to_yaml
+    from training.config import load_config
 
     for dim in (32, 64, 128):
         for norm in ("rmsnorm", "layernorm"):

@@ -78,7 +78,7 @@ class LogConfig:
     spike_window: int = 5  # spike detector: a value is compared with the median of the previous spike_window
     spike_k: float = 5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
     plateau_margin: float = 0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
-    flat_horizon: float = 1.0  # x the run's steps: a plateau whose last evals would not cross the line that soon collapsed
+    flat_horizon: float = 1.0  # x the run's steps: a plateau whose last evals would not cross that soon collapsed
     blowup_margin: float = 0.5  # nats: a run that learned and ended this far above its best val loss is unstable
 
 
