@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "name": "init-grads", "about": about, "runs": len(results), "wall_min": wall_min, "cpu_min": cpu_min,
         "command": command,
         "findings": said,
-        "trends": [{"setting": s, "placement": p, "norm": n, "depth": d, "measure": m, **t}
+        "layer_slopes": [{"setting": s, "placement": p, "norm": n, "depth": d, "measure": m, **t}
                    for (s, p, n, d, m), t in trends.items()],
         "gains": [{"setting": s, "placement": p, "norm": n, "depth": max(a.depths), **g}
                   for (s, p, n), g in gains.items()],

@@ -4,7 +4,9 @@ Each block sits between `<!-- results: PATH/report.md -->` and `<!-- /results --
 report's opening line (runs, wall time), its per-arm table, a link to the stability map and every sentence of
 its "What the numbers show" section, as the report states them (n, CI and verdict included). A block between
 `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
-the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it. A
+the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
+`<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
+CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A
 block between `<!-- headline: PATH/report.md -->` and `<!-- /headline -->` gets the README's headline from the
 report.json beside it: per pair of arms that differ in the norm alone, the LR50 ratio and the nested loss
 difference with their CIs and tests, and every arm's LR50. A block
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>results|claims|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>results|claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
 
 
@@ -147,6 +149,24 @@ def claims(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trend_lines(report_json: Path) -> list[str]:
+    """A study's trends as its report fitted them (study/trend.py Trend.describe)."""
+    from study.trend import Trend
+
+    return [Trend(t["what"], t["pair"], t["axis"], t["per_doubling"], [(x, e, tuple(ci) if ci else None)
+                                                                      for x, e, ci in t["points"]],
+                  t["slope"], tuple(t["ci"]) if t["ci"] else None, t["used"]).describe()
+            for t in json.loads(report_json.read_text()).get("trends", [])]
+
+
+def trends(results: Path, rel: str) -> str:
+    """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER -->` block;
+    `rel` is FOLDER as the page names it)."""
+    lines = [f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/trend.png)): {line}"
+             for path in sorted(results.glob("*/report.json")) for line in trend_lines(path)]
+    return "\n".join(lines) + "\n"
+
+
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
@@ -167,6 +187,7 @@ def index(results: Path) -> str:
         lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {r.get('about') or r['name']} "
                      f"({size}{claims}{again})")
         lines += [f"  - {line}" for line in claim_lines(path)]
+        lines += [f"  - trend: {line}" for line in trend_lines(path)]
     return "\n".join(lines) + "\n"
 
 
@@ -174,15 +195,19 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- results|claims|headline|bench: PATH --> ... "
+        raise ValueError(f"{readme} has no generated block (<!-- results|claims|trends|headline|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
         path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
         if not path.exists():
             raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
         kind = m.group("kind")
-        body = headline(path, Path(os.path.abspath(readme.parent))) if kind == "headline" else \
-            {"results": block, "claims": claims, "bench": bench}[kind](path)
+        if kind == "headline":
+            body = headline(path, Path(os.path.abspath(readme.parent)))
+        elif kind == "trends":
+            body = trends(path, m.group("path").rstrip("/"))
+        else:
+            body = {"results": block, "claims": claims, "bench": bench}[kind](path)
         text = text[: m.start("body")] + body + text[m.end("body"):]
     readme.write_text(text)
     return len(blocks)

@@ -65,7 +65,7 @@ def test_init_grads_script_writes_sentences_with_n_and_ci(tmp_path):
         assert len(clauses) == (arms if i < len(ig.SETTINGS) * 3 else len(ig.FFNS) + len(ig.PAIRED_FFNS))
         for c in clauses:  # every verdict carries its CI and n (or says why it has none)
             assert ("95% CI" in c and "n = 3)" in c) or "not finite in" in c, c
-    for t in report["trends"]:  # each verdict is the one its CI decides
+    for t in report["layer_slopes"]:  # each verdict is the one its CI decides
         if t["ci"]:
             lo, hi = t["ci"]
             assert t["verdict"] == ("rises" if lo > 0 else "falls" if hi < 0 else "flat")

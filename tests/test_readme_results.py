@@ -156,3 +156,29 @@ def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):
     assert page.read_text() == ("# P\n\n## Norms\n\n<!-- bench: bench.md -->\n`python scripts/bench_norms.py` on "
                                 "2026-01-01\n\nMachine: X\n\n### Norms\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
                                 "<!-- /bench -->\n")
+
+
+def test_a_trends_block_states_each_fitted_slope_with_its_ci_and_links_the_figure(tmp_path):
+    """The slope and its CI come from the report.json's numbers (study/trend.py fitted them); a trend without a
+    slope says why; the index lists the same lines under its study."""
+    trend = {"what": "loss difference", "pair": "layernorm - rmsnorm at placement=post", "axis": "model.dim",
+             "per_doubling": True, "points": [[64, 0.01, [-0.03, 0.05]], [128, 0.02, [-0.02, 0.06]],
+                                              [256, 0.03, [-0.01, 0.07]]],
+             "slope": 0.01, "ci": [-0.025, 0.045], "used": 3}
+    open_ratio = {**trend, "what": "LR50 ratio", "pair": "layernorm / rmsnorm at placement=pre",
+                  "points": [[64, None, None], [128, 0.3, None]], "slope": None, "ci": None, "used": 0}
+    (tmp_path / "results" / "w").mkdir(parents=True)
+    (tmp_path / "results" / "w" / "report.md").write_text(REPORT)
+    (tmp_path / "results" / "w" / "report.json").write_text(json.dumps(
+        {"name": "w", "runs": 4, "trends": [trend, open_ratio]}))
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- trends: results -->\nold\n<!-- /trends -->\n")
+    assert _run(readme).returncode == 0
+    lines = readme.read_text().splitlines()[2:4]
+    assert lines[0] == ("- **w** ([figure](results/w/trend.png)): loss difference layernorm - rmsnorm at "
+                        "placement=post, in nats, by model.dim: 64: +0.010 (-0.030..+0.050); 128: +0.020 "
+                        "(-0.020..+0.060); 256: +0.030 (-0.010..+0.070); slope +0.010 per doubling of model.dim "
+                        "(95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)")
+    assert lines[1].endswith("128: +0.300; no slope (0 of 2 points have a two-sided CI)")
+    index = (tmp_path / "results" / "README.md").read_text()
+    assert "  - trend: " + lines[0].split("): ", 1)[1] in index
