@@ -9,6 +9,7 @@ from pathlib import Path
 
 from study.runs import Run
 from study.stats import _max_series, _mean, fmt
+from study.trend import fitted
 
 
 def _smooth(ys: list[float], n: int) -> list[float]:
@@ -234,14 +235,15 @@ def trend_figure(plt, res, out: Path, made: list) -> None:
                             capsize=3)
             if t.slope is not None and pts:
                 xs = sorted(p[0] for p in pts)
-                tx = [math.log2(x) if t.log2 else x for x in xs]
-                e0 = statistics.fmean(e for _, e, _ in pts) - t.slope * statistics.fmean(tx)
-                ax.plot(xs, [e0 + t.slope * x for x in tx], color=color, lw=1, label=f"{t.pair}: {t.slope:+.3f}")
+                ax.plot(xs, [fitted(t, x) for x in xs], color=color, lw=1, label=f"{t.pair}: {t.slope:+.3f}")
             else:
                 ax.plot([], [], color=color, label=f"{t.pair}: no slope")
         ax.axhline(0, color="gray", lw=0.8, ls=":")
         axis = res.trends[0].axis
         drawn = any(e is not None for t in res.trends if t.what == what for _, e, _ in t.points)
         _axes(ax, axis, ylabel, f"{what} by {axis}", logx=res.trends[0].log2 and drawn, legend=6)
+        values = sorted({x for t in res.trends for x, _, _ in t.points})
+        ax.set_xticks(values, [f"{x:g}" for x in values])  # the values measured, not powers of ten
+        ax.minorticks_off()
     _save(fig, out / "trend.png", made, "Trends: each comparison's estimate and 95% CI at every value of the axis, "
           "with the fitted slope (legend: slope per doubling)")

@@ -98,9 +98,11 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
         if sk:
             skipped.append(f"{a.label} {sum(sk):.0f} of {sum(len(series_steps(run)) for run in a.runs)}")
     if ratio:
-        dim = next(iter(arms.values())).runs[0].config.get("model.dim")
-        chance = f"; {(2 / (math.pi * dim)) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean {dim}-d vectors" \
-            if isinstance(dim, int) else ""
+        dims = sorted({d for a in arms.values() if isinstance(d := a.runs[0].config.get("model.dim"), int)})
+        chance = "" if not dims else \
+            f"; {(2 / (math.pi * dims[0])) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean {dims[0]}-d vectors" \
+            if len(dims) == 1 else "; chance, E|mean| / RMS of zero-mean d-dim vectors, is " + ", ".join(
+                f"{(2 / (math.pi * d)) ** 0.5:.2f} at d = {d}" for d in dims)
         out.append("Block norms' inputs, |per-token mean| / RMS averaged over layers, first -> last logged step (at "
                    f"each arm's best lr, mean over seeds{chance}): " + "; ".join(ratio) + ".")
     if absmax and {"train.dtype", "model.norm_precision"} & set(keys):

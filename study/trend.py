@@ -43,15 +43,30 @@ class Trend:
                 f"{max(p[0] for p in self.points):g} only)")
 
 
-def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> tuple[float | None, tuple | None, int]:
-    """(slope, 95% CI, points used) of the estimates against the axis (see the module doc)."""
+def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool):
+    """The points with a two-sided CI as (x, estimate, weight 1 / se^2), x on the fit's scale, and the weighted
+    centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
     usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * Z)) for x, e, ci in points
               if e is not None and ci is not None and ci[0] is not None and ci[1] is not None and ci[1] > ci[0]]
+    w = [1 / se ** 2 for _, _, se in usable]
+    if not usable:
+        return usable, w, None
+    return usable, w, (sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w),
+                       sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w))
+
+
+def fitted(t: Trend, x: float) -> float:
+    """The fitted line's value at axis value x (it passes through the weighted centre of the points)."""
+    _, _, (xw, yw) = _weighted(t.points, t.log2)
+    return yw + t.slope * ((math.log2(x) if t.log2 else x) - xw)
+
+
+def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> tuple[float | None, tuple | None, int]:
+    """(slope, 95% CI, points used) of the estimates against the axis (see the module doc)."""
+    usable, w, centre = _weighted(points, log2)
     if len({x for x, _, _ in usable}) < 2:
         return None, None, len(usable)
-    w = [1 / se ** 2 for _, _, se in usable]
-    xw = sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w)
-    yw = sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w)
+    xw, yw = centre
     sxx = sum(wi * (x - xw) ** 2 for wi, (x, _, _) in zip(w, usable, strict=True))
     slope = sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx
     se = math.sqrt(1 / sxx)

@@ -1,5 +1,6 @@
 """The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's numbers."""
 
+import copy
 import json
 import math
 import os
@@ -279,6 +280,10 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
     assert "all 0.68 -> 0.15" in lines[0]  # (0.9 + 0.45) / 2 / 1.0 at step 1; (0.4 + 0.2) / 2 / 2.0 at step 3
     assert "0.14 is chance" in lines[0]  # sqrt(2 / (pi * 32)), the width read from the runs' config
     assert "all 300.0" in lines[1]
+    wide = copy.deepcopy(arms["all"])  # a width study: chance differs per arm, so each width's is stated
+    wide.label, wide.runs[0].config["model.dim"] = "wide", 64
+    line = norm_input_findings({"all": arms["all"], "wide": wide}, [])[0]
+    assert "chance, E|mean| / RMS of zero-mean d-dim vectors, is 0.14 at d = 32, 0.10 at d = 64)" in line
 
 
 @pytest.mark.slow
@@ -476,6 +481,16 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     half = Z * (1 / (sum((x - 7) ** 2 for x in (6, 7, 8)) / se ** 2)) ** 0.5  # log2 64, 128, 256; mean 7
     assert (hi - lo) / 2 == pytest.approx(half)
     assert fit(pts[:1], log2=True)[0] is None  # one point: no slope
+    # unequal weights: the line drawn passes through the weighted centre, not the plain mean of the points
+    from study.trend import Trend, fitted
+    uneven = [(64, 0.5, (0.5 - Z, 0.5 + Z)), (128, 0.0, (-Z * 0.01, Z * 0.01)), (256, 0.1, (0.1 - Z * 0.01,
+                                                                                           0.1 + Z * 0.01))]
+    t = Trend("loss difference", "a - b", "model.dim", True, uneven, *fit(uneven, log2=True))
+    w = [1, 1e4, 1e4]  # 1 / se^2
+    xw = sum(wi * x for wi, x in zip(w, (6, 7, 8), strict=True)) / sum(w)
+    yw = sum(wi * e for wi, (_, e, _) in zip(w, uneven, strict=True)) / sum(w)
+    assert fitted(t, 128) == pytest.approx(yw + t.slope * (7 - xw))
+    assert abs(fitted(t, 128)) < 0.01 and abs(fitted(t, 256) - 0.1) < 0.01  # the precise points, not the mean
 
 
 def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
