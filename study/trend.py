@@ -36,6 +36,9 @@ class Trend:
         pts = "; ".join(f"{x:g}: " + ("-" if e is None else f"{e:+.3f}") + (
             f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "") for x, e, ci in self.points)
         head = f"{self.what} {self.pair}, in {unit}, by {self.axis}: {pts}"
+        if any(e is None for _, e, _ in self.points):
+            head += " ('-': no estimate: " + ("no run of either arm failed, or only a bound)" if
+                                               self.what == "LR50 ratio" else "no seed where both arms trained)")
         if self.slope is None:
             return f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
         return (f"{head}; slope {self.slope:+.3f} {per} (95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}, from "
@@ -108,6 +111,6 @@ def trends(res) -> list[Trend]:
                          for x, c in zip(xs, comps, strict=True)]
             loss_pts = [(x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)]
             for what, op, pts in (("LR50 ratio", "/", ratio_pts), ("loss difference", "-", loss_pts)):
-                if any(e is not None for _, e, _ in pts):  # nothing measured at any value: nothing to say
+                if what == "LR50 ratio" or any(e is not None for _, e, _ in pts):  # an LR50 without failures
                     out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2)))
     return out

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at toy sizes and print their tables (no timing is asserted)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,14 +8,16 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
+from training.cpu import ISA_ENV
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _script(name: str, *args: str) -> str:
+def _script(name: str, *args: str, env: dict | None = None) -> str:
     """Run scripts/<name>.py as a user does (nothing imports scripts/); its stdout."""
     r = subprocess.run([sys.executable, f"scripts/{name}.py", *args], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
@@ -39,13 +42,15 @@ def test_bench_train_only_keeps_the_named_variants_and_the_baseline():
 def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_path):
     saved = tmp_path / "bench" / "norms.md"
     args = ["--shapes", "4x8x64", "--dtypes", "float32", "--repeats", "2", "--no-compile"]
-    out = _script("bench_norms", *args, "--save", str(saved))
+    isa = {k: v for k, v in os.environ.items() if k not in ISA_ENV}  # only the one set here is named
+    out = _script("bench_norms", *args, "--save", str(saved), env={**isa, "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
     for row in ("| rmsnorm | ours (fast) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fast) |",
                 "| layernorm | torch.nn.LayerNorm(bias=False) |", "| floor | copy + elementwise backward |"):
         assert row in out
     # the saved file: the command and the machine (what the ratios depend on), then exactly the printed tables
     head, _, body = saved.read_text().partition("\n\nMachine: ")
-    assert head.startswith(f"`python scripts/bench_norms.py {' '.join(args)} --save {saved}` on ")
+    assert head.startswith(f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/bench_norms.py {' '.join(args)} --save "
+                           f"{saved}` on ")  # the environment that picks the instruction set, as it ran
     machine, _, tables = body.partition("\n")
     assert "cores, ISA: " in machine and "torch threads" in machine
     assert tables == out

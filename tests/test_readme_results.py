@@ -179,6 +179,7 @@ def test_a_trends_block_states_each_fitted_slope_with_its_ci_and_links_the_figur
                         "placement=post, in nats, by model.dim: 64: +0.010 (-0.030..+0.050); 128: +0.020 "
                         "(-0.020..+0.060); 256: +0.030 (-0.010..+0.070); slope +0.010 per doubling of model.dim "
                         "(95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)")
-    assert lines[1].endswith("128: +0.300; no slope (0 of 2 points have a two-sided CI)")
+    assert lines[1].endswith("64: -; 128: +0.300 ('-': no estimate: no run of either arm failed, or only a "
+                             "bound); no slope (0 of 2 points have a two-sided CI)")
     index = (tmp_path / "results" / "README.md").read_text()
     assert "  - trend: " + lines[0].split("): ", 1)[1] in index

@@ -511,4 +511,6 @@ def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
     text = write_report([tmp_path], tmp_path / "out").read_text()
     line = next(line for line in text.splitlines() if line.startswith("- loss difference layernorm - rmsnorm"))
     assert "by model.dim" in line and "slope +0.010 per doubling of model.dim" in line and "32..128 only" in line
+    assert ("- LR50 ratio layernorm / rmsnorm, in log10 ratio, by model.dim: 32: -; 64: -; 128: - ('-': no estimate: "
+            "no run of either arm failed, or only a bound); no slope (0 of 3 points") in text  # said, not dropped
     assert (tmp_path / "out" / "trend.png").stat().st_size > 1000

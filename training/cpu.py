@@ -42,6 +42,10 @@ _ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx
         "asimd", "sve")
 
 
+# the environment that changes which instructions torch's and normlab's kernels use: a saved benchmark names them
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "NORMLAB_PORTABLE")
+
+
 def machine() -> str:
     """The machine a benchmark ran on, for the header of its saved table: CPU model, cores, the instruction sets
     that select kernels, torch's threads and version (speed ratios depend on all of them)."""
@@ -98,7 +102,9 @@ class SavedOutput:
             return
         path = Path(self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        header = (f"`{self.command}` on {datetime.date.today().isoformat()}\n\nMachine: {machine()}\n")
+        env = " ".join(f"{k}={os.environ[k]}" for k in ISA_ENV if os.environ.get(k))  # as it was run
+        header = (f"`{env + ' ' if env else ''}{self.command}` on {datetime.date.today().isoformat()}\n\n"
+                  f"Machine: {machine()}\n")
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(header + self.buffer.getvalue())
         os.replace(tmp, path)
