@@ -2,11 +2,15 @@
 differ in one field (the norm, say) and agree on everything else but the axis, the LR50 ratio and the nested loss
 difference at each value of the axis, and a fitted slope with its 95% CI.
 
-The slope is a fixed-effect meta-regression: each point's estimate (log10 of the LR50 ratio, or the loss
-difference in nats) with the standard error read off its own 95% CI (half-width / z_0.975; t-based CIs of small n
-make this conservative), weighted by 1 / se^2, against log2 of the axis (per doubling) when every value is positive,
-else the axis itself. SE of the slope = sqrt(1 / sum w (x - x_w)^2); the CI is normal. Points without a two-sided
-CI (an open end, one seed) are left out and counted. Nothing is said beyond the largest value measured.
+The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of the LR50 ratio,
+or the loss difference in nats) with the standard error read off its own 95% CI (half-width / z_0.975; t-based
+CIs of small n make this conservative), against log2 of the axis (per doubling) when every value is positive,
+else the axis itself. The points' scatter about the weighted line beyond their own CIs is a between-point
+variance tau^2 (method of moments: Q_E - (k - 2) over its expectation's slope, at least 0), and each point is
+weighted by 1 / (se^2 + tau^2): where the points agree with a line (tau^2 = 0) this is the fixed-effect fit, where
+they do not, one precise point can no longer carry the slope. SE of the slope = sqrt(1 / sum w (x - x_w)^2); the
+CI is normal. Points without a two-sided CI (an open end, one seed) are left out and counted. Nothing is said
+beyond the largest value measured.
 """
 
 from __future__ import annotations
@@ -46,34 +50,57 @@ class Trend:
                 f"{max(p[0] for p in self.points):g} only)")
 
 
-def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool):
-    """The points with a two-sided CI as (x, estimate, weight 1 / se^2), x on the fit's scale, and the weighted
-    centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
+def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0):
+    """The points with a two-sided CI as (x, estimate, se), x on the fit's scale, their weights 1 / (se^2 + tau2),
+    and the weighted centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
     usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * Z)) for x, e, ci in points
               if e is not None and ci is not None and ci[0] is not None and ci[1] is not None and ci[1] > ci[0]]
-    w = [1 / se ** 2 for _, _, se in usable]
+    w = [1 / (se ** 2 + tau2) for _, _, se in usable]
     if not usable:
         return usable, w, None
     return usable, w, (sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w),
                        sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w))
 
 
+def _line(usable, w, centre) -> tuple[float, float]:
+    """(slope, its variance) of the weighted least-squares line through `centre`."""
+    xw, yw = centre
+    sxx = sum(wi * (x - xw) ** 2 for wi, (x, _, _) in zip(w, usable, strict=True))
+    return sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx, 1 / sxx
+
+
+def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> float:
+    """Between-point variance about the line (DerSimonian-Laird for a meta-regression on one covariate):
+    max(0, (Q_E - (k - 2)) / (sum w - tr((X'WX)^-1 X'W^2X))), Q_E the fixed-effect fit's weighted residual sum of
+    squares; 0 with fewer than 3 points (no residual degree of freedom)."""
+    usable, w, centre = _weighted(points, log2)
+    k = len(usable)
+    if k < 3 or len({x for x, _, _ in usable}) < 2:
+        return 0.0
+    slope, _ = _line(usable, w, centre)
+    xw, yw = centre
+    q = sum(wi * (y - yw - slope * (x - xw)) ** 2 for wi, (x, y, _) in zip(w, usable, strict=True))
+    s0, s1, s2 = sum(w), sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)), \
+        sum(wi * x * x for wi, (x, _, _) in zip(w, usable, strict=True))
+    t0, t1, t2 = (sum(wi ** 2 * x ** j for wi, (x, _, _) in zip(w, usable, strict=True)) for j in (0, 1, 2))
+    det = s0 * s2 - s1 * s1
+    trace = (s2 * t0 - 2 * s1 * t1 + s0 * t2) / det  # tr((X'WX)^-1 X'W^2X) for X = [1, x]
+    return max(0.0, (q - (k - 2)) / (s0 - trace))
+
+
 def fitted(t: Trend, x: float) -> float:
     """The fitted line's value at axis value x (it passes through the weighted centre of the points)."""
-    _, _, (xw, yw) = _weighted(t.points, t.log2)
+    _, _, (xw, yw) = _weighted(t.points, t.log2, tau2(t.points, t.log2))
     return yw + t.slope * ((math.log2(x) if t.log2 else x) - xw)
 
 
 def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> tuple[float | None, tuple | None, int]:
     """(slope, 95% CI, points used) of the estimates against the axis (see the module doc)."""
-    usable, w, centre = _weighted(points, log2)
+    usable, w, centre = _weighted(points, log2, tau2(points, log2))
     if len({x for x, _, _ in usable}) < 2:
         return None, None, len(usable)
-    xw, yw = centre
-    sxx = sum(wi * (x - xw) ** 2 for wi, (x, _, _) in zip(w, usable, strict=True))
-    slope = sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx
-    se = math.sqrt(1 / sxx)
-    return slope, (slope - Z * se, slope + Z * se), len(usable)
+    slope, var = _line(usable, w, centre)
+    return slope, (slope - Z * math.sqrt(var), slope + Z * math.sqrt(var)), len(usable)
 
 
 def numeric_axes(res) -> list[str]:

@@ -493,6 +493,34 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     assert abs(fitted(t, 128)) < 0.01 and abs(fitted(t, 256) - 0.1) < 0.01  # the precise points, not the mean
 
 
+def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_variance():
+    """DerSimonian-Laird tau^2 for a meta-regression, against the matrix formula in numpy (an independent
+    computation): points that agree with a line keep tau^2 = 0 (the fixed-effect fit); the DeepNorm study's loss
+    differences (6, 12, 24 layers: one precise point off the others' line) get tau^2 > 0 and a slope CI that no
+    longer excludes 0, where the fixed-effect one did (+0.081, +0.037..+0.125)."""
+    import numpy as np
+
+    from study.trend import Z, fit, tau2
+
+    pts = [(6, -0.118, (-0.155, -0.080)), (12, -0.022, (-0.046, 0.003)), (24, -0.412, (-0.691, -0.133))]
+    x = np.log2([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    v = np.array([((p[2][1] - p[2][0]) / (2 * Z)) ** 2 for p in pts])
+    X, W = np.column_stack([np.ones(3), x]), np.diag(1 / v)
+    beta = np.linalg.solve(X.T @ W @ X, X.T @ W @ y)
+    q = float((y - X @ beta) @ W @ (y - X @ beta))
+    expected = max(0.0, (q - 1) / (np.trace(W) - np.trace(np.linalg.solve(X.T @ W @ X, X.T @ W @ W @ X))))
+    assert tau2(pts, log2=True) == pytest.approx(expected) and expected > 0
+    Ws = np.diag(1 / (v + expected))
+    cov = np.linalg.inv(X.T @ Ws @ X)
+    slope_re = float((cov @ X.T @ Ws @ y)[1])
+    slope, (lo, hi), used = fit(pts, log2=True)
+    assert slope == pytest.approx(slope_re) and (hi - lo) / 2 == pytest.approx(Z * cov[1, 1] ** 0.5)
+    assert lo < 0 < hi
+    on_a_line = [(64, 0.1, (0.0, 0.2)), (128, 0.2, (0.1, 0.3)), (256, 0.3, (0.2, 0.4))]
+    assert tau2(on_a_line, log2=True) == 0.0
+
+
 def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
     """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32) plus the same
     seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling; the report's Trends section
