@@ -97,8 +97,9 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     if res.trends:
         lines += ["", "## Trends", "",
                   "Each comparison along a numeric axis of the arms: the estimate and its 95% CI at each value, and a "
-                  "weighted fit of them with the slope's 95% CI (study/trend.py); nothing beyond the values "
-                  "measured.", ""] + [f"- {t.describe()}." for t in res.trends]
+                  "random-effects weighted fit of them (DerSimonian-Laird: points scattered beyond their CIs "
+                  "weigh alike) with the slope's 95% CI (study/trend.py); nothing beyond the values measured.", ""] \
+            + [f"- {t.describe()}." for t in res.trends]
     lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:
         lines += ["", "## Per-LR paired differences (exploratory)", "",
