@@ -1,6 +1,6 @@
 """Train a Llama from a YAML config; the norm and its placement are one flag away.
 
-    python train.py                                     # configs/default.yaml on the embedded corpus
+    python train.py                                     # configs/train/default.yaml on the embedded corpus
     python train.py --norm layernorm --placement post optim.lr=1e-2 train.steps=300
     python train.py --name my-run --resume              # continue runs/my-run exactly where it stopped
     torchrun --nproc_per_node 2 train.py ...            # data parallel: gloo on CPU, nccl on GPU
@@ -59,7 +59,7 @@ from training.step import NO_PROBE, Every, StepParts, autocast_for, no_clip, sca
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 REPO = Path(__file__).resolve().parent
-DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+DEFAULT_CONFIG = REPO / "configs" / "train" / "default.yaml"
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 @dataclass
 class ModelArgs:
-    dim: int = 256
+    dim: int = 128
     n_layers: int = 4
     n_heads: int = 4
-    n_kv_heads: int | None = None  # None -> n_heads (plain multi-head attention)
+    n_kv_heads: int | None = 2  # None -> n_heads (plain multi-head attention)
     vocab_size: int = 4096
     hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # a name in model/norms.py NORMS
-    norm_impl: str = "reference"  # reference | fast (the fused kernel where the norm has one: fused/norms.py)
-    ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
+    norm_impl: str = "fast"  # fast | reference (the fused kernel where the norm has one: fused/norms.py)
+    ops_impl: str = "fast"  # fast | reference: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
     norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)

@@ -1,9 +1,7 @@
 """Write the README's Results blocks and the index of docs/results from the committed study reports, never by hand.
 
-Each block sits between `<!-- results: PATH/report.md -->` and `<!-- /results -->`; it is replaced by the
-report's opening line (runs, wall time), its per-arm table, a link to the stability map and every sentence of
-its "What the numbers show" section, as the report states them (n, CI and verdict included). A block between
-`<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
+Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replaced by what KIND says. A block
+between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
 the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
 `<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
 CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A
@@ -19,64 +17,29 @@ between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) ge
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
 import sys
 from pathlib import Path
 
+from study.text import g, interval
+
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>results|claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
-
-
-def section(report: str, title: str) -> list[str]:
-    """The lines of a `## title` section of a report (without the heading)."""
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", report, re.S | re.M)
-    return [line for line in (m.group(1).strip().splitlines() if m else [])]
-
-
-def block(report_path: Path) -> str:
-    """The README text for one report."""
-    report = report_path.read_text()
-    lines = report.splitlines()
-    opening = next((line for line in lines[1:] if line.strip()), "")
-    start = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    rel = report_path.relative_to(REPO) if report_path.is_relative_to(REPO) else report_path
-    return "\n".join([opening, "", *lines[start:end], "", f"![stability map]({rel.parent / 'stability_map.png'})", "",
-                      f"What the numbers show (generated from [the report]({rel})):", "",
-                      *section(report, "What the numbers show"), ""])
-
-
-def table(report: str) -> list[dict]:
-    """The report's per-arm table (the one whose header starts `| arm |`) as one dict per row, keyed by column."""
-    lines = report.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
-    rows = [line for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:])]
-    header = [c.strip() for c in rows[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in row.strip("|").split("|")), strict=True)) for row in rows[2:]]
-
-
-def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def _ends(ci) -> str:
-    return "no CI" if not ci else f"{'open' if ci[0] is None else _g(ci[0])}..{'open' if ci[1] is None else _g(ci[1])}"
 
 
 def ratio_text(r: dict) -> str:
     """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
     if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
         lo, hi = r["ci"]
-        bound = f"below {_g(hi)}" if hi is not None else f"above {_g(lo)}"
+        bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
         return f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; " \
                f"{r['n']} runs)"
     if r["ratio"] is None:
         return f"not estimable ({r['failed']} of {r['n']} runs failed)"
-    return f"{_g(r['ratio'])} (95% CI {_ends(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
+    return f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
            f"{r['failed']} failed)"
 
 
@@ -107,11 +70,11 @@ def headline(report_path: Path, page_dir: Path = REPO) -> str:
     arms = []
     for label, arm in r["per_arm"].items():
         if arm["lr50"] is not None:
-            beyond = f", beyond the largest LR tried ({_g(arm['top_lr'])}): extrapolated" \
+            beyond = f", beyond the largest LR tried ({g(arm['top_lr'])}): extrapolated" \
                 if arm["lr50"] > arm["top_lr"] else ""
-            arms.append(f"{label} {_g(arm['lr50'])} ({_ends(arm['lr50_ci'])}{beyond})")
+            arms.append(f"{label} {g(arm['lr50'])} ({interval(arm['lr50_ci'])}{beyond})")
         elif arm["failed"] == 0:
-            arms.append(f"{label} above {_g(arm['top_lr'])} (no run failed)")
+            arms.append(f"{label} above {g(arm['top_lr'])} (no run failed)")
         else:
             arms.append(f"{label} not estimable")
     lines.append(f"- **LR50 per arm** (the LR at which half the runs fail, 95% CI): {'; '.join(arms)}.")
@@ -167,6 +130,14 @@ def trends(results: Path, rel: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def about(folder: Path) -> str | None:
+    """What a study asks: the `about:` of the study file kept beside its results (equal to its config)."""
+    from omegaconf import OmegaConf
+
+    path = folder / "study.yaml"
+    return OmegaConf.load(path).get("about") if path.is_file() else None
+
+
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
@@ -184,7 +155,7 @@ def index(results: Path) -> str:
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
         page = "decision.md" if r.get("decided_from") else "report.md"
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
-        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {r.get('about') or r['name']} "
+        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
                      f"({size}{claims}{again})")
         lines += [f"  - {line}" for line in claim_lines(path)]
         lines += [f"  - trend: {line}" for line in trend_lines(path)]
@@ -195,7 +166,7 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- results|claims|trends|headline|bench: PATH --> ... "
+        raise ValueError(f"{readme} has no generated block (<!-- claims|trends|headline|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
         path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
@@ -207,7 +178,7 @@ def update(readme: Path) -> int:
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))
         else:
-            body = {"results": block, "claims": claims, "bench": bench}[kind](path)
+            body = {"claims": claims, "bench": bench}[kind](path)
         text = text[: m.start("body")] + body + text[m.end("body"):]
     readme.write_text(text)
     return len(blocks)

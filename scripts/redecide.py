@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from study.archive import archived_runs
-from study.grid import read_study_file
+from study.studyfile import read_study_file
 from study.report import as_json, render
 from study.result import compute_runs
 

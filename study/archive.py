@@ -15,8 +15,8 @@ import json
 import re
 from pathlib import Path
 
-from study.grid import expand, load_study
 from study.runs import Run, judged
+from study.studyfile import expand, load_study
 from training.config import Config, flat, to_dict
 
 ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<status>[a-z]+)[^|]* \| (?P<final>[^|]*) \| (?P<best>[^|]*) \| "

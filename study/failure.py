@@ -19,6 +19,8 @@ import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import chi2
 
+from study.text import g, interval
+
 CHI2_95 = float(chi2.ppf(0.95, 1))
 MAX_SLOPE = 200.0  # logit per decade of LR: steeper than this is a step, the penalty keeps the fit below it
 
@@ -39,18 +41,13 @@ class FailureFit:
     def describe(self) -> str:
         """The fit in one phrase, with its n."""
         if self.lr50 is None and self.failed == 0 and self.top is not None:
-            return f"no run failed up to lr {_g(self.top)} ({self.n} runs): LR50 above it"
+            return f"no run failed up to lr {g(self.top)} ({self.n} runs): LR50 above it"
         if self.lr50 is None:
             return f"no LR50 ({self.failed} of {self.n} runs failed)"
-        lo, hi = self.ci if self.ci else (None, None)
-        ci = f"95% CI {_g(lo) if lo else '<' + _g(self.lr50 / 1000)}..{_g(hi) if hi else '>' + _g(self.lr50 * 1000)}"
-        sep = f"; complete separation between lr {_g(self.bracket[0])} and {_g(self.bracket[1])}" \
+        ci = f"95% CI {interval(self.ci or (None, None))}"
+        sep = f"; complete separation between lr {g(self.bracket[0])} and {g(self.bracket[1])}" \
             if self.separated and self.bracket else ""
-        return f"LR50 {_g(self.lr50)} ({ci}, {self.failed} of {self.n} runs failed{sep})"
-
-
-def _g(x: float) -> str:
-    return f"{x:.3g}"
+        return f"LR50 {g(self.lr50)} ({ci}, {self.failed} of {self.n} runs failed{sep})"
 
 
 def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
@@ -160,15 +157,13 @@ class RatioFit:
     def describe(self) -> str:
         if self.ratio is None and self.ci is not None:  # each arm had one outcome: the data give a bound only
             lo, hi = self.ci
-            bound = f"below {_g(hi)} (A failed at every LR, B at none)" if hi else \
-                f"above {_g(lo)} (A failed at no LR, B at every one)"
+            bound = f"below {g(hi)} (A failed at every LR, B at none)" if hi else \
+                f"above {g(lo)} (A failed at no LR, B at every one)"
             return f"LR50 ratio {bound}; likelihood-ratio p = {self.p:.2g}, n = {self.n} runs, {self.failed} failed"
         if self.ratio is None:
             return f"no LR50 ratio ({self.failed} of {self.n} runs failed)"
-        lo, hi = self.ci
-        ci = (f"{_g(lo) if lo else '<' + _g(self.ratio / 1000)}.."
-              f"{_g(hi) if hi else '>' + _g(self.ratio * 1000)}")
-        return f"LR50 ratio {_g(self.ratio)} (95% CI {ci}, p = {self.p:.2g}, n = {self.n} runs, {self.failed} failed)"
+        return (f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, p = {self.p:.2g}, n = {self.n} runs, "
+                f"{self.failed} failed)")
 
 
 def _profile_ratio(r: float, X: np.ndarray, y: np.ndarray, start: np.ndarray) -> float:

@@ -7,8 +7,9 @@ import math
 import statistics
 from pathlib import Path
 
+from study.arms import max_series, mean_of
 from study.runs import Run
-from study.stats import _max_series, _mean, fmt
+from study.text import fmt
 from study.trend import fitted
 
 
@@ -62,7 +63,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
 def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
     """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})
-    l0 = _mean([a.l0 for a in arms.values()])
+    l0 = mean_of([a.l0 for a in arms.values()])
     steps_total = max((len(r.records) for a in arms.values() for r in a.runs), default=1)
     fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
     lowest = math.inf
@@ -140,7 +141,7 @@ def final_losses(plt, res, colors, out: Path, made: list) -> None:
         if a.best_lr is not None:
             best = list(a.losses(a.best_lr).values())
             ax.scatter([a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label])
-    entropy = _mean([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
+    entropy = mean_of([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
     if entropy:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
     _axes(ax, "peak learning rate", "final val loss (runs that trained)", "loss of every run that trained", logx=True)
@@ -201,7 +202,7 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
     for label, a in arms.items():
         xs, ys = [], []
         for lr in a.lrs:
-            v = _mean([_max_series(r, "attn/logit_max/") for r in a.at(lr)])
+            v = mean_of([max_series(r, "attn/logit_max/") for r in a.at(lr)])
             if v is not None:
                 xs.append(lr)
                 ys.append(v)

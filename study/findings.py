@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from study.arms import Arm, max_series, mean_of
 from study.result import StudyResult
-from study.stats import Arm, _max_series, _mean
 
 
 def findings(res: StudyResult) -> list[str]:
@@ -44,7 +44,7 @@ def findings(res: StudyResult) -> list[str]:
                 out.append(f"**{a.label}** at lr {lr:g} splits: " + ", ".join(
                     f"seed {r.seed} {r.status}" + (f" {r.final:.3f}" if r.final is not None else "")
                     for r in sorted(a.at(lr), key=lambda r: str(r.seed))) + "; no mean is taken across them.")
-    logit = {a.label: [_max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
+    logit = {a.label: [max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
     logit = {k: [x for x in v if x is not None] for k, v in logit.items()}
     logit = {k: v for k, v in logit.items() if v}
     if len(logit) > 1:
@@ -89,7 +89,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
                 if all(m is not None and r for m, r in ends):
                     pairs.append([m / r for m, r in ends])
         if pairs:
-            ratio.append(f"{a.label} {_mean([x[0] for x in pairs]):.2f} -> {_mean([x[1] for x in pairs]):.2f}")
+            ratio.append(f"{a.label} {mean_of([x[0] for x in pairs]):.2f} -> {mean_of([x[1] for x in pairs]):.2f}")
         m = _max_series_all(a.runs, "norm_in/absmax/")
         if m is not None:
             absmax.append(f"{a.label} {m:.1f}")
@@ -115,7 +115,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
 
 
 def _max_series_all(runs, prefix: str) -> float | None:
-    vals = [v for run in runs if (v := _max_series(run, prefix)) is not None]
+    vals = [v for run in runs if (v := max_series(run, prefix)) is not None]
     return max(vals) if vals else None
 
 

@@ -19,55 +19,13 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 from study.runs import Run, find_runs, same
-from training.config import ConfigError
+from study.studyfile import Protocol, expand
 from training.monitor import FAILED
 
 TRAINED = ("ok", "plateau")  # learned (or is still learning): a loss to compare; every other outcome is not one
-
-
-@dataclass(frozen=True)
-class Protocol:
-    selection_seeds: tuple
-    test_seeds: tuple
-    failure_seeds: tuple
-    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
-    min_lr: float = 1e-5
-    max_lr: float = 10.0
-    steps: int = 3  # at most this many LRs beyond each end of the grid
-    refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
-
-
-KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "bracket", "refine"}
-BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
-
-
-def parse(section, where: str) -> Protocol:
-    """The study file's `protocol:` section; ConfigError on anything else."""
-    if not isinstance(section, dict) or set(section) - KEYS or not {"selection_seeds", "test_seeds"} <= set(section):
-        raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
-                          f"optionally failure_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, refine")
-    seeds = {}
-    for key in ("selection_seeds", "test_seeds", "failure_seeds"):
-        value = section.get(key, section["test_seeds"])
-        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
-            raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
-        seeds[key] = tuple(value)
-    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])):
-        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test or failure seeds (an LR "
-                          f"is chosen on some seeds and tested on others)")
-    bracket = section.get("bracket") or {}
-    if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
-        raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
-    out = Protocol(**seeds, **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
-                   refine=float(section.get("refine", Protocol.refine)))
-    if out.factor <= 1 or not 0 < out.min_lr < out.max_lr or out.steps < 0 or (out.refine and out.refine <= 1):
-        raise ConfigError(f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
-                          f"refine > 1 (or 0 for none)")
-    return out
 
 
 def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
@@ -179,8 +137,6 @@ def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
 
 def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid names them."""
-    from study.grid import expand
-
     grid = {k: ([arm[k]] if k in arm else v) for k, v in study["grid"].items()}
     grid["optim.lr"], grid["train.seed"] = list(lrs), list(seeds)
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
@@ -221,8 +177,6 @@ def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tupl
 
 def first_runs(study: dict, extra=()) -> list[dict]:
     """The runs a sweep starts with: the grid (on the selection seeds, with a protocol)."""
-    from study.grid import expand
-
     if study.get("protocol") is None:
         return expand(study, extra)
     return [s for arm in arms_of(study) for s in wanted(study, "grid", arm, [], extra)]

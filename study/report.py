@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.claims import claim_sentence
+from study.compare import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.result import StudyResult, compute
-from study.stats import fmt
+from study.text import fmt, interval
 
 PROTOCOL = ("Outcomes, judged on each run's own curves: `ok` learned and kept it; `plateau` no eval got "
             "`log.plateau_margin` nats below the unigram entropy (learned token frequencies only) but still falling; "
@@ -29,17 +29,6 @@ PROTOCOL = ("Outcomes, judged on each run's own curves: `ok` learned and kept it
             "`log.spike_k` robust std of the jumps so far (training/monitor.py).")
 
 
-def _ci(ci, spec: str = "+.3f") -> str:
-    return "no CI" if ci is None else f"{format(ci[0], spec)}..{format(ci[1], spec)}"
-
-
-def _ends(ci) -> str:
-    if not ci:
-        return "-"
-    lo, hi = ci
-    return f"{'open' if lo is None else format(lo, '.3g')}..{'open' if hi is None else format(hi, '.3g')}"
-
-
 def _seed_values(values: dict) -> str:
     return ", ".join(f"{v:.3f}" for _, v in sorted(values.items(), key=lambda t: str(t[0]))) or "-"
 
@@ -52,7 +41,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     lines = [f"# Stability report: {res.file.name}", "",
              (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
              + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
-             f"rates {', '.join(f'{x:g}' for x in lrs)}; {steps} steps per run. Selection seeds "
+             f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
              f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
              f"{', '.join(map(str, res.test_seeds)) or 'none'} ({how}).", "", PROTOCOL, "",
              "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (95% CI) | "
@@ -64,7 +53,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
         beyond = f"; above the largest LR tried, {fit.top:g}: extrapolated" if fit.lr50 and fit.lr50 > fit.top else ""
-        lr50 = f"{fmt(fit.lr50, '.3g')} ({_ends(fit.ci)}{beyond})" if fit.lr50 else (
+        lr50 = f"{fmt(fit.lr50, '.3g')} ({interval(fit.ci)}{beyond})" if fit.lr50 else (
             f"> {fit.top:g} (none failed)" if fit.failed == 0 and fit.top else "-")
         lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | {lr50} | "
                      f"{fmt(a.max_lr_ok, 'g')} | {c['ok']} / {c['plateau']} / {c['collapsed']} / {c['unstable']} / "
@@ -80,8 +69,9 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
                   "MDE | left out |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in res.comparisons:
             r, p = c.ratio, c.loss.paired
-            lines.append(f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {_ends(r.ci)} | "
-                         f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | {p.n} | {p.verdict} | "
+            lines.append(f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} | "
+                         f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
+                         f"{p.verdict} | "
                          f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |")
         lines += ["", margin_sentence(res)]
     if res.claims or res.file.withdrawn:
@@ -108,7 +98,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
                   "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for a, b, key, lr, p in res.per_lr:
-            lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | "
+            lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
+                         f"{interval(p.ci, '+.3f')} | "
                          f"{p.verdict} | {fmt(p.p_diff, '.3g')} |")
     lines += ["", "## Figures", ""]
     for fname, caption in made:

@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from study.claims import Checked, Nested, check_claims, nested, ratio
+from study.arms import Arm
+from study.compare import Checked, Nested, check_claims, nested, ratio
 from study.failure import FailureFit, RatioFit
-from study.grid import StudyFile, study_file
 from study.paired import Paired, paired
 from study.protocol import select_lr, split_seeds
 from study.runs import Run, find_runs, group_arms
-from study.stats import Arm
+from study.studyfile import StudyFile, study_file
 from study.trend import trends
 
 

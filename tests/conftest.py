@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = str(REPO / "configs" / "tiny.yaml")
+TINY = str(REPO / "configs" / "train" / "tiny.yaml")
 THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0"))
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
@@ -86,7 +86,7 @@ def data_args(prepared):
 
 @pytest.fixture
 def run_tiny(tmp_path, data_args):
-    """run_tiny(*args) -> exit code: train.py in-process on configs/tiny.yaml and the session's corpus, writing
+    """run_tiny(*args) -> exit code: train.py in-process on configs/train/tiny.yaml and the session's corpus, writing
     under tmp_path (so a run named N is tmp_path / N)."""
     import train
 

@@ -122,7 +122,8 @@ def test_trend_interval_covers_the_true_slope_at_its_level():
 def test_jacobian_gain_of_an_identity_block_is_one():
     ig = _init_grads()
     torch.manual_seed(0)
-    model = Llama(ModelArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=8))
+    model = Llama(ModelArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=8,
+                           norm_impl="reference", ops_impl="reference"))  # JVP: torch ops
     block = model.layers[0]
     with torch.no_grad():  # no residual branch output: h = x + 0 + 0
         block.attention.wo.weight.zero_()
@@ -148,7 +149,7 @@ def test_jacobian_gain_of_a_block_matches_its_full_jacobian():
     ig = _init_grads()
     torch.manual_seed(0)
     args = ModelArgs(dim=8, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=3, placement="post",
-                     ffn="relu", init_std=8 ** -0.5, init_residual="plain")
+                     ffn="relu", init_std=8 ** -0.5, init_residual="plain", norm_impl="reference", ops_impl="reference")
     model = Llama(args)
     rope = (model.rope_cos, model.rope_sin)
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1))

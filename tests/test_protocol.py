@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from study import protocol
-from study.grid import load_study
+from study.studyfile import load_study
 from training.config import ConfigError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
 
 
 @dataclass

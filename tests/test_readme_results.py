@@ -40,25 +40,9 @@ def _run(readme, results=None):
                            str(results)], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
-def test_results_block_is_generated_from_the_report(tmp_path):
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "report.md").write_text(REPORT)
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n## Results\n\n<!-- results: results/report.md -->\nstale text\n"
-                      "<!-- /results -->\n\nafter\n")
-    r = _run(readme)
-    assert r.returncode == 0, r.stderr
-    text = readme.read_text()
-    assert "stale text" not in text and text.endswith("<!-- /results -->\n\nafter\n")
-    assert "Wall time: 1.5 min" in text and "| rmsnorm | 0.003 | 3.000, 3.100 | 0.01 |" in text
-    assert "- layernorm - rmsnorm (differ in model.norm) at lr 0.003:" in text and "| A | B |" not in text
-    before = text
-    assert _run(readme).returncode == 0 and readme.read_text() == before  # idempotent
-
-
 def test_a_missing_report_is_one_line(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("<!-- results: nope/report.md -->\n<!-- /results -->\n")
+    readme.write_text("<!-- claims: nope -->\n<!-- /claims -->\n")
     r = _run(readme)
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
@@ -86,11 +70,12 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
 
 
 def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
-    (tmp_path / "README.md").write_text("<!-- results: results/a/report.md -->\n<!-- /results -->\n")
+    (tmp_path / "README.md").write_text("<!-- claims: results -->\n<!-- /claims -->\n")
     loss = {"n": 5, "mean": 0.1, "ci": [0.05, 0.15], "verdict": "different"}
     for name, claims in (("a", ["agrees", "cannot tell", "agrees"]), ("b", [])):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "report.md").write_text(REPORT)
+        (tmp_path / "results" / name / "study.yaml").write_text(f"name: {name}\nabout: does {name} matter\n")
         (tmp_path / "results" / name / "report.json").write_text(json.dumps(
             {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
              "claims": [{"agreement": c, "paper": "P", "says": "S", "metric": "best_loss", "A": "x", "B": "y",

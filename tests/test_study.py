@@ -11,17 +11,18 @@ import pytest
 from conftest import write_run
 
 import train
-from study import cli, grid, protocol, runner, stats
+from study import arms, cli, protocol, runner, studyfile
 from study import runs as study_runs
 from study.report import write_report
 from study.result import wall_span
 from training.config import ConfigError, load_config, to_yaml
 
-CONFIGS = train.REPO / "configs"
+CONFIGS = train.REPO / "configs" / "train"
+STUDIES = train.REPO / "configs" / "studies"
 
 
 def test_default_study_grid_expands_as_specified():
-    study = grid.load_study(CONFIGS / "study.yaml")
+    study = studyfile.load_study(STUDIES / "norm-placement-lr.yaml")
     runs = protocol.first_runs(study)
     combos = set()
     for r in runs:
@@ -42,7 +43,7 @@ def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
     with pytest.raises(ConfigError, match="model.norm='groupnorm' is not one of"):
-        grid.expand(grid.load_study(bad))
+        studyfile.expand(studyfile.load_study(bad))
     assert cli.sweep([str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "error: model.norm='groupnorm'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
@@ -68,7 +69,7 @@ def data_set(prepared):
 def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, capsys):
     out = tmp_path / "studies"
     data_set = [*data_set, "train.steps=30", "train.eval_every=15"]  # the synthetic corpus needs fewer steps
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set]) == 0
     study = out / "quick"
     index = json.loads((study / "sweep.json").read_text())["runs"]
     assert len(index) == 8 and all(e["status"] in ("ok", "plateau") for e in index)
@@ -80,7 +81,7 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
         assert f"| {arm} |" in report
     stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
     capsys.readouterr()
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
     assert "8 already finished, 0 to run" in capsys.readouterr().err
     assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
 
@@ -104,7 +105,7 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
 
 def _arms(root):
     keys, grouped = study_runs.group_arms(study_runs.find_runs([root]))
-    return keys, {label: stats.Arm(label, runs) for label, runs in grouped.items()}
+    return keys, {label: arms.Arm(label, runs) for label, runs in grouped.items()}
 
 
 def test_compare_computes_hand_checkable_numbers(tmp_path):
@@ -289,16 +290,16 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("study-*.yaml")), ids=lambda p: p.stem)
 def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
-    study = grid.load_study(path)
+    study = studyfile.load_study(path)
     if study["quick"] is None:
         assert path.stem == "study-quick"  # the smoke study is already quick
         return
     assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
     out = tmp_path / f"{study['name']}-quick"
     report = json.loads((out / "report.json").read_text())
-    assert report["runs"] == len(grid.expand(grid.quick_study(study)))
+    assert report["runs"] == len(studyfile.expand(studyfile.quick_study(study)))
     assert all(r["agreement"] in ("agrees", "disagrees", "cannot tell", "not run") for r in report["claims"])
-    assert len(report["claims"]) >= len(grid.quick_study(study)["claims"])
+    assert len(report["claims"]) >= len(studyfile.quick_study(study)["claims"])
     assert "## What the numbers show" in (out / "report.md").read_text()
 
 
@@ -344,7 +345,7 @@ def test_a_slurm_array_run_as_local_processes_reports_what_a_local_sweep_does(tm
 
 
 def test_bad_shard_is_one_line(tmp_path, capsys):
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --shard 2/2: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)"
 
@@ -394,15 +395,15 @@ def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys
     """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters; per token
     6 N + 12 x 12 x 768 x 1024 = 855,244,800 FLOPs; x 512 x 1024 x 2000 tokens x 24 runs = 2.15e19; over 8 H100s
     at 40% of 989 TFLOP/s: 6,800 s = 1.9 h."""
-    assert cli.sweep([str(CONFIGS / "study-gpu.yaml"), "--dry-run"]) == 0
+    assert cli.sweep([str(STUDIES / "gpu-norm-placement-lr.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h per run)" in out
 
 
 def test_a_report_says_what_its_study_asks_in_one_sentence(tmp_path):
-    (tmp_path / "study.yaml").write_text("# Depth x placement: does Post-LN get worse (Xiong et al. 2020)? Under\n"
-                                         "# the init they use. More.\nname: x\ngrid: {lr: [0.1]}\n")
-    assert grid.study_file([tmp_path]).about == "Depth x placement: does Post-LN get worse (Xiong et al. 2020)?"
+    (tmp_path / "study.yaml").write_text("# A comment is not what it asks.\nname: x\n"
+                                         "about: Does Post-LN get worse with depth?\ngrid: {lr: [0.1]}\n")
+    assert studyfile.study_file([tmp_path]).about == "Does Post-LN get worse with depth?"
 
 
 def test_a_report_judges_every_run_again_with_the_current_rules(tmp_path):
@@ -457,7 +458,7 @@ def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_re
         {"paper": "P 2020", "says": "S", "why": "needs 1000 layers"}]
     (tmp_path / "study.yaml").write_text(head + "withdrawn:\n  - {paper: P, says: S}\n")
     with pytest.raises(ConfigError, match="withdrawn is a list of"):
-        grid.load_study(tmp_path / "study.yaml")
+        studyfile.load_study(tmp_path / "study.yaml")
 
 
 def test_a_best_lr_at_the_edge_of_the_grid_is_flagged(tmp_path):

@@ -35,7 +35,7 @@ class DataConfig:
 class OptimConfig:
     lr: float = 3e-3  # peak learning rate
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     schedule_steps: int = 0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
     beta1: float = 0.9
@@ -48,7 +48,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 600  # optimizer steps
+    steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per optimizer step, summed over all processes
     micro_batch_size: int = 0  # sequences per forward pass and process; 0 = no gradient accumulation
     seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
@@ -59,13 +59,13 @@ class TrainConfig:
     parallel: str = "ddp"  # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
     tp_size: int = 2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
-    eval_every: int = 100  # steps between validation evals (and always at the end)
-    eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
-    checkpoint_every: int = 200  # steps between checkpoints (and always at the end); 0 = only at the end
+    eval_every: int = 50  # steps between validation evals (and always at the end)
+    eval_tokens: int = 16384  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
+    checkpoint_every: int = 100  # steps between checkpoints (and always at the end); 0 = only at the end
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
-    sample_tokens: int = 64  # tokens of text generated at the end (0 = none)
+    sample_tokens: int = 48  # tokens of text generated at the end (0 = none)
 
 
 @dataclass

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from study.arms import Arm
 from study.failure import RatioFit, lr50_ratio
 from study.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from study.runs import same
-from study.stats import Arm
 from training.monitor import FINISHED
 
 

@@ -1,16 +1,20 @@
-"""A study file and its grid: load and validate it, expand the grid into runs (name, overrides), each run's
-config validated before anything runs."""
+"""The study file, the first stage of a study (define -> run -> read -> analyse -> render): its schema (what it
+asks, the grid, the protocol's settings, the claims of the literature and the ones withdrawn), validated before
+anything runs, and the grid expanded into run specs (name, overrides), each run's config checked up front.
+
+A study file lives in configs/studies/<name>.yaml: its file name, its `name:` and its results folder
+(docs/results/<name>/) are one name. Its `config:` is a training config: a path relative to the study file, or
+the name of a file in configs/train/ (so a copy of the study file kept beside its results still reads)."""
 
 from __future__ import annotations
 
 import itertools
-import re
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from study import protocol
 from training.config import ConfigError, load_config
 
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
@@ -19,9 +23,18 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
            "seeds": "train.seed"}
 
 
-STUDY_KEYS = {"name", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin",
+TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
+STUDY_KEYS = {"name", "about", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin",
               "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected"}
 
+
+
+def train_config(study_path: Path, name: str) -> str:
+    """The training config a study file names: relative to the study file, else in configs/train/."""
+    for base in (study_path.parent, TRAIN_CONFIGS):
+        if (base / name).is_file():
+            return str((base / name).resolve())
+    raise ConfigError(f"{study_path}: config {name!r} does not exist beside the study file or in {TRAIN_CONFIGS}")
 
 
 def load_study(path: Path) -> dict:
@@ -53,7 +66,7 @@ def load_study(path: Path) -> dict:
         if "optim.lr" not in grid or "train.seed" in grid:
             raise ConfigError(f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
                               f"protocol's seeds replace it)")
-        study["protocol"] = protocol.parse(study["protocol"], str(path))
+        study["protocol"] = parse_protocol(study["protocol"], str(path))
     else:
         study["protocol"] = None
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
@@ -68,9 +81,53 @@ def load_study(path: Path) -> dict:
         raise ConfigError(f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)")
     study["quick"] = quick
     study["name"] = study.get("name") or path.stem
-    study["config"] = str((path.parent / study.get("config", "default.yaml")).resolve())
+    study["about"] = str(study.get("about") or "")
+    study["config"] = train_config(path, study.get("config", "default.yaml"))
     study["dir"] = str(path.parent.resolve())
     return study
+
+
+@dataclass(frozen=True)
+class Protocol:
+    selection_seeds: tuple
+    test_seeds: tuple
+    failure_seeds: tuple
+    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
+    min_lr: float = 1e-5
+    max_lr: float = 10.0
+    steps: int = 3  # at most this many LRs beyond each end of the grid
+    refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+
+
+PROTOCOL_KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "bracket", "refine"}
+BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
+
+
+def parse_protocol(section, where: str) -> Protocol:
+    """The study file's `protocol:` section; ConfigError on anything else."""
+    if not isinstance(section, dict) or set(section) - PROTOCOL_KEYS or \
+            not {"selection_seeds", "test_seeds"} <= set(section):
+        raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
+                          f"optionally failure_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, refine")
+    seeds = {}
+    for key in ("selection_seeds", "test_seeds", "failure_seeds"):
+        value = section.get(key, section["test_seeds"])
+        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
+            raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
+        seeds[key] = tuple(value)
+    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])):
+        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test or failure seeds (an LR "
+                          f"is chosen on some seeds and tested on others)")
+    bracket = section.get("bracket") or {}
+    if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
+        raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
+    out = Protocol(**seeds, **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
+                   refine=float(section.get("refine", Protocol.refine)))
+    if out.factor <= 1 or not 0 < out.min_lr < out.max_lr or out.steps < 0 or (out.refine and out.refine <= 1):
+        raise ConfigError(f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
+                          f"refine > 1 (or 0 for none)")
+    return out
+
 
 
 CLAIM_METRICS = {"best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
@@ -137,7 +194,7 @@ def quick_study(study: dict) -> dict:
         raise ConfigError(f"study {study['name']!r} has no quick section")
     out = {**study, "name": f"{study['name']}-quick", "protocol": None}
     if "config" in quick:
-        out["config"] = str((Path(study["dir"]) / quick["config"]).resolve())
+        out["config"] = train_config(Path(study["dir"]) / "study.yaml", quick["config"])
     if "overrides" in quick:
         out["overrides"] = OmegaConf.to_container(OmegaConf.merge(study.get("overrides") or {}, quick["overrides"]))
     if "grid" in quick:
@@ -187,7 +244,7 @@ class StudyFile:
     margin: float = DEFAULT_MARGIN
     margin_reason: str | None = None
     claims: list = field(default_factory=list)
-    protocol: object = None  # study.protocol.Protocol
+    protocol: Protocol | None = None
     withdrawn: list = field(default_factory=list)  # [{paper, says, why}]
 
 
@@ -201,8 +258,5 @@ def study_file(paths: list[Path]) -> StudyFile:
 
 def read_study_file(path: Path) -> StudyFile:
     study = load_study(path)
-    comment = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(
-        lambda line: line.startswith("#"), path.read_text().splitlines()))
-    about = re.split(r"(?<=[.?])\s+(?=[A-Z])", comment, maxsplit=1)[0]
-    return StudyFile(study["name"], about, float(study.get("equivalence_margin") or DEFAULT_MARGIN),
+    return StudyFile(study["name"], study["about"], float(study.get("equivalence_margin") or DEFAULT_MARGIN),
                      study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"])

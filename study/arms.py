@@ -3,7 +3,6 @@ outcome counts, the largest LR at which every seed trained."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -12,7 +11,8 @@ from study.runs import OUTCOMES, Run
 from training.monitor import FINISHED
 
 
-def _mean(xs):
+def mean_of(xs):
+    """The mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else None
 
@@ -27,7 +27,7 @@ class Arm:
 
     def __post_init__(self):
         self.lrs = sorted({r.lr for r in self.runs})
-        self.l0 = _mean([r.init_loss for r in self.runs])
+        self.l0 = mean_of([r.init_loss for r in self.runs])
 
     def at(self, lr: float) -> list[Run]:
         return [r for r in self.runs if r.lr == lr]
@@ -54,7 +54,7 @@ class Arm:
         return counts
 
     def summary_mean(self, key: str) -> float | None:
-        return _mean([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "collapsed",
+        return mean_of([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "collapsed",
                                                                                    "unstable")])
 
     def tokens_per_s(self) -> float | None:
@@ -62,10 +62,7 @@ class Arm:
         return statistics.median(v) if v else None
 
 
-def _max_series(run: Run, prefix: str) -> float | None:
+def max_series(run: Run, prefix: str) -> float | None:
+    """The largest value of any metric starting with `prefix` over the run's records."""
     vals = [v for rec in run.records for k, v in rec.items() if k.startswith(prefix) and v is not None]
     return max(vals) if vals else None
-
-
-def fmt(x, spec: str = ".3f") -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
