@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from study.archive import archived_runs
-from study.studyfile import read_study_file
 from study.report import as_json, render
 from study.result import compute_runs
+from study.studyfile import read_study_file
 
 REPO = Path(__file__).resolve().parent.parent
 NOTE = ("Re-decided under the study protocol from the archived runs of [report.md](report.md) (its Runs table: "

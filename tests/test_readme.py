@@ -37,8 +37,8 @@ SLOW = {
     "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (minutes); "
     "tests/test_sharded.py runs it on the tiny config",
     MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch": "writes a file into the checkout; "
-    "tests/test_study.py runs such an array's tasks locally",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch":
+        "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "97 runs on the study protocol (24 min)",
     "python scripts/compare.py studies/norm-placement-lr": "needs the 97-run study above",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 from model.sharded_norms import shard_sizes
 from training.parallel import load_sharded, save_sharded
@@ -88,7 +89,7 @@ def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, d
     one process: losses and the per-layer metrics equal a one-process run's (float32 noise)."""
     import train
 
-    common = ["--config", str(REPO / "configs" / "train" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args,
               "train.steps=8", "train.batch_size=8", "train.sample_tokens=0", "train.eval_every=4",
               "log.stats_every=4", "train.checkpoint_every=4"]
     micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []  # fsdp: each rank 4 sequences; tp: all 8
@@ -115,7 +116,7 @@ def test_the_readme_multinode_recipe_runs_as_two_nodes_on_loopback(tmp_path, dat
     import train
 
     assert MULTINODE in readme_commands()
-    tiny = ["--config", str(REPO / "configs" / "train" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args, "train.steps=5",
+    tiny = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=5",
             "train.batch_size=8", "train.sample_tokens=0"]
     port = _free_port()
     command = MULTINODE.replace("29500", str(port)) + " " + " ".join([*tiny, "--name", "two"])
@@ -156,7 +157,7 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
     process's within float32 noise, and the run exits 0."""
     import train
 
-    common = ["--config", str(REPO / "configs" / "train" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args,
               "train.steps=30", "train.batch_size=8", "train.eval_every=10", "train.eval_tokens=0",
               "train.checkpoint_every=10", "log.stats_every=5", "model.qk_norm=true", "optim.lr=1e-2"]
     assert train.main([*common, "--name", "one", "train.micro_batch_size=4"]) == 0  # a data share: 4 sequences
@@ -193,7 +194,7 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
     """`torchrun --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny config, so it
     takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the sample
     printed once."""
-    r = _torchrun_train(2, "--config", str(REPO / "configs" / "train" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
                         "--name", "r", "optim.lr=1e-2", "train.steps=30", f"train.parallel={parallel}",
                         *(["model.qk_norm=true"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
     assert r.returncode == 0, r.stderr[-3000:]
@@ -206,7 +207,7 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
 def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel):
     """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones ("fully_shard
     doesn't support scalar parameters", the error DyT runs hit before)."""
-    r = _torchrun_train(2, "--config", str(REPO / "configs" / "train" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
                         "--name", "d", "train.steps=4", "train.eval_every=2", "train.sample_tokens=0",
                         f"train.parallel={parallel}", "model.norm=dyt", "model.embed_scale=sqrt_dim",
                         "model.dyt_bias=false", "model.dyt_alpha_attn=0.8")
@@ -215,7 +216,7 @@ def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel)
 
 
 # -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export ----------------------------------
-LIFE = ["--config", str(REPO / "configs" / "train" / "tiny.yaml"), "train.steps=6", "train.batch_size=8", "train.eval_every=2",
+LIFE = ["--config", TINY, "train.steps=6", "train.batch_size=8", "train.eval_every=2",
         "train.checkpoint_every=2", "train.sample_tokens=0", "optim.lr=1e-2"]
 
 
