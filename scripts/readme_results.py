@@ -26,7 +26,7 @@ from pathlib import Path
 from study.text import g, interval
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
 
 
@@ -80,6 +80,78 @@ def headline(report_path: Path, page_dir: Path = REPO) -> str:
     lines.append(f"- **LR50 per arm** (the LR at which half the runs fail, 95% CI): {'; '.join(arms)}.")
     rel = Path(os.path.relpath(report_path, page_dir))  # links work from the page the block is in
     return "\n".join([*lines, "", f"![stability map]({rel.parent / 'stability_map.png'})", ""])
+
+
+def _short(c: dict) -> str:
+    """A claim's estimate in a table cell: the ratio or difference with its CI, n and Holm p."""
+    if "lr50_ratio" in c:
+        r = c["lr50_ratio"]
+        if r["ratio"] is None:
+            return "LR50 ratio " + ratio_text(r).split(" (")[0]
+        text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
+    else:
+        p = c["loss"]
+        if p["mean"] is None:
+            return "no seed where both trained"
+        ci = f" ({p['ci'][0]:+.3f}..{p['ci'][1]:+.3f})" if p["ci"] else ""
+        text = f"{p['mean']:+.3f} nats{ci}, n = {p['n']}"
+    return text + (f", Holm p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else "")
+
+
+def _common(c: dict) -> str:
+    """What a claim's two arms share (their fixed context): layernorm for layernorm/post vs layernorm/pre."""
+    b = c["B"].split("/")
+    return "/".join(part for part in c["A"].split("/") if part in b) or c["A"]
+
+
+def _matching(report: dict, want: dict) -> list[dict]:
+    return [c for c in report.get("claims", []) if c.get("A") and all(c.get(k) == v for k, v in want.items())]
+
+
+def found(results: Path, rel: str) -> str:
+    """The README's "What it found": three sentences generated from the default study's report.json and every
+    committed report, then the table of docs/results/questions.yaml (question | verdict | key number | study)."""
+    from omegaconf import OmegaConf
+
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    default = reports["norm-placement-lr"]
+    place = [c for c in default["claims"] if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
+    norm = [c for c in default["claims"] if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
+    lines = []
+    if place and all(c["agreement"] == "agrees" for c in place):
+        lines.append("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at ("
+                     + "; ".join(f"{_common(c)}: {_short(c)}" for c in place) + ").")
+    elif place:
+        lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
+                                               for c in place) + ".")
+    if norm and all(c["agreement"] == "cannot tell" for c in norm):
+        lines.append("Which norm sits there made no difference these runs can detect: RMSNorm - LayerNorm "
+                     + "; ".join(f"{_common(c)}-norm {_short(c)}" for c in norm)
+                     + " (cannot tell: neither a difference nor an equivalence is shown).")
+    elif norm:
+        lines.append("RMSNorm vs LayerNorm: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
+                                                         for c in norm) + ".")
+    counts: dict[str, int] = {}
+    for r in reports.values():
+        for c in r.get("claims", []):
+            counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
+        counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
+    lines.append(f"{len(reports)} studies check {sum(counts.values())} claims of the literature ("
+                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "), all on models of 0.1-2M "
+                 "parameters trained for minutes on one corpus: read them as what these settings show.")
+    rows = ["| question | verdict | key number | study |", "|---|---|---|---|"]
+    for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
+        r = reports.get(q["study"])
+        if r is None:
+            raise ValueError(f"questions.yaml names study {q['study']!r}, which has no report.json")
+        cs = _matching(r, q["claims"])
+        if not cs:
+            raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
+        page = "decision.md" if r.get("decided_from") else "report.md"
+        rows.append(f"| {q['question']} | " + "; ".join(c["agreement"] for c in cs) + " | "
+                    + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
+                    + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
+    return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
 
 
 def bench(path: Path) -> str:
@@ -166,7 +238,7 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- claims|trends|headline|bench: PATH --> ... "
+        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|headline|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
         path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
@@ -175,6 +247,8 @@ def update(readme: Path) -> int:
         kind = m.group("kind")
         if kind == "headline":
             body = headline(path, Path(os.path.abspath(readme.parent)))
+        elif kind == "found":
+            body = found(path, m.group("path").rstrip("/"))
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))
         else:
