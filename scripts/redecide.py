@@ -3,7 +3,7 @@
 
     python scripts/redecide.py docs/results/norms [more result folders ...]
 
-For each folder: the study file in configs/ with the same name gives the grid (to read the run names), the claims
+For each folder: its study file configs/studies/<name>.yaml gives the grid (to read the run names), the claims
 and the margin; the runs were made before the protocol, so the lowest 40% of their seeds choose each arm's LR and
 the rest test it. Writes decision.md (the report, rendered from the archived runs: no figures, which need curves)
 and report.json (what the README and the index read), and prints one line per claim: old verdict -> new.
@@ -29,10 +29,11 @@ NOTE = ("Re-decided under the study protocol from the archived runs of [report.m
 
 
 def study_for(folder: Path) -> Path:
-    for path in sorted((REPO / "configs").glob("study*.yaml")):
-        if read_study_file(path).name == folder.name:
-            return path
-    raise ValueError(f"no study file in configs/ is named {folder.name!r}")
+    """The study file of a result folder: configs/studies/<folder name>.yaml."""
+    path = REPO / "configs" / "studies" / f"{folder.name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no study file configs/studies/{folder.name}.yaml")
+    return path
 
 
 def redecide(folder: Path) -> list[str]:
