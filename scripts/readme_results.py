@@ -4,12 +4,11 @@ Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replac
 between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
 the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
 `<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
-CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A
-block between `<!-- headline: PATH/report.md -->` and `<!-- /headline -->` gets the README's headline from the
-report.json beside it: per pair of arms that differ in the norm alone, the LR50 ratio and the nested loss
-difference with their CIs and tests, and every arm's LR50. A block
-between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
-(`--save PATH.md`: the command, the machine and its tables) as it was measured.
+CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
+`<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
+and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
+study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
+saved output (`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
     python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/README.md
 """
@@ -26,12 +25,14 @@ from pathlib import Path
 from study.text import g, interval
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
 
 
 def ratio_text(r: dict) -> str:
     """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
+    if "text" in r:  # the report's own sentence (a number where identified, else the bound)
+        return r["text"].removeprefix("LR50 ratio ")
     if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
         lo, hi = r["ci"]
         bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
@@ -51,44 +52,17 @@ def loss_text(p: dict) -> str:
     return f"{p['mean']:+.3f} nats ({ci}n = {p['n']} seed{'s' * (p['n'] != 1)}, {p['verdict']})"
 
 
-def headline(report_path: Path, page_dir: Path = REPO) -> str:
-    """The README's top finding, generated from the report's report.json: per pair of arms that differ in the norm
-    alone, the LR50 ratio (stability) and the loss difference at each one's best LR (nested, paired), each with
-    its CI, n and test; then every arm's LR50."""
-    r = json.loads(report_path.with_name("report.json").read_text())
-    pairs = [c for c in r.get("comparisons", []) if c["key"] == "model.norm"]
-    if not pairs:
-        raise ValueError(f"{report_path} compares no arms that differ in the norm alone")
-    lines = []
-    sel = ", ".join(map(str, r["selection_seeds"]))
-    for c in pairs:
-        a, b = c["A"], c["B"]
-        placement = a.split("/", 1)[1] + "-norm" if "/" in a else "the norms"
-        lines.append(f"- **{placement}**: stability, LR50 of {a} / {b} = {ratio_text(c['lr50_ratio'])}; loss, "
-                     f"{a} - {b} at each one's best LR ({', '.join(f'{x:g}' for x in c['lrs'] or [])}, chosen "
-                     f"on seeds {sel}) on the test seeds = {loss_text(c['loss'])}.")
-    arms = []
-    for label, arm in r["per_arm"].items():
-        if arm["lr50"] is not None:
-            beyond = f", beyond the largest LR tried ({g(arm['top_lr'])}): extrapolated" \
-                if arm["lr50"] > arm["top_lr"] else ""
-            arms.append(f"{label} {g(arm['lr50'])} ({interval(arm['lr50_ci'])}{beyond})")
-        elif arm["failed"] == 0:
-            arms.append(f"{label} above {g(arm['top_lr'])} (no run failed)")
-        else:
-            arms.append(f"{label} not estimable")
-    lines.append(f"- **LR50 per arm** (the LR at which half the runs fail, 95% CI): {'; '.join(arms)}.")
-    rel = Path(os.path.relpath(report_path, page_dir))  # links work from the page the block is in
-    return "\n".join([*lines, "", f"![stability map]({rel.parent / 'stability_map.png'})", ""])
-
-
 def _short(c: dict) -> str:
     """A claim's estimate in a table cell: the ratio or difference with its CI, n and Holm p."""
     if "lr50_ratio" in c:
         r = c["lr50_ratio"]
         if r["ratio"] is None:
-            return "LR50 ratio " + ratio_text(r).split(" (")[0]
-        text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
+            bounds = r.get("bounds") or [None, None]
+            lo, hi = bounds
+            text = "LR50 ratio " + (f"between {g(lo)} and {g(hi)}" if lo and hi else f"> {g(lo)}" if lo else
+                                    f"< {g(hi)}" if hi else "not bounded") + " (a bound)"
+        else:
+            text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
     else:
         p = c["loss"]
         if p["mean"] is None:
@@ -108,15 +82,35 @@ def _matching(report: dict, want: dict) -> list[dict]:
     return [c for c in report.get("claims", []) if c.get("A") and all(c.get(k) == v for k, v in want.items())]
 
 
+WORDS = {"lr50": "LR50", "lr_sensitivity": "LR sensitivity", "common_loss": "loss at a common safe LR",
+         "best_loss": "loss at each one's best LR"}
+
+
+def _verdicts(cs: list[dict]) -> str:
+    """What a group of claims says, in plain words, from their verdicts alone."""
+    agree = [WORDS[c["metric"]] for c in cs if c["agreement"] == "agrees"]
+    differ = [WORDS[c["metric"]] for c in cs if c["agreement"] == "disagrees"]
+    if differ:
+        return "a difference in " + ", ".join(differ)
+    if agree and len(agree) == len(cs):
+        return "the same within the margins set before the runs"
+    if agree:
+        return "the same in " + ", ".join(agree) + "; no verdict on " + ", ".join(
+            WORDS[c["metric"]] for c in cs if c["agreement"] != "agrees")
+    return "no difference detected and no equivalence shown"
+
+
 def found(results: Path, rel: str) -> str:
-    """The README's "What it found": three sentences generated from the default study's report.json and every
-    committed report, then the table of docs/results/questions.yaml (question | verdict | key number | study)."""
+    """The README's "What it found": sentences generated from the default study's claims (placement, then the
+    norm, per placement) and every committed report's verdict counts, then the table of questions.yaml (question |
+    verdict | key number | study)."""
     from omegaconf import OmegaConf
 
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
     default = reports["norm-placement-lr"]
-    place = [c for c in default["claims"] if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
-    norm = [c for c in default["claims"] if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
+    claims = [c for c in default["claims"] if c.get("A")]
+    place = [c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
+    norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
     lines = []
     if place and all(c["agreement"] == "agrees" for c in place):
         lines.append("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at ("
@@ -124,13 +118,13 @@ def found(results: Path, rel: str) -> str:
     elif place:
         lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
                                                for c in place) + ".")
-    if norm and all(c["agreement"] == "cannot tell" for c in norm):
-        lines.append("Which norm sits there made no difference these runs can detect: RMSNorm - LayerNorm "
-                     + "; ".join(f"{_common(c)}-norm {_short(c)}" for c in norm)
-                     + " (cannot tell: neither a difference nor an equivalence is shown).")
-    elif norm:
-        lines.append("RMSNorm vs LayerNorm: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
-                                                         for c in norm) + ".")
+    by_placement: dict[str, list[dict]] = {}
+    for c in norm:
+        by_placement.setdefault(_common(c), []).append(c)
+    if by_placement:
+        lines.append("Which norm sits there: RMSNorm vs LayerNorm is, " + "; ".join(
+            f"in {p}-norm, {_verdicts(cs)}" for p, cs in by_placement.items()) + " (numbers, n and tests in the "
+            "table).")
     counts: dict[str, int] = {}
     for r in reports.values():
         for c in r.get("claims", []):
@@ -238,16 +232,14 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|headline|bench: PATH --> ... "
+        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
         path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
         if not path.exists():
             raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
         kind = m.group("kind")
-        if kind == "headline":
-            body = headline(path, Path(os.path.abspath(readme.parent)))
-        elif kind == "found":
+        if kind == "found":
             body = found(path, m.group("path").rstrip("/"))
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))

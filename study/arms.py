@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from study.failure import FailureFit, fit_failure_curve
 from study.runs import OUTCOMES, Run
-from training.monitor import FINISHED
 
 
 def mean_of(xs):
@@ -22,6 +21,7 @@ class Arm:
     label: str
     runs: list[Run]
     best_lr: float | None = None  # chosen on the selection seeds (study/result.py); None before or if none trained
+    floor: float | None = None  # the lowest LR where every selection seed trained (study/protocol.py floor)
     lrs: list[float] = field(init=False)
     l0: float | None = field(init=False)
 
@@ -39,13 +39,24 @@ class Arm:
 
     @property
     def max_lr_ok(self) -> float | None:
-        ok = [lr for lr in self.lrs if self.at(lr) and all(r.status == "ok" for r in self.at(lr))]
+        """The largest LR at which every run of the arm trained."""
+        ok = [lr for lr in self.lrs if self.at(lr) and all(r.trained for r in self.at(lr))]
         return max(ok) if ok else None
 
-    def failure(self) -> FailureFit:
-        """P(fail | lr) over every finished run of the arm (study/failure.py)."""
-        done = [r for r in self.runs if r.status in FINISHED]
-        return fit_failure_curve([r.lr for r in done], [r.failed for r in done])
+    def upper(self) -> list[Run]:
+        """The finished runs from the floor up: a failure below the floor was too slow to learn within the budget,
+        not unstable, and stays out of the failure curve (counted apart: slow())."""
+        return [r for r in self.runs if r.finished and (self.floor is None or r.lr >= self.floor)]
+
+    def slow(self) -> list[Run]:
+        """Runs below the floor that failed under the study's rule."""
+        return [r for r in self.runs if r.failed and self.floor is not None and r.lr < self.floor]
+
+    def failure(self, failed=None) -> FailureFit:
+        """P(fail | lr) from the floor up (study/failure.py); `failed(run)` overrides the study's rule (an
+        alternative rule's verdicts)."""
+        done = self.upper()
+        return fit_failure_curve([r.lr for r in done], [(failed or (lambda r: r.failed))(r) for r in done])
 
     def outcomes(self) -> dict[str, int]:
         counts = {o: 0 for o in OUTCOMES}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import brentq, minimize, minimize_scalar
-from scipy.stats import chi2, norm
+from scipy.stats import beta, chi2, norm
 
 from study.text import g, interval
 
@@ -80,7 +80,8 @@ class FailureFit:
             return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
         why = "fewer than 2 failures" if self.failed < 2 else "no LR where every run " + (
             "failed" if self.bounds[1] is None else "trained")
-        return f"LR50 {bound_text(*self.bounds)}: {self.failed} of {self.n} runs failed ({why}: a bound, not an estimate)"
+        return (f"LR50 {bound_text(*self.bounds)}: {self.failed} of {self.n} runs failed ({why}: a bound, not an "
+                f"estimate)")
 
 
 def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
@@ -204,10 +205,17 @@ def p_fail_upper(lrs, failed, lr: float) -> float:
     lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
     if len(y) == 0:
         return 1.0
+    if len(set(lrs.tolist())) < 2:  # no slope to fit: the exact binomial bound of the runs at or above `lr`
+        at = y[lrs >= lr]
+        return 1.0 if len(at) == 0 else float(beta.ppf(0.95, at.sum() + 1, len(at) - at.sum())) \
+            if at.sum() < len(at) else 1.0
     center = float(np.log10(lrs).mean())
     x, x0 = np.log10(lrs) - center, math.log10(lr) - center
     X = _design(x)
-    b0, b1 = _newton(X, y)
+    try:
+        b0, b1 = _newton(X, y)
+    except np.linalg.LinAlgError:
+        b0, b1 = 0.0, 0.0
     e_hat = b0 + b1 * x0 if b1 > 0 else None
     best = max(_penalized(np.array([b0, b1]), X, y) if b1 > 0 else -np.inf,
                max(_profile_at(e, x0, x, y) for e in (-20.0, -10.0, -5.0, -2.0, 0.0)))

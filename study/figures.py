@@ -56,6 +56,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
         draw(plt, arms, colors, out, made)
     stability_map(plt, res, colors, out, made)
     final_losses(plt, res, colors, out, made)
+    loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
     return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
@@ -107,26 +108,68 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
     for i, (label, a) in enumerate(arms.items()):
         fit = res.failures[label]
         shift = 0.04 * (i - (len(arms) - 1) / 2)
-        for r in a.runs:
-            if r.status not in ("ok", "plateau", "collapsed", "unstable", "diverged"):
-                continue
+        for r in a.upper():
             marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(r.status, ".")
             y = (1.0 if r.failed else 0.0) + shift
             style = dict(facecolors="none", edgecolors=colors[label]) if marker in "os^" else dict(color=colors[label])
             ax.scatter([r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style)
-        if fit.lr50 is not None:
+        if fit.identified:
             p = 1 / (1 + np.exp(-fit.slope * (np.log10(grid) - np.log10(fit.lr50))))
             ax.plot(grid, p, color=colors[label], lw=1.4, label=f"{label}: {fit.describe().split(' (')[0]}")
             lo, hi = fit.ci
             ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.35)
-        else:
-            ax.plot([], [], color=colors[label], label=f"{label}: {fit.describe()}")
+        else:  # only a bound: no curve drawn, the bound's range shaded at 1/2
+            lo, hi = fit.bounds if fit.failed else (fit.top, None)
+            ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.2,
+                    ls="--", label=f"{label}: {fit.describe().split(':')[0]}")
     ax.axhline(0.5, color="gray", ls=":", lw=0.8)
     _axes(ax, "peak learning rate", "P(run fails)", "failure curves: every run at 0 (trained) or 1 (failed)",
           logx=True)
     _save(fig, out / "stability_map.png", made,
-          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar); every run a marker "
-          "(. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where the data identify "
+          "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 (failed under the "
+          "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+
+
+def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
+    """Wortsman et al. 2023 Fig. 1 style: final val loss vs LR, every run of every seed (a failed one where it
+    ended, capped at L0, hollow), one panel per group of arms that differ only in the norm (e.g. per placement),
+    with each arm's LR sensitivity in the legend."""
+    import math
+
+    groups: dict = {}
+    for label, a in res.arms.items():
+        rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != "model.norm")
+        groups.setdefault(rest, []).append((label, a))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
+    for ax, (rest, members) in zip(axes[0], groups.items(), strict=True):
+        for label, a in members:
+            pts = []
+            for r in a.runs:
+                v, l0 = r.summary.get("final_val_loss"), r.init_loss
+                if not r.finished or l0 is None:
+                    continue
+                pts.append((r.lr, l0 if v is None or not math.isfinite(v) else min(v, l0), r.failed))
+            sens = res.sensitivity.get(label)
+            tag = f" (S = {sens.mean:.2f})" if sens is not None and sens.mean is not None else ""
+            ok = [(x, y) for x, y, f in pts if not f]
+            bad = [(x, y) for x, y, f in pts if f]
+            if ok:
+                ax.scatter(*zip(*ok, strict=True), color=colors[label], s=14, label=label + tag)
+            if bad:
+                ax.scatter(*zip(*bad, strict=True), facecolors="none", edgecolors=colors[label], s=18,
+                           label=None if ok else label + tag)
+            means = {}
+            for x, y, _ in pts:
+                means.setdefault(x, []).append(y)
+            xs = sorted(means)
+            ax.plot(xs, [statistics.fmean(means[x]) for x in xs], color=colors[label], lw=0.8, alpha=0.6)
+        where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "all arms"
+        _axes(ax, "peak learning rate", "final val loss (failed: hollow, capped at L0)", where, logx=True)
+    _save(fig, out / "loss_vs_lr.png", made,
+          "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled trained, hollow "
+          "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR sensitivity over "
+          "the study's grid")
 
 
 def final_losses(plt, res, colors, out: Path, made: list) -> None:

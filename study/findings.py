@@ -30,20 +30,21 @@ def findings(res: StudyResult) -> list[str]:
             side = "lowest" if a.best_lr == tried[0] else "highest"
             out.append(f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds tried: not "
                        f"bracketed, the loss at its true best may be lower (a protocol study extends the grid).")
-    for a in res.arms.values():
-        c = a.outcomes()
-        bad = {k: v for k, v in c.items() if k != "ok" and v}
-        if bad:
-            lrs = sorted({r.lr for r in a.runs if r.status != "ok"})
-            out.append(f"**{a.label}**: " + ", ".join(f"{v} {k}" for k, v in bad.items())
-                       + f" of {len(a.runs)} runs (at lr {', '.join(f'{x:g}' for x in lrs)}).")
+    for a in res.arms.values():  # failures under the study's rule, as outcomes
+        failed = [r for r in a.runs if r.failed]
+        if failed:
+            lrs = sorted({r.lr for r in failed})
+            slow = len(a.slow())
+            out.append(f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's rule (at lr "
+                       f"{', '.join(f'{x:g}' for x in lrs)})" + (f"; {slow} of them below its floor, too slow to "
+                                                                 f"learn within the budget" if slow else "") + ".")
     for a in res.arms.values():  # split outcomes at one LR: said seed by seed, never averaged
         for lr in a.lrs:
-            statuses = sorted({r.status for r in a.at(lr)})
-            if len(statuses) > 1:
+            rs = [r for r in a.at(lr) if r.finished]
+            if any(r.failed for r in rs) and any(r.trained for r in rs):
                 out.append(f"**{a.label}** at lr {lr:g} splits: " + ", ".join(
-                    f"seed {r.seed} {r.status}" + (f" {r.final:.3f}" if r.final is not None else "")
-                    for r in sorted(a.at(lr), key=lambda r: str(r.seed))) + "; no mean is taken across them.")
+                    f"seed {r.seed} " + (f"trained {r.final:.3f}" if r.trained else f"failed ({r.why})")
+                    for r in sorted(rs, key=lambda r: str(r.seed))) + "; no mean is taken across them.")
     logit = {a.label: [max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
     logit = {k: [x for x in v if x is not None] for k, v in logit.items()}
     logit = {k: v for k, v in logit.items() if v}

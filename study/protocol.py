@@ -10,6 +10,9 @@
     edge     the failure seeds at every LR from the last where every selection seed trained to the first where
              every one failed, so the failure curve has >= 5 seeds where it rises
     test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested selection)
+    common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR: the largest LR
+             of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound
+             (chosen from the runs so far, none of them the common seeds' own)
 
 Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same choices.
 """
@@ -21,11 +24,11 @@ import math
 import statistics
 from pathlib import Path
 
+from study.failure import p_fail_upper
 from study.runs import Run, find_runs, same
 from study.studyfile import Protocol, expand
-from training.monitor import FAILED
 
-TRAINED = ("ok", "plateau")  # learned (or is still learning): a loss to compare; every other outcome is not one
+SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
 
 def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
@@ -51,11 +54,47 @@ def table(runs: list[Run], seeds) -> dict[float, list[Run]]:
 
 
 def trained(rs: list[Run]) -> bool:
-    return all(r.status in TRAINED for r in rs)
+    return all(r.trained for r in rs)
 
 
 def all_failed(rs: list[Run]) -> bool:
-    return all(r.status in FAILED for r in rs)
+    return all(r.failed for r in rs)
+
+
+def floor(runs: list[Run], seeds) -> float | None:
+    """The lowest LR at which every one of these seeds trained: below it a run that failed was too slow to learn
+    within its budget, not unstable, so the failure curve (the upper edge) starts here."""
+    ok = [lr for lr, rs in table(runs, seeds).items() if trained(rs)]
+    return min(ok) if ok else None
+
+
+def upper(runs: list[Run], seeds) -> list[Run]:
+    """The finished runs from the floor up: what the failure curve and LR50 are fitted to."""
+    low = floor(runs, seeds)
+    return [r for r in runs if r.finished and (low is None or r.lr >= low)]
+
+
+def common_lr(a: list[Run], b: list[Run], grid, seeds) -> tuple[float | None, str]:
+    """(the common safe LR of two arms, how it was chosen): the largest LR of the grid, at or above both arms'
+    floors, at which both arms' fitted P(fail) is below SAFE at its upper one-sided 95% bound; where no grid LR
+    meets that (few runs bound P(fail) loosely), the largest grid LR at which every run of both arms trained, said
+    so. None where neither exists."""
+    ua, ub = upper(a, seeds), upper(b, seeds)
+    lows = [floor(a, seeds), floor(b, seeds)]
+    if not ua or not ub or None in lows:
+        return None, "an arm has no LR where every selection seed trained"
+    candidates = sorted((lr for lr in grid if lr >= max(lows)), reverse=True)
+    for lr in candidates:
+        bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
+        if max(bounds) < SAFE:
+            return lr, f"P(fail) upper 95% bounds {bounds[0]:.3f} and {bounds[1]:.3f} < {SAFE:g}"
+    for lr in candidates:
+        at = [r for r in (*a, *b) if r.lr == lr and r.finished]
+        if at and all(r.trained for r in at):
+            bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
+            return lr, (f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every run of "
+                        f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})")
+    return None, "no grid LR where every run of both arms trained"
 
 
 def select_lr(runs: list[Run], seeds) -> float | None:
@@ -118,7 +157,7 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
     failed (to the highest tried when no LR failed for every seed but some runs failed)."""
     t = table(runs, seeds)
     ok, fail = edge(runs, seeds)
-    if ok is None or not any(r.status in FAILED for rs in t.values() for r in rs):
+    if ok is None or not any(r.failed for rs in t.values() for r in rs):
         return []
     return [lr for lr in t if ok <= lr and (fail is None or lr <= fail)]
 
@@ -142,7 +181,32 @@ def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
 
 
-STAGES = ("grid", "bracket", "refine", "edge", "test")
+STAGES = ("grid", "bracket", "refine", "edge", "test", "common")
+
+
+def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
+    """The arm pairs (as {field: value}) a claim compares: A has claim.a's values, B claim.b's; a field named on one
+    side only takes the same value on the other; the fields named on neither side are equal in A and B."""
+    sides = {"a": {**claim["b"], **claim["a"]}, "b": {**claim["a"], **claim["b"]}}
+    arms = arms_of(study)
+    fits = lambda arm, side: all(same(arm.get(k), v) for k, v in sides[side].items())  # noqa: E731
+    free = [k for k in (arms[0] if arms else {}) if k not in sides["a"]]
+    return [(A, B) for A in arms if fits(A, "a") for B in arms
+            if B is not A and fits(B, "b") and all(same(A.get(k), B.get(k)) for k in free)]
+
+
+def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
+    """The common stage's run specs: each common_loss claim's pair at its common LR, on the common seeds."""
+    p: Protocol = study["protocol"]
+    out = []
+    for claim in study.get("claims", []):
+        if claim["metric"] != "common_loss":
+            continue
+        for A, B in arm_pairs(study, claim):
+            lr, _ = common_lr(runs_of(A, runs), runs_of(B, runs), study["grid"]["optim.lr"], p.selection_seeds)
+            if lr is not None:
+                out += specs(study, A, [lr], p.common_seeds, extra) + specs(study, B, [lr], p.common_seeds, extra)
+    return out
 
 
 def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
@@ -156,20 +220,29 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
         return specs(study, arm, refine_lrs(runs, sel, p), sel, extra)
     if stage == "edge":
         return specs(study, arm, edge_lrs(runs, sel), p.failure_seeds, extra)
-    best = select_lr(runs, sel)
-    return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
+    if stage == "test":
+        best = select_lr(runs, sel)
+        return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
+    return []  # common: for pairs of arms (common_runs)
+
+
+def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]:
+    """Every run spec a stage wants, given the finished runs (all arms)."""
+    if stage == "common":
+        return common_runs(study, runs, extra)
+    return [s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)]
 
 
 def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tuple[str, list[dict]] | None:
     """(the stage, its runs not yet made) for the first stage that still wants runs, given the finished runs in
     study_dir; None when the study is complete. `made`: the run specs launched so far (none is asked for twice)."""
-    runs = find_runs([study_dir]) if (study_dir / "runs").is_dir() else []
+    runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
     for stage in STAGES:
-        more = []
-        for arm in arms_of(study):
-            more += [s for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
-                     if s["name"] not in names and s["name"] not in {m["name"] for m in more}]
+        more: list[dict] = []
+        for s in stage_runs(study, stage, runs, extra):
+            if s["name"] not in names and s["name"] not in {m["name"] for m in more}:
+                more.append(s)
         if more:
             return stage, more
     return None
@@ -179,4 +252,4 @@ def first_runs(study: dict, extra=()) -> list[dict]:
     """The runs a sweep starts with: the grid (on the selection seeds, with a protocol)."""
     if study.get("protocol") is None:
         return expand(study, extra)
-    return [s for arm in arms_of(study) for s in wanted(study, "grid", arm, [], extra)]
+    return stage_runs(study, "grid", [], extra)

@@ -24,7 +24,8 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
 
 
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
-STUDY_KEYS = {"name", "about", "config", "overrides", "grid", "threads_per_worker", "workers", "equivalence_margin",
+STUDY_KEYS = {"name", "about", "config", "failure", "sensitivity_margin", "ratio_margin", "overrides", "grid",
+              "threads_per_worker", "workers", "equivalence_margin",
               "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected"}
 
 
@@ -69,6 +70,7 @@ def load_study(path: Path) -> dict:
         study["protocol"] = parse_protocol(study["protocol"], str(path))
     else:
         study["protocol"] = None
+    study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
     withdrawn = study.get("withdrawn") or []
     if not isinstance(withdrawn, list) or any(not isinstance(w, dict) or set(w) != {"paper", "says", "why"}
@@ -97,9 +99,10 @@ class Protocol:
     max_lr: float = 10.0
     steps: int = 3  # at most this many LRs beyond each end of the grid
     refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+    common_seeds: tuple = ()  # the seeds that compare a common_loss claim's arms at their common safe LR
 
 
-PROTOCOL_KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "bracket", "refine"}
+PROTOCOL_KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "common_seeds", "bracket", "refine"}
 BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
 
 
@@ -108,16 +111,18 @@ def parse_protocol(section, where: str) -> Protocol:
     if not isinstance(section, dict) or set(section) - PROTOCOL_KEYS or \
             not {"selection_seeds", "test_seeds"} <= set(section):
         raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
-                          f"optionally failure_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, refine")
+                          f"optionally failure_seeds, common_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, "
+                          f"refine")
     seeds = {}
-    for key in ("selection_seeds", "test_seeds", "failure_seeds"):
+    for key in ("selection_seeds", "test_seeds", "failure_seeds", "common_seeds"):
         value = section.get(key, section["test_seeds"])
         if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
         seeds[key] = tuple(value)
-    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])):
-        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test or failure seeds (an LR "
-                          f"is chosen on some seeds and tested on others)")
+    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])
+                                        | set(seeds["common_seeds"])):
+        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test, failure or common "
+                          f"seeds (an LR is chosen on some seeds and tested on others)")
     bracket = section.get("bracket") or {}
     if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
         raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
@@ -129,10 +134,75 @@ def parse_protocol(section, where: str) -> Protocol:
     return out
 
 
+@dataclass(frozen=True)
+class Rule:
+    """When a study run fails, fixed in the study file before the runs (the same code judges live runs, reruns and
+    archives): a non-finite loss always; and each criterion that is set:
+      learn_margin   no eval got this many nats below the unigram entropy within the run's budget (whatever its
+                     last slope: a run still falling at the end of its budget failed at that budget)
+      blowup_margin  an eval rose this many nats above the best eval before it
+      above_l0       an eval rose above L0, the loss before the first step
+      arm_gap        its final loss is this many nats above the best final loss of any run of its arm"""
+
+    name: str = "main"
+    learn_margin: float | None = 0.25
+    blowup_margin: float | None = 0.5
+    above_l0: bool = True
+    arm_gap: float | None = None
+
+    def describe(self) -> str:
+        parts = ["a non-finite loss"]
+        if self.learn_margin is not None:
+            parts.append(f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget")
+        if self.blowup_margin is not None:
+            parts.append(f"an eval {self.blowup_margin:g} nats above its best so far")
+        if self.above_l0:
+            parts.append("an eval above L0")
+        if self.arm_gap is not None:
+            parts.append(f"a final loss {self.arm_gap:g} nats above its arm's best")
+        return ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+DEFAULT_ALTERNATIVES = (Rule("the arm's best + 1 nat", None, None, False, 1.0),
+                        Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None))
+RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap"}
+
+
+def parse_rule(section, where: str, name: str) -> Rule:
+    if not isinstance(section, dict) or set(section) - RULE_KEYS:
+        raise ConfigError(f"{where}: a failure rule is a mapping of {', '.join(sorted(RULE_KEYS))}")
+    out = Rule(**{"name": name, **{k: section[k] for k in section}})
+    for key in ("learn_margin", "blowup_margin", "arm_gap"):
+        value = getattr(out, key)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"{where}: {key} must be a number >= 0 or null, got {value!r}")
+    if not isinstance(out.above_l0, bool):
+        raise ConfigError(f"{where}: above_l0 is true or false")
+    return out
+
+
+def parse_failure(section, where: str) -> tuple[Rule, tuple[Rule, ...]]:
+    """The study file's `failure:` section: the main rule's criteria and its `alternatives` (a list of rules, each
+    with a name), reported beside it; without the section, Rule() and DEFAULT_ALTERNATIVES."""
+    if section is None:
+        return Rule(), DEFAULT_ALTERNATIVES
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: failure is a mapping: the main rule's criteria and alternatives")
+    alternatives = section.get("alternatives", [])
+    if not isinstance(alternatives, list) or any(not isinstance(a, dict) or "name" not in a for a in alternatives):
+        raise ConfigError(f"{where}: failure.alternatives is a list of rules, each with a name")
+    main = parse_rule({k: v for k, v in section.items() if k != "alternatives"}, where, "main")
+    return main, tuple(parse_rule({k: v for k, v in a.items() if k != "name"}, where, str(a["name"]))
+                       for a in alternatives)
+
 
 CLAIM_METRICS = {"best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
                               "the test seeds where both trained",
-                 "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)"}
+                 "common_loss": "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
+                                "5% at its upper one-sided 95% bound), paired on the common seeds",
+                 "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)",
+                 "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023): mean over the study's LR grid of "
+                                   "min(L, L0) - L*, paired by seed"}
 CLAIM_EXPECTS = ("higher", "lower", "same")
 
 
@@ -145,8 +215,6 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
     if claim["metric"] not in CLAIM_METRICS or claim["expect"] not in CLAIM_EXPECTS:
         raise ConfigError(f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
                           f"{', '.join(CLAIM_EXPECTS)}")
-    if claim["metric"] == "lr50" and claim["expect"] == "same":
-        raise ConfigError(f"{where}: an lr50 claim expects higher or lower (an LR50 ratio has no equivalence margin)")
     sides = {}
     for side in ("a", "b"):
         if not isinstance(claim[side], dict) or not claim[side]:
@@ -246,6 +314,11 @@ class StudyFile:
     claims: list = field(default_factory=list)
     protocol: Protocol | None = None
     withdrawn: list = field(default_factory=list)  # [{paper, says, why}]
+    rule: Rule = field(default_factory=Rule)
+    alternatives: tuple = DEFAULT_ALTERNATIVES
+    sensitivity_margin: float = 0.1  # nats: LR sensitivity's equivalence margin
+    ratio_margin: float = 2.0  # an LR50 ratio within [1/m, m] is "the same"
+    grid_lrs: tuple = ()  # the study file's LR grid: where LR sensitivity is measured
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -259,4 +332,6 @@ def study_file(paths: list[Path]) -> StudyFile:
 def read_study_file(path: Path) -> StudyFile:
     study = load_study(path)
     return StudyFile(study["name"], study["about"], float(study.get("equivalence_margin") or DEFAULT_MARGIN),
-                     study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"])
+                     study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"],
+                     study["rule"], study["alternatives"], float(study.get("sensitivity_margin") or 0.1),
+                     float(study.get("ratio_margin") or 2.0), tuple(study["grid"].get("optim.lr", ())))

@@ -122,6 +122,6 @@ def write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: st
                  "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (d / "summary.json").write_text(json.dumps({
-        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 2.6,
+        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 4.0,
         "spike_score/loss": 1.0, "spike_score/grad_norm": 3.0, "tokens_per_s": 1000.0 * (1 + seed),
         "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))

@@ -23,8 +23,20 @@ class FakeRun:
     final: float | None
 
     @property
+    def trained(self):
+        return self.status == "ok"
+
+    @property
+    def failed(self):
+        return self.status == "collapsed"
+
+    @property
+    def finished(self):
+        return True
+
+    @property
     def loss(self):
-        return self.final if self.status in protocol.TRAINED else None
+        return self.final if self.trained else None
 
 
 def outcome(lr: float, seed: int, best: float, edge: float) -> FakeRun:
