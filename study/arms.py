@@ -52,11 +52,20 @@ class Arm:
         """Runs below the floor that failed under the study's rule."""
         return [r for r in self.runs if r.failed and self.floor is not None and r.lr < self.floor]
 
-    def failure(self, failed=None) -> FailureFit:
+    def failure(self, failed=None, seeds=None) -> FailureFit:
         """P(fail | lr) from the floor up (study/failure.py); `failed(run)` overrides the study's rule (an
-        alternative rule's verdicts)."""
-        done = self.upper()
-        return fit_failure_curve([r.lr for r in done], [(failed or (lambda r: r.failed))(r) for r in done])
+        alternative rule's verdicts), its floor then the lowest LR where every one of `seeds` trained under it."""
+        if failed is None:
+            done = self.upper()
+            return fit_failure_curve([r.lr for r in done], [r.failed for r in done])
+        by_lr: dict[float, list[bool]] = {}
+        for r in self.runs:
+            if r.finished and (seeds is None or r.seed in seeds):
+                by_lr.setdefault(r.lr, []).append(failed(r))
+        ok = [lr for lr, fs in by_lr.items() if not any(fs)]
+        low = min(ok) if ok else None
+        done = [r for r in self.runs if r.finished and (low is None or r.lr >= low)]
+        return fit_failure_curve([r.lr for r in done], [failed(r) for r in done])
 
     def outcomes(self) -> dict[str, int]:
         counts = {o: 0 for o in OUTCOMES}

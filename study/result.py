@@ -127,6 +127,6 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
     best = arm_bests(runs)
     for rule in file.alternatives:  # the same runs under each alternative rule: does a verdict depend on it?
         res.alternatives[rule.name] = {k: a.failure(lambda r, rule=rule: r.finished and failure(r, rule, best.get(
-            id(r))) is not None) for k, a in arms.items()}
+            id(r))) is not None, selection) for k, a in arms.items()}
     res.trends = trends(res)
     return res

@@ -62,8 +62,9 @@ def per_seed(arm: Arm, lrs, l_star: float) -> dict:
 
 
 def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | None:
-    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for fewer than 2."""
-    if len(values) < 2:
+    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for fewer than 3 (two
+    seeds have three resamples: no interval)."""
+    if len(values) < 3:
         return None
     rng = np.random.default_rng(seed)
     v = np.asarray(values)

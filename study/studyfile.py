@@ -115,7 +115,10 @@ def parse_protocol(section, where: str) -> Protocol:
                           f"refine")
     seeds = {}
     for key in ("selection_seeds", "test_seeds", "failure_seeds", "common_seeds"):
-        value = section.get(key, section["test_seeds"])
+        value = section.get(key, [] if key == "common_seeds" else section["test_seeds"])
+        if key == "common_seeds" and value == []:
+            seeds[key] = ()
+            continue
         if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
         seeds[key] = tuple(value)
