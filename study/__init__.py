@@ -3,6 +3,6 @@
     define    studyfile                                  the study file: schema, claims, protocol settings
     run       protocol, runner, cli                      the runs each stage makes; workers; the commands
     read      runs, archive                              run directories, or a committed study's runs.json
-    analyse   arms, failure, paired, compare, trend, result  per arm, LR50, seeds paired, claims, trends
+    analyse   arms, failure, sensitivity, paired, compare, trend, result  LR50, LR sensitivity, claims, trends
     render    text, findings, figures, report            numbers, sentences, plots, report.md and .json
 """

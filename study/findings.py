@@ -4,6 +4,7 @@ only ever with its n, its CI and the test that decided it; failed runs as outcom
 from __future__ import annotations
 
 import math
+import statistics
 
 from study.arms import Arm, max_series, mean_of
 from study.result import StudyResult
@@ -54,10 +55,37 @@ def findings(res: StudyResult) -> list[str]:
     return out + norm_input_findings(res.arms, res.keys)
 
 
+def margin_in_steps(res: StudyResult) -> str | None:
+    """What the equivalence margin means in training: the steps it takes, at the end of the runs of each
+    common_loss claim's LR, for the val loss to fall by the margin (the slope between the last two evals, mean over
+    the runs that trained)."""
+    out = []
+    for c in res.claims:
+        if c.nested is None or c.claim["metric"] != "common_loss" or not c.nested.lrs:
+            continue
+        lr = c.nested.lrs[0]
+        slopes, at = [], None
+        for label in (c.a, c.b):
+            for r in res.arms[label].at(lr):
+                evals = [(e["step"], e["val/loss"]) for e in r.records if e.get("val/loss") is not None]
+                if r.trained and len(evals) >= 2 and evals[-1][0] > evals[-2][0]:
+                    (s0, v0), (s1, v1) = evals[-2], evals[-1]
+                    slopes.append((v1 - v0) / (s1 - s0))
+                    at = (s0, s1)
+        fall = -statistics.fmean(slopes) if slopes else 0.0
+        if fall > 0:
+            out.append(f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step between steps "
+                       f"{at[0]} and {at[1]}, so +-{res.margin:g} nats is ~{res.margin / fall:.0f} steps of training")
+    return "; ".join(out) or None
+
+
 def margin_sentence(res: StudyResult) -> str:
-    """The equivalence margin, why, and what it costs in seeds at the spread these runs show."""
+    """The equivalence margin, why, what it means in training, and what it costs in seeds at these spreads."""
     reason = f" ({res.file.margin_reason})" if res.file.margin_reason else \
         " (the default; the study file gives no reason)"
+    steps = margin_in_steps(res)
+    if steps:
+        reason += f". In training: {steps}"
     needed = [(c.a.label, c.b.label, c.loss.needed, c.loss.paired.n) for c in res.comparisons
               if c.loss.paired.ci is not None]
     text = f"Equivalence margin +-{res.margin:g} nats{reason}."
