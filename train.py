@@ -36,7 +36,7 @@ from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training import distributed, faults
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, full_model_state
 from training.config import Config, ConfigError, load_config, to_dict
 from training.cpu import tune_cpu
 from training.evaluate import evaluate
@@ -44,7 +44,7 @@ from training.flops import flops_per_token, peak_flops
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.optim import build_optimizer, lr_at
-from training.parallel import data_coords, full_model_state, is_sharded, shard_model
+from training.parallel import data_coords, is_sharded, shard_model
 from training.run import (
     StopRequest,
     decide_status,

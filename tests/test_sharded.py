@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.sharded_norms import shard_sizes
-from training.parallel import load_sharded, save_sharded
+from training.checkpoint import load_sharded, save_sharded
 
 REPO = Path(__file__).resolve().parent.parent
 

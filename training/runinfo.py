@@ -86,9 +86,8 @@ def load_run(run_dir: Path):
     mode; ConfigError / CheckpointError (one line) when run_dir is not a usable run."""
     from data.prepare import prepare
     from model import Llama
-    from training.checkpoint import CheckpointError, load_latest
+    from training.checkpoint import CheckpointError, dcp_candidates, load_latest, load_sharded_weights
     from training.config import ConfigError, load_config
-    from training.parallel import dcp_candidates, load_sharded_weights
 
     run = RunDir(Path(run_dir))
     if not run.config.is_file():
