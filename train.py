@@ -54,7 +54,7 @@ from training.run import (
     save_state,
     start_state,
 )
-from training.runinfo import RunDir, summarize, write_json
+from training.rundir import RunDir, summarize, write_json
 from training.step import NO_PROBE, Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130

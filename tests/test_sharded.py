@@ -298,7 +298,7 @@ def test_a_damaged_latest_dcp_falls_back_to_previous_and_a_pt_resumes_onto_fsdp(
 def test_a_dcp_only_run_exports_to_transformers_with_the_same_logits(tmp_path, fsdp_reference):
     from transformers import AutoModelForCausalLM
 
-    from training.runinfo import load_run
+    from training.checkpoint import load_run
 
     ref, _ = fsdp_reference
     assert not list((ref / "checkpoints").glob("*.pt"))  # only DCP checkpoints

@@ -1,7 +1,8 @@
 """Atomic save / load of the full training state, for exact resume: one file (latest.pt, previous.pt) in one
 process or under DDP; under FSDP2 / tensor parallelism a torch.distributed.checkpoint (DCP) directory (latest.dcp,
 previous.dcp) that every rank writes its shards into, and that a load reshards to whatever world size reads it
-(saved on 2 ranks, resumed on 1, or the reverse)."""
+(saved on 2 ranks, resumed on 1, or the reverse). And load_run: a run's model from its newest readable checkpoint
+of either kind, for sampling and export."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from training import distributed, faults
 from training.parallel import is_sharded
+from training.rundir import RunDir
 
 
 class CheckpointError(ValueError):
@@ -299,3 +301,34 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return extra
+
+
+def load_run(run_dir: Path):
+    """(model, prepared data directory) of a run: its config.yaml's model with the weights of its newest readable
+    checkpoint of either kind (a sharded run's latest.dcp / previous.dcp, or latest.pt / previous.pt), in eval
+    mode; ConfigError / CheckpointError (one line) when run_dir is not a usable run."""
+    from data.prepare import prepare
+    from model import Llama
+    from training.config import ConfigError, load_config
+
+    run = RunDir(Path(run_dir))
+    if not run.config.is_file():
+        raise ConfigError(f"{run.path} is not a run directory (no config.yaml)")
+    cfg = load_config(run.config)
+    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
+    model = Llama(cfg.model)
+    errors = []
+    for path in dcp_candidates(run.checkpoint):  # a sharded run's checkpoints, newer than any latest.pt
+        try:
+            load_sharded_weights(path, model)
+            return model.eval(), prepared
+        except CheckpointError as e:
+            errors.append(str(e))
+    try:
+        model.load_state_dict(load_latest(run.checkpoint)[0]["model"])
+    except CheckpointError as e:
+        raise CheckpointError("; ".join([*errors, str(e)])) from None
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit {run.config}: "
+                              f"{str(e).strip().splitlines()[0][:200]}") from None
+    return model.eval(), prepared

@@ -31,7 +31,7 @@ from training.config import Config, ConfigError, flat, load_config, to_dict, to_
 from training.monitor import classify
 from training.optim import lr_at
 from training.parallel import is_sharded
-from training.runinfo import RunDir, run_meta, truncate_metrics, write_json, write_text
+from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
 
 # what a resumed run may change: its length and how it runs, not what it trains
 RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
