@@ -27,10 +27,11 @@ class Every:
         return step == self.last or (self.n > 0 and (step % self.n == 0 or self.first and step == 1))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepParts:
     """What one optimizer step needs: the model three ways (bare for clipping, DDP-wrapped for no_sync, and
-    possibly compiled), its optimizer and how the global batch splits."""
+    possibly compiled), its optimizer and how the global batch splits. Built by keyword (fifteen fields, several
+    of one type: a positional call would swap two without an error)."""
 
     model: torch.nn.Module
     ddp: torch.nn.Module
