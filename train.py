@@ -36,7 +36,7 @@ from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training import distributed, faults
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, full_model_state
 from training.config import Config, ConfigError, load_config, to_dict
 from training.cpu import tune_cpu
 from training.evaluate import evaluate
@@ -44,7 +44,7 @@ from training.flops import flops_per_token, peak_flops
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.optim import build_optimizer, lr_at
-from training.parallel import data_coords, full_model_state, is_sharded, shard_model
+from training.parallel import data_coords, is_sharded, shard_model
 from training.run import (
     StopRequest,
     decide_status,
@@ -54,7 +54,7 @@ from training.run import (
     save_state,
     start_state,
 )
-from training.runinfo import RunDir, summarize, write_json
+from training.rundir import RunDir, summarize, write_json
 from training.step import NO_PROBE, Every, StepParts, autocast_for, no_clip, scaler_for, train_step
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
@@ -134,11 +134,13 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     machine = {"kernels": kernels, "cpu": cpu}
     start_step, notes = resume_state(run, cfg, d, model, opt, scaler, data.loader, machine) if how == "resume" \
         else start_state(run, cfg, d, model, data.meta, machine)
-    parts = StepParts(model, wrapped, torch.compile(wrapped) if tc.compile else wrapped, opt, data.micro,
-                      data.accum, d.world_size, d.device, autocast_for(d.device, tc.dtype), tc.z_loss,
-                      no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len, scaler,
-                      flops_per_token(cfg.model, tc.seq_len) * tc.batch_size * tc.seq_len,
-                      peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if d.device.type == "cuda" else None)
+    parts = StepParts(
+        model=model, ddp=wrapped, compiled=torch.compile(wrapped) if tc.compile else wrapped, opt=opt,
+        micro=data.micro, accum=data.accum, world_size=d.world_size, device=d.device,
+        autocast=autocast_for(d.device, tc.dtype), z_loss=tc.z_loss, clip=no_clip(cfg.optim.grad_clip),
+        tokens_per_step=tc.batch_size * tc.seq_len, scaler=scaler,
+        flops_per_step=flops_per_token(cfg.model, tc.seq_len) * tc.batch_size * tc.seq_len,
+        peak_flops=peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if d.device.type == "cuda" else None)
     logger = Logger(run.path if d.is_master else None, run.name, tc.steps, start_step, cfg.log.wandb,
                     cfg.log.wandb_project, to_dict(cfg))
     announce(logger, run, cfg, d, model, data, kernels, notes, start_step)

@@ -1,9 +1,13 @@
 """normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
-under ~/.cache/torch_extensions, one build per CPU instruction set): the norms (norms_cpu.cpp with their
-autograd, row loops in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py)
-and the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
+under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR): the norms (norms_cpu.cpp with their autograd, row loops
+in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py) and the
+cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
 All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
 tensors, and it sits below model/ in the import order (it imports only torch).
+
+A build is named by a hash of everything it depends on (build_name): the sources, the flags, the compiler, torch
+and, for a -march=native build, the CPU. Checkouts of one commit share a build; different sources never build
+over each other in the shared cache.
 
 Where no compiler exists the build fails once, with a warning, and every fast path runs its reference.
 """
@@ -11,17 +15,22 @@ Where no compiler exists the build fails once, with a warning, and every fast pa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
+import shlex
+import subprocess
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / f"{name}.cpp"
-           for name in ("norms_cpu", "norms_isa_base", "norms_isa_avx2", "norms_isa_avx512", "cross_entropy_cpu",
-                        "swiglu_cpu")]
+HERE = Path(__file__).parent
+# the translation units compiled and linked into one library (they include the headers)
+SOURCES = ("norms_cpu.cpp", "norms_isa_base.cpp", "norms_isa_avx2.cpp", "norms_isa_avx512.cpp", "cross_entropy_cpu.cpp",
+           "swiglu_cpu.cpp")
 _loaded: bool | None = None  # None: not tried yet
 _built: dict = {}  # how the loaded build was made (for meta.json)
 
@@ -37,15 +46,53 @@ def cpu_features() -> str | None:
     return None
 
 
-def build_target(features: str | None, portable: bool) -> tuple[str, list[str]]:
-    """(extension name, arch flags). -march=native code only runs on CPUs with the same instructions, and torch
-    caches a build by name (under ~/.cache/torch_extensions, often a home directory shared across a cluster's
-    nodes): a native build is named after a hash of the CPU's flags, so a node with other flags builds its own.
-    Where the flags cannot be read, or NORMLAB_PORTABLE is set, the build is portable."""
-    if portable or not features:
-        return "normlab_kernels_portable", []
-    tag = hashlib.sha256(f"{platform.machine()} {features}".encode()).hexdigest()[:12]
-    return f"normlab_kernels_native_{tag}", ["-march=native"]
+def build_target(features: str | None, portable: bool) -> list[str]:
+    """The arch flags: -march=native where the CPU's flags can be read (build_name then keys the build by them:
+    native code only runs on CPUs with the same instructions), none where they cannot, or NORMLAB_PORTABLE is set
+    (the portable build has a copy of the norms' loops per instruction set and picks one at run time)."""
+    return [] if portable or not features else ["-march=native"]
+
+
+def source_files(folder: Path = HERE) -> dict[str, bytes]:
+    """Every .cpp and .h under `folder` (fused/), by path relative to it: what a build compiles, byte for byte."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.suffix in (".cpp", ".h") and p.is_file()}
+
+
+def compiler_identity() -> str:
+    """The C++ compiler torch's build runs ($CXX, else c++) and the first line of its --version."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=60).stdout
+        version = (out.strip().splitlines() or ["(no version)"])[0]
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        version = f"(not runnable: {type(e).__name__})"
+    return f"{cxx}: {version}"
+
+
+def torch_identity() -> str:
+    """torch's version and where it and Python's headers are installed (the build's command lines name them: one
+    environment's build is not rebuilt over by another's of the same version)."""
+    return (f"torch {torch.__version__} at {Path(torch.__file__).parent}; python {sys.version_info[0]}."
+            f"{sys.version_info[1]}{getattr(sys, 'abiflags', '')} at {sysconfig.get_paths()['include']}")
+
+
+def build_name(files: dict[str, bytes], cflags: list[str], ldflags: list[str], compiler: str,
+               features: str | None, toolchain: str | None = None) -> str:
+    """The extension's name: normlab_kernels_<native|portable>_<hash of everything the build depends on>, the
+    sources' bytes (source_files), the translation units, the compile and link flags, the compiler
+    (compiler_identity), torch (toolchain: torch_identity() unless given), the machine's architecture and, for a
+    -march=native build, the CPU's flags (a node of a cluster with other instructions builds its own; a portable
+    build runs on any, so it is shared). torch caches a build by name and rebuilds in place whatever differs: two
+    checkouts that named their builds alike (by the CPU alone) rebuilt over each other on every load; now a build
+    is reused exactly when it would come out the same."""
+    native = "-march=native" in cflags
+    key = {"files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+           "sources": list(SOURCES), "cflags": list(cflags), "ldflags": list(ldflags), "compiler": compiler,
+           "toolchain": torch_identity() if toolchain is None else toolchain, "machine": platform.machine(),
+           "cpu": features if native else None}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return f"normlab_kernels_{'native' if native else 'portable'}_{digest}"
 
 
 @torch.compiler.assume_constant_result  # torch.compile calls it while tracing: no graph break at a first build
@@ -56,16 +103,19 @@ def kernel_available() -> bool:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
             print("[normlab] loading the fused CPU kernels (compiled on first use, about a minute; then cached)",
                   file=sys.stderr, flush=True)
-        name, arch = build_target(cpu_features(), bool(os.environ.get("NORMLAB_PORTABLE")))
+        features = cpu_features()
+        arch = build_target(features, bool(os.environ.get("NORMLAB_PORTABLE")))
         cflags = ["-O3", "-fopenmp"] + arch  # -fopenmp: at::parallel_for is an inline OpenMP loop
         if arch:  # one copy of the norms' loops, for this CPU; the portable build has one per instruction set
             cflags.append("-DNORMLAB_NATIVE")
         attempts = [(cflags, ["-fopenmp"])]
         if sys.platform.startswith("linux"):  # first with glibc's vector exp (libmvec), then without
             attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
+        files, compiler = source_files(), compiler_identity()  # read once: what is hashed is what is built
         for extra_cflags, extra_ldflags in attempts:
+            name = build_name(files, extra_cflags, extra_ldflags, compiler, features)
             try:
-                _build(name, extra_cflags, extra_ldflags)
+                _build(name, files, extra_cflags, extra_ldflags)
                 _loaded = True
                 _built.update(name=name, cflags=extra_cflags, norm_loops=torch.ops.normlab.norm_loops())
                 break
@@ -97,12 +147,18 @@ def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
     return paths
 
 
-def _build(name: str, extra_cflags: list[str], extra_ldflags: list[str]) -> None:
-    """torch's load(), under an OS file lock. load() holds torch's own build lock (a plain `lock` file in the
-    build directory) while ninja checks or builds, in every process that loads; a process killed in that window
-    (kill -9, a scheduler's preemption, a test's timeout) leaves the file behind, and every later process waits
-    for it forever. An OS lock dies with its holder: holding it, no other normlab process is inside load(), so a
-    `lock` file found then is stale and is removed."""
+def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ldflags: list[str]) -> None:
+    """torch's load() of `files`, copied into the build directory first, under an OS file lock.
+
+    The copy: torch's load() runs ninja, which rebuilds when a command line changes, and the command lines name the
+    sources' paths. Compiled from the build directory's own copy (written once; the name is a hash of these
+    bytes), a build is the same for every checkout that names it alike, and is not rebuilt for another's paths.
+
+    The lock: load() holds torch's own build lock (a plain `lock` file in the build directory) while ninja checks
+    or builds, in every process that loads; a process killed in that window (kill -9, a scheduler's preemption, a
+    test's timeout) leaves the file behind, and every later process waits for it forever. An OS lock dies with its
+    holder: holding it, no other normlab process is inside load(), so a `lock` file found then is stale and is
+    removed."""
     from filelock import FileLock
     from torch.utils.cpp_extension import _get_build_directory, load
 
@@ -110,10 +166,25 @@ def _build(name: str, extra_cflags: list[str], extra_ldflags: list[str]) -> None
     build_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(build_dir / "normlab.flock")):
         (build_dir / "lock").unlink(missing_ok=True)  # torch's, left by a killed process (none is building now)
-        load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=extra_cflags,
-             extra_ldflags=extra_ldflags, extra_include_paths=[str(Path(__file__).parent)], is_python_module=False,
+        src = build_dir / "src"
+        _place(src, files)
+        load(name=name, sources=[str(src / s) for s in SOURCES], extra_cflags=extra_cflags,
+             extra_ldflags=extra_ldflags, extra_include_paths=[str(src)], is_python_module=False,
              build_directory=str(build_dir), verbose=False)
     _register_fake()
+
+
+def _place(folder: Path, files: dict[str, bytes]) -> None:
+    """Write `files` under `folder`, each only where it is missing or differs (an untouched file keeps its mtime:
+    ninja does not recompile it), atomically (a process killed mid-write leaves no half file to compile)."""
+    for rel, data in files.items():
+        path = folder / rel
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
 
 
 def _register_fake() -> None:

@@ -26,10 +26,11 @@ import sys
 import time
 
 import torch
+from benchlib import SavedOutput
 
 from fused import kernel_available
 from model.norms import LayerNorm, RMSNorm
-from training.cpu import SavedOutput, tune_cpu
+from training.cpu import tune_cpu
 
 
 class Floor(torch.nn.Module):

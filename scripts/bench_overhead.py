@@ -18,7 +18,7 @@ from pathlib import Path
 
 import train
 from training.config import load_config
-from training.runinfo import RunDir
+from training.rundir import RunDir
 
 
 def step_seconds(run_dir: Path, tokens_per_step: int) -> float:

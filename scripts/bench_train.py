@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchlib import SavedOutput
 
 from model import Llama
 from training.config import load_config
-from training.cpu import SavedOutput, tune_cpu
+from training.cpu import tune_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from data.sources import DataError
 from model.hf import check_expressible
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, load_run
 from training.config import ConfigError, load_config
-from training.runinfo import RunDir, load_run
+from training.rundir import RunDir
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:

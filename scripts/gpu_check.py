@@ -42,10 +42,12 @@ def step_row(name: str, overrides: list[str], device: torch.device, steps: int, 
     opt = build_optimizer(model, cfg.optim)
     micro = tc.micro_batch_size
     compiled = torch.compile(model) if tc.compile else model
-    parts = StepParts(model, model, compiled, opt, micro, 1, 1, device, autocast_for(device, tc.dtype), 0.0,
-                      no_clip(cfg.optim.grad_clip), micro * tc.seq_len, scaler_for(device, tc.dtype),
-                      flops_per_token(cfg.model, tc.seq_len) * micro * tc.seq_len,
-                      peak_flops(torch.cuda.get_device_name(device), tc.dtype) if device.type == "cuda" else None)
+    parts = StepParts(
+        model=model, ddp=model, compiled=compiled, opt=opt, micro=micro, accum=1, world_size=1, device=device,
+        autocast=autocast_for(device, tc.dtype), z_loss=0.0, clip=no_clip(cfg.optim.grad_clip),
+        tokens_per_step=micro * tc.seq_len, scaler=scaler_for(device, tc.dtype),
+        flops_per_step=flops_per_token(cfg.model, tc.seq_len) * micro * tc.seq_len,
+        peak_flops=peak_flops(torch.cuda.get_device_name(device), tc.dtype) if device.type == "cuda" else None)
     gen = torch.Generator().manual_seed(0)
     times = []
     if device.type == "cuda":

@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import Tokenizer
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, load_run
 from training.config import ConfigError
-from training.runinfo import load_run
 
 
 def main(argv: list[str] | None = None) -> int:

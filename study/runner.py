@@ -18,7 +18,7 @@ from tqdm import tqdm
 from training.checkpoint import has_checkpoint
 from training.config import load_config
 from training.monitor import FINISHED
-from training.runinfo import RunDir
+from training.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from study.studyfile import Rule
 from training import monitor
 from training.config import Config, flat, to_dict
-from training.runinfo import RunDir, series
+from training.rundir import RunDir, series
 
 # not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured (the same
 # experiment whatever the detector's parameters: studies from before the detector changed still pair)

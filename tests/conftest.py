@@ -98,7 +98,7 @@ def run_tiny(tmp_path, data_args):
 
 def logged(run_dir, key: str = "train/loss") -> list:
     """Every logged value of one metric of a run, in step order."""
-    from training.runinfo import read_metrics
+    from training.rundir import read_metrics
 
     return [r[key] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if key in r]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from training.cpu import ISA_ENV
+from scripts.benchlib import ISA_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

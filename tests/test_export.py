@@ -9,7 +9,7 @@ from conftest import TINY
 
 import train
 from data.tokenizer import Tokenizer
-from training.runinfo import load_run
+from training.checkpoint import load_run
 
 transformers = pytest.importorskip("transformers")
 

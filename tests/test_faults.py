@@ -15,7 +15,7 @@ from conftest import TINY
 
 import train
 from training.checkpoint import load_checkpoint, save_checkpoint
-from training.runinfo import read_metrics
+from training.rundir import read_metrics
 
 
 def records(run_dir):

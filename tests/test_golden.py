@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import train
-from training.runinfo import read_metrics
+from training.rundir import read_metrics
 
 GOLDEN = Path(__file__).parent / "golden" / "default_8_steps.json"
 

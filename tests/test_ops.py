@@ -2,6 +2,7 @@
 model built with either implementation."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,40 +12,137 @@ import torch
 import torch.nn.functional as F
 from conftest import rel_err
 
-from fused import build_target, cpu_features, kernel_available
+from fused import SOURCES, kernel_available
 from model import Llama, ModelArgs
 from model.ops import fast_cross_entropy, fast_swiglu, reference_cross_entropy, reference_swiglu
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_kernel_builds_here():
     assert kernel_available()  # gcc is part of the supported setup; the fallback is tested below
 
 
-def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_one():
-    """torch's load() holds a plain `lock` file in the build directory while ninja checks the build, in every
-    process; one killed there (kill -9, a timeout) left it behind and every later process waited forever (a CI
-    run hung this way). The next process clears it under an OS lock that died with its holder."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    assert kernel_available()  # built (or loaded) here: the build directory exists
-    name = build_target(cpu_features(), bool(os.environ.get("NORMLAB_PORTABLE")))[0]
-    stale = Path(_get_build_directory(name, False)) / "lock"
-    stale.touch()
-    r = subprocess.run([sys.executable, "-c", "import fused; assert fused.kernel_available()"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert not stale.exists()
+def _fused_copy(folder: Path) -> Path:
+    """The fused package copied to folder/fused, as another checkout holds it."""
+    return Path(shutil.copytree(REPO / "fused", folder / "fused", ignore=shutil.ignore_patterns("__pycache__")))
 
 
-def test_kernel_builds_are_keyed_by_the_cpu():
-    """A -march=native build from one node must not be loaded on a node with other instructions (shared home)."""
+BUILD = dict(cflags=["-O3", "-fopenmp", "-march=native"], ldflags=["-fopenmp"], compiler="c++: c++ (GCC) 12.2.0",
+             features="avx avx2 fma sse4_2", toolchain="torch 2.13.0 at /env")
+
+
+def test_a_kernel_build_is_named_by_everything_it_depends_on():
+    """torch caches a build by name and rebuilds it in place when anything differs: the name is a hash of the
+    sources' bytes, the flags, the compiler, torch and (native builds) the CPU, so one differing is another build."""
+    from fused import build_name, source_files
+
+    files = source_files()
+    assert set(files) >= {"norms_cpu.cpp", "norms_api.h", "norms_kernel.h", "common.h", "swiglu_cpu.cpp"}
+    base = build_name(files, **BUILD)
+    assert base.startswith("normlab_kernels_native_") and build_name(dict(files), **dict(BUILD)) == base  # reused
+    header = {**files, "norms_kernel.h": files["norms_kernel.h"] + b" "}  # one byte more in a header
+    others = [build_name(header, **BUILD)] + [build_name(files, **{**BUILD, key: value}) for key, value in (
+        ("cflags", ["-O2", "-fopenmp", "-march=native"]), ("ldflags", ["-fopenmp", "-lmvec"]),
+        ("compiler", "c++: c++ (GCC) 13.1.0"), ("features", "avx avx2 avx512f fma sse4_2"),
+        ("toolchain", "torch 2.14.0 at /env"))]
+    assert len({base, *others}) == 1 + len(others), others
+    # a portable build runs on any CPU of the architecture: one build whatever this CPU's flags
+    portable = {**BUILD, "cflags": ["-O3", "-fopenmp"]}
+    assert build_name(files, **portable).startswith("normlab_kernels_portable_")
+    assert build_name(files, **portable) == build_name(files, **{**portable, "features": "avx2"}) \
+        == build_name(files, **{**portable, "features": None})
+
+
+def test_two_checkouts_of_the_same_sources_name_the_same_build(tmp_path):
+    from fused import build_name, source_files
+
+    a, b = _fused_copy(tmp_path / "a"), _fused_copy(tmp_path / "b")
+    assert source_files(a) == source_files(b) == source_files()
+    assert build_name(source_files(a), **BUILD) == build_name(source_files(b), **BUILD)
+    (b / "swiglu_cpu.cpp").write_bytes((b / "swiglu_cpu.cpp").read_bytes() + b"// another commit\n")
+    assert build_name(source_files(a), **BUILD) != build_name(source_files(b), **BUILD)
+
+
+def test_the_compiler_is_named_by_cxx_and_its_version(monkeypatch):
+    from fused import compiler_identity
+
+    monkeypatch.delenv("CXX", raising=False)
+    default = compiler_identity()
+    assert default.startswith("c++: ") and len(default) > len("c++: ")
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert compiler_identity() == "no-such-compiler-here: (not runnable: FileNotFoundError)" != default
+
+
+def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_the_sources(tmp_path, monkeypatch):
+    """In a build directory of this test's own (TORCH_EXTENSIONS_DIR, read by torch at each call): torch's `lock`
+    left by a killed process is gone when load() runs (torch would wait on it forever), and load() compiles the
+    build directory's copy of the sources, written once (unchanged files keep their mtime: ninja recompiles
+    nothing for another checkout's paths)."""
+    import torch.utils.cpp_extension as cpp
+    from torch.utils.file_baton import FileBaton
+
+    import fused
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    name = "normlab_kernels_test"
+    build = Path(cpp._get_build_directory(name, False))
+    assert build.parent == tmp_path / "ext" and build.is_dir()  # torch made it; never in the user's cache
+    (build / "lock").touch()
+    seen = []
+
+    def load(name, sources, extra_include_paths, build_directory, **kw):
+        baton = FileBaton(os.path.join(build_directory, "lock"))
+        seen.append((baton.try_acquire(), sources, extra_include_paths))
+        baton.release()
+
+    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(fused, "_register_fake", lambda: None)
+    files = fused.source_files()
+    fused._build(name, files, ["-O3"], [])
+    src = build / "src"
+    assert seen == [(True, [str(src / s) for s in fused.SOURCES], [str(src)])]
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == files
+    written = {p: p.stat().st_mtime_ns for p in src.iterdir()}
+    (build / "lock").touch()
+    fused._build(name, files, ["-O3"], [])
+    assert seen[1][0] and {p: p.stat().st_mtime_ns for p in src.iterdir()} == written
+
+
+@pytest.mark.slow
+def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it(tmp_path):
+    """Two copies of the package in other folders (a clone beside a working copy) and a TORCH_EXTENSIONS_DIR of
+    this test's own: the first copy builds; the second, finding torch's `lock` left by a killed process, loads
+    that build without waiting for the lock and without recompiling or relinking anything."""
+    ext = tmp_path / "ext"
+
+    def load(copy: Path) -> str:
+        code = ("import fused; assert fused.kernel_available(); "
+                f"assert fused.__file__.startswith({str(copy)!r}), fused.__file__; "
+                "print(fused.kernel_paths('cpu', 'fast', 'fast')['build']['name'])")
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "PYTHONPATH": str(copy.parent)}
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    a, b = _fused_copy(tmp_path / "a"), _fused_copy(tmp_path / "b")
+    name = load(a)
+    outputs = [*(ext / name).glob("*.o"), ext / name / f"{name}.so"]
+    built = {p: p.stat().st_mtime_ns for p in outputs}
+    (ext / name / "lock").touch()
+    assert load(b) == name
+    assert not (ext / name / "lock").exists()
+    assert len(built) == len(SOURCES) + 1 and {p: p.stat().st_mtime_ns for p in outputs} == built
+
+
+def test_kernel_builds_are_native_where_the_cpu_is_known():
+    """-march=native where the CPU's flags can be read (build_name keys such a build by them: a node with other
+    instructions never loads it from a shared home), portable where they cannot or NORMLAB_PORTABLE is set."""
     from fused import build_target, cpu_features
 
-    avx512 = build_target("avx avx2 avx512f fma sse4_2", portable=False)
-    avx2 = build_target("avx avx2 fma sse4_2", portable=False)
-    assert avx512[1] == avx2[1] == ["-march=native"] and avx512[0] != avx2[0]
-    assert build_target("avx avx2 fma sse4_2", portable=False) == avx2  # stable: the cache is reused
-    assert build_target(None, portable=False) == build_target("avx2", portable=True) == ("normlab_kernels_portable", [])
+    assert build_target("avx avx2 fma sse4_2", portable=False) == ["-march=native"]
+    assert build_target(None, portable=False) == build_target("avx2", portable=True) == []
     assert cpu_features() is None or len(cpu_features()) > 0
 
 
@@ -218,7 +316,7 @@ def test_kernel_build_retries_without_libmvec_then_falls_back(monkeypatch):
 
     calls = []
 
-    def build(name, cflags, ldflags):
+    def build(name, files, cflags, ldflags):
         calls.append("-lmvec" in ldflags)
         if "-lmvec" in ldflags or fail_all:
             raise OSError("cannot find -lmvec")

@@ -11,7 +11,7 @@ import torch
 from conftest import TINY
 
 from model.sharded_norms import shard_sizes
-from training.parallel import load_sharded, save_sharded
+from training.checkpoint import load_sharded, save_sharded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -299,7 +299,7 @@ def test_a_damaged_latest_dcp_falls_back_to_previous_and_a_pt_resumes_onto_fsdp(
 def test_a_dcp_only_run_exports_to_transformers_with_the_same_logits(tmp_path, fsdp_reference):
     from transformers import AutoModelForCausalLM
 
-    from training.runinfo import load_run
+    from training.checkpoint import load_run
 
     ref, _ = fsdp_reference
     assert not list((ref / "checkpoints").glob("*.pt"))  # only DCP checkpoints

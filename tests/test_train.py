@@ -16,7 +16,7 @@ import train
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
-from training.runinfo import read_metrics
+from training.rundir import read_metrics
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training.runinfo import RunDir
+from training.rundir import RunDir
 
 STEP = "train/step"  # the x axis of every wandb chart
 

@@ -11,23 +11,16 @@
   bfloat16 / float16 the blocks' matrices are gathered in that dtype, everything else (the residual stream,
   RoPE, the norms' gains) stays float32 as under autocast, and gradients are reduced in float32.
 
-Checkpoints of a sharded model are written with torch.distributed.checkpoint (DCP): every rank writes its
-shards, and a load reshards to whatever world size reads it (saved on 2 ranks, resumed on 1, or the reverse).
+Checkpoints of a sharded model (DCP directories that reshard on load) are training/checkpoint.py's.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-
-from training import distributed, faults
-from training.checkpoint import CheckpointError, fsync_dir, save_durably
 
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
                 "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
@@ -172,177 +165,8 @@ def no_sync(module: nn.Module):
     return paused()
 
 
-def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
-    """(latest, previous) DCP checkpoint directories beside a run's latest.pt."""
-    return checkpoint.with_name("latest.dcp"), checkpoint.with_name("previous.dcp")
-
-
-def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
-    """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
-    latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate, the renames
-    fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact."""
-    import shutil
-
-    latest, previous = dcp_paths(checkpoint)
-    tmp = checkpoint.with_name(".latest.dcp.tmp")
-    master = not dist.is_initialized() or dist.get_rank() == 0
-    if master:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if dist.is_initialized():
-        dist.barrier()
-    save_sharded(tmp, model, opt, extra)  # every rank's shards are written, or every rank raised
-    faults.point("checkpoint")
-
-    def rotate() -> None:
-        if latest.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            os.replace(latest, previous)
-            faults.point("checkpoint_swap")
-        os.replace(tmp, latest)
-        fsync_dir(latest.parent)
-
-    _on_master_then_everyone(rotate)
-
-
-def _on_master_then_everyone(fn) -> None:
-    """Run fn on rank 0; if it fails, every rank raises (as an OSError: a storage error), so no rank waits at a
-    barrier for one that left."""
-    error = None
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            fn()
-        except OSError as e:
-            error = str(e)
-    error = distributed.broadcast_object(error)
-    if error is not None:
-        raise OSError(error)
-
-
-def _dcp_failure(e: BaseException) -> BaseException:
-    """The first rank's underlying exception of a DCP CheckpointException (a BaseException that carries them)."""
-    failures = getattr(e, "failures", None) or {}
-    first = next(iter(failures.values()), None)
-    return first[0] if isinstance(first, tuple) else (first or e)
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def dcp_candidates(checkpoint: Path) -> list[Path]:
-    """The DCP checkpoint directories newer than latest.pt (or all of them, without a latest.pt), newest first:
-    latest.dcp, then previous.dcp to fall back to if it cannot be read."""
-    found = sorted((p for p in dcp_paths(checkpoint) if (p / "extra.pt").is_file()),
-                   key=lambda p: (p / "extra.pt").stat().st_mtime, reverse=True)
-    if checkpoint.is_file():
-        found = [p for p in found if (p / "extra.pt").stat().st_mtime >= checkpoint.stat().st_mtime]
-    return found
-
-
-def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict) -> None:
-    """Load a full (unsharded) model and optimizer state, as a .pt checkpoint holds it, into this model and
-    optimizer: directly in one process or DDP; onto a sharded model through torch's distributed state-dict API,
-    which takes each rank's shard of every tensor (plain load_state_dict would accept full-size state for
-    sharded parameters). Shapes that do not fit raise."""
-    if not is_sharded(model):
-        model.load_state_dict(model_state)
-        opt.load_state_dict(opt_state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    # optimizer.state_dict() names parameters by their index in the param groups; the distributed API by name
-    names = {id(p): name for name, p in model.named_parameters()}
-    order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
-    by_name = {"state": {order[i]: v for i, v in opt_state["state"].items()},
-               "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in opt_state["param_groups"]]}
-    set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=by_name,
-                   options=StateDictOptions(full_state_dict=True))
-
-
-@contextmanager
-def _readable(path: Path):
-    """A DCP checkpoint that cannot be read (damaged, foreign, missing pieces) is bad input: one CheckpointError
-    line. DCP raises CheckpointException, a BaseException, that `except Exception` would let through."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        yield
-    except CheckpointException as e:
-        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
-    except Exception as e:
-        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
-
-
-def load_sharded_weights(path: Path, model: nn.Module) -> None:
-    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in one process, for
-    export and sampling; CheckpointError (one line) when it cannot be read or does not fit."""
-    import torch.distributed.checkpoint as dcp
-
-    state = {"model": model.state_dict()}
-    with _readable(path), _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    model.load_state_dict(state["model"])
-
-
-def full_model_state(model: nn.Module) -> dict:
-    """The whole model's state, unsharded, on rank 0's CPU ({} on the other ranks). A collective: every rank
-    calls it. For work that should not be a collective per step (sampling token by token: under tensor
-    parallelism a prompt's length rarely splits evenly over the sequence-parallel ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a DTensor (e.g. its positions under sequence parallelism); a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-@contextmanager
-def _single_process_ok():
-    """DCP warns that it 'assumes' a single process when there is no process group: here that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
-    """A DCP checkpoint directory: model and optimizer state as each rank holds it, plus `extra` (step, loader,
-    RNG...; the same on every rank, written once)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, opt_state = get_state_dict(model, opt)
-    try:
-        with _single_process_ok():
-            dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
-                     no_dist=not dist.is_initialized())
-    except CheckpointException as e:  # a BaseException, raised on every rank: a storage error, one line
-        raise OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}") from None
-
-    def write_extra() -> None:  # written last: a directory with extra.pt is a complete checkpoint
-        save_durably(extra, Path(path) / ".extra.pt.tmp")
-        os.replace(Path(path) / ".extra.pt.tmp", Path(path) / "extra.pt")
-        fsync_dir(Path(path))
-
-    _on_master_then_everyone(write_extra)
-
-
-def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """Load a DCP checkpoint into this model and optimizer, whatever world size wrote it (DCP reshards); the
-    `extra` dict."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, opt_state = get_state_dict(model, opt)
-    state = {"model": model_state, "optimizer": opt_state}
-    with _readable(path), _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
-        extra = torch.load(Path(path) / "extra.pt", weights_only=False)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return extra

@@ -16,18 +16,22 @@ from filelock import FileLock, Timeout
 from training import distributed, faults
 from training.checkpoint import (
     CheckpointError,
+    dcp_candidates,
     has_checkpoint,
     has_pt,
+    load_full_state,
     load_latest,
+    load_sharded,
     rng_state,
     save_checkpoint,
+    save_sharded_checkpoint,
     set_rng_state,
 )
 from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
 from training.monitor import classify
 from training.optim import lr_at
-from training.parallel import dcp_candidates, is_sharded, load_full_state, load_sharded, save_sharded_checkpoint
-from training.runinfo import RunDir, run_meta, truncate_metrics, write_json, write_text
+from training.parallel import is_sharded
+from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
 
 # what a resumed run may change: its length and how it runs, not what it trains
 RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,10 +27,11 @@ class Every:
         return step == self.last or (self.n > 0 and (step % self.n == 0 or self.first and step == 1))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepParts:
     """What one optimizer step needs: the model three ways (bare for clipping, DDP-wrapped for no_sync, and
-    possibly compiled), its optimizer and how the global batch splits."""
+    possibly compiled), its optimizer and how the global batch splits. Built by keyword (fifteen fields, several
+    of one type: a positional call would swap two without an error)."""
 
     model: torch.nn.Module
     ddp: torch.nn.Module
@@ -44,7 +45,9 @@ class StepParts:
     z_loss: float
     clip: float  # max global grad norm (inf: no clipping)
     tokens_per_step: int
-    scaler: torch.amp.GradScaler | None = None  # float16 autocast: dynamic loss scaling; None or disabled: off
+    # float16 autocast: dynamic loss scaling (scaler_for); disabled, its scale, unscale_ and update do nothing and
+    # its step is the optimizer's
+    scaler: torch.amp.GradScaler = field(default_factory=lambda: torch.amp.GradScaler(enabled=False))
     flops_per_step: float = 0.0  # model FLOPs of one optimizer step (training/flops.py)
     peak_flops: float | None = None  # per device; known: train/mfu is logged
 
@@ -90,56 +93,11 @@ class NoProbe:
 NO_PROBE = NoProbe()
 
 
-class NoScaling:
-    """float32 and bfloat16: the loss as it is; a non-finite gradient is a divergence, never an overflow."""
-
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss
-
-    def unscale(self, opt: torch.optim.Optimizer) -> None: ...
-
-    def record(self) -> dict:
-        return {}
-
-    def overflowed(self, loss_value: float, norm_value: float) -> bool:
-        return False
-
-    def step(self, opt: torch.optim.Optimizer, overflow: bool) -> dict:
-        opt.step()
-        return {}
-
-
-class LossScaling(NoScaling):
-    """float16: GradScaler's dynamic loss scale. Gradients that overflow at the current scale (a finite loss, a
-    non-finite gradient norm, the scale still >= 1) are not a divergence: the step is skipped (GradScaler's step()
-    sees the infs unscale_ found) and the scale halves."""
-
-    def __init__(self, scaler: torch.amp.GradScaler):
-        self.scaler = scaler
-
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(loss)
-
-    def unscale(self, opt: torch.optim.Optimizer) -> None:
-        self.scaler.unscale_(opt)
-
-    def record(self) -> dict:
-        return {"amp/scale": self.scaler.get_scale()}
-
-    def overflowed(self, loss_value: float, norm_value: float) -> bool:
-        return is_finite(loss_value) and not is_finite(norm_value) and self.scaler.get_scale() >= 1
-
-    def step(self, opt: torch.optim.Optimizer, overflow: bool) -> dict:
-        self.scaler.step(opt)
-        self.scaler.update()
-        return {"amp/skipped": float(overflow)}
-
-
 def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=NO_PROBE) -> StepResult:
     """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`. A due
     probe's hooks observe this step (its per-layer metrics join the record)."""
     t0 = time.perf_counter()
-    scaling = LossScaling(p.scaler) if p.scaler is not None and p.scaler.is_enabled() else NoScaling()
+    scaler, scaling = p.scaler, p.scaler.is_enabled()
     for group in p.opt.param_groups:
         group["lr"] = lr
     x, y = batch
@@ -156,21 +114,29 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
             total = loss
             if p.z_loss:
                 total = total + p.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
-            scaling.scale(total / p.accum).backward()
+            scaler.scale(total / p.accum).backward()
         loss_sum += loss.detach()
-    scaling.unscale(p.opt)  # true gradients from here on (probe, clipping)
+    scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     probe.record_grads()  # before clipping, like the global norm
     grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))  # sharded: the global norm
     train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
     loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
-    record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value, **scaling.record()}
-    overflow = scaling.overflowed(loss_value, norm_value)
+    record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
+    # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient norm, the scale
+    # still >= 1) are not a divergence: the step is skipped (GradScaler's step() sees the infs unscale_ found) and
+    # the scale halves. float32 and bfloat16: a non-finite gradient is a divergence, never an overflow
+    overflow = scaling and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
+    if scaling:
+        record["amp/scale"] = scaler.get_scale()
     if not overflow and not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite grad
         probe.finish()  # detach the hooks
         return StepResult(record, diverged=True)
     if not overflow:
         probe.snapshot()  # parameters before the update, for update/ratio
-    record.update(scaling.step(p.opt, overflow))
+    scaler.step(p.opt)  # disabled: p.opt.step()
+    scaler.update()
+    if scaling:
+        record["amp/skipped"] = float(overflow)
     p.opt.zero_grad(set_to_none=True)
     metrics = probe.finish()
     if not overflow:

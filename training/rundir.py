@@ -1,4 +1,5 @@
-"""What a run directory records besides metrics: meta.json (where and how it ran) and summary.json."""
+"""A run directory: its layout (RunDir), meta.json (where and how it ran), reading and truncating metrics.jsonl,
+and summary.json. A model built from a run's checkpoint is training/checkpoint.py's load_run."""
 
 from __future__ import annotations
 
@@ -78,39 +79,6 @@ def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_siz
                                                 "unigram_entropy", "corpus_sha256")},
         "host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def load_run(run_dir: Path):
-    """(model, prepared data directory) of a run: its config.yaml's model with the weights of its newest readable
-    checkpoint of either kind (a sharded run's latest.dcp / previous.dcp, or latest.pt / previous.pt), in eval
-    mode; ConfigError / CheckpointError (one line) when run_dir is not a usable run."""
-    from data.prepare import prepare
-    from model import Llama
-    from training.checkpoint import CheckpointError, load_latest
-    from training.config import ConfigError, load_config
-    from training.parallel import dcp_candidates, load_sharded_weights
-
-    run = RunDir(Path(run_dir))
-    if not run.config.is_file():
-        raise ConfigError(f"{run.path} is not a run directory (no config.yaml)")
-    cfg = load_config(run.config)
-    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
-    model = Llama(cfg.model)
-    errors = []
-    for path in dcp_candidates(run.checkpoint):  # a sharded run's checkpoints, newer than any latest.pt
-        try:
-            load_sharded_weights(path, model)
-            return model.eval(), prepared
-        except CheckpointError as e:
-            errors.append(str(e))
-    try:
-        model.load_state_dict(load_latest(run.checkpoint)[0]["model"])
-    except CheckpointError as e:
-        raise CheckpointError("; ".join([*errors, str(e)])) from None
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit {run.config}: "
-                              f"{str(e).strip().splitlines()[0][:200]}") from None
-    return model.eval(), prepared
 
 
 def read_metrics(path: str | Path) -> list[dict]:
