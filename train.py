@@ -148,8 +148,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     status, diverged_at, done, planned_stop = "ok", None, start_step, False
     if start_step == 0:  # L0: the val loss before the first step, the same kind of number as every later eval
-        l0, se = evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro)
-        logger.log(0, {"val/loss": l0, "val/loss_se": se})
+        logger.log(0, evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
+                               data.token_bytes.to(d.device)))
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     try:
         for step in range(start_step, tc.steps):
@@ -166,8 +166,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 break
             # validation, on its cadence and at the last step
             if evals.due(done):
-                record["val/loss"], record["val/loss_se"] = evaluate(model, data.val_tokens, cfg, d, parts.autocast,
-                                                                     data.micro)
+                record.update(evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
+                                       data.token_bytes.to(d.device)))
                 logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {record['val/loss']:.4f}")
             logger.log(done, record)
             faults.point("log")
@@ -203,6 +203,7 @@ class Data:
     val_tokens: object
     micro: int  # sequences per forward pass and process
     accum: int  # micro-batches per optimizer step
+    token_bytes: torch.Tensor  # bytes of text each token id stands for (val/bpb)
 
 
 def open_data(cfg: Config, d: distributed.Dist) -> Data:
@@ -218,7 +219,8 @@ def open_data(cfg: Config, d: distributed.Dist) -> Data:
                          d.data_world)
     val_tokens = load_tokens(prepared, "val")
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
-    return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro)
+    token_bytes = torch.from_numpy(Tokenizer(prepared / "tokenizer.model").token_bytes())
+    return Data(prepared, read_meta(prepared), loader, val_tokens, micro, per_rank // micro, token_bytes)
 
 
 def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, kernels: dict,

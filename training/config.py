@@ -23,12 +23,13 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    source: str = "pydocs"  # pydocs | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT]
+    source: str = "pydocs"  # pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]
     vocab_size: int = 4096  # SentencePiece vocabulary; also sets model.vocab_size
     val_fraction: float = 0.05  # share of documents held out for validation
     seed: int = 1337  # train/val document split
     text_field: str = "text"
     root: str = "data/prepared"
+    max_tokens: int = 0  # cap the training split at this many tokens (a hub source is streamed); 0 = all
 
 
 @dataclass
