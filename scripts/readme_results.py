@@ -5,6 +5,8 @@ between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim
 the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
 `<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
 CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
+`<!-- replication: A,B -->` puts two result folders of one study on two corpora side by side (claims, LR50s, LR
+sensitivity, the common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block
 `<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
 and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
 study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
@@ -25,7 +27,7 @@ from pathlib import Path
 from study.text import g, interval
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
 
 
@@ -148,6 +150,81 @@ def found(results: Path, rel: str) -> str:
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
 
 
+def bits_per_nat(study_yaml: Path) -> float:
+    """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval set's target
+    tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval, so one constant per study;
+    runs that logged val/bpb agree with it)."""
+    import math
+
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from data.loader import load_tokens
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+    from study.studyfile import flatten, load_study
+    from training.config import load_config
+
+    study = load_study(study_yaml)
+    cfg = load_config(study["config"], flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))))
+    prepared = prepare(**vars(cfg.data), verbose=False)
+    tokens = load_tokens(prepared, "val")
+    seq, budget = cfg.train.seq_len, cfg.train.eval_tokens
+    n = (len(tokens) - 1) // seq if budget <= 0 else min(max(1, budget // seq), (len(tokens) - 1) // seq)
+    targets = np.asarray(tokens[1: n * seq + 1], dtype=np.int64)
+    n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
+    return len(targets) / n_bytes / math.log(2)
+
+
+def replication(paths: str) -> str:
+    """Two reports of one study on two corpora side by side (`<!-- replication: A,B -->`): per placement, each
+    norm's LR50 (or its bound) and LR sensitivity, the loss at the common safe LR in bits per byte, each claim's
+    verdict; then one sentence: which findings hold on both corpora, which on one only."""
+    folders = [Path(p) for p in paths.split(",")]
+    reports = [json.loads((f / "report.json").read_text()) for f in folders]
+    factors = [bits_per_nat(f / "study.yaml") for f in folders]
+    names = [f.name for f in folders]
+    rows = ["| claim | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    keyed = []
+    for c in reports[0]["claims"]:
+        others = [next((o for o in r["claims"] if (o["A"], o["B"], o["metric"], o["says"]) ==
+                        (c["A"], c["B"], c["metric"], c["says"])), None) for r in reports]
+        cells = []
+        for o, k in zip(others, factors, strict=True):
+            if o is None:
+                cells.append("-")
+            elif o["metric"] == "common_loss" and o["loss"]["mean"] is not None:
+                p = o["loss"]
+                ci = f" ({p['ci'][0] * k:+.4f}..{p['ci'][1] * k:+.4f})" if p["ci"] else ""
+                lr = f" at lr {g(o['lrs'][0])}" if o.get("lrs") else ""
+                cells.append(f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}")
+            else:
+                cells.append(f"**{o['agreement']}**: {_short(o)}")
+        keyed.append((c, [o["agreement"] if o else None for o in others]))
+        rows.append(f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
+                    + " | ".join(cells) + " |")
+    arms = ["", "| arm | " + " | ".join(f"{n}: LR50; LR sensitivity (bits per byte)" for n in names) + " |",
+            "|---|" + "---|" * len(names)]
+    for label in reports[0]["per_arm"]:
+        cells = []
+        for r, k in zip(reports, factors, strict=True):
+            a = r["per_arm"].get(label) or {}
+            s = a.get("sensitivity") or {}
+            sens = "-" if s.get("mean") is None else f"{s['mean'] * k:.3f}" + (
+                f" ({s['ci'][0] * k:.3f}..{s['ci'][1] * k:.3f})" if s.get("ci") else "")
+            cells.append(f"{a.get('text', '-')}; {sens}")
+        arms.append(f"| {label} | " + " | ".join(cells) + " |")
+    both = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: {v[0]})" for c, v in keyed
+            if len(set(v)) == 1 and v[0] in ("agrees", "disagrees")]
+    one = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: " + " / ".join(str(x) for x in v) + ")"
+           for c, v in keyed if len(set(v)) > 1]
+    sentence = ("Holds on both corpora: " + ("; ".join(both) or "no verdict") + ". On one only: "
+                + ("; ".join(one) or "none") + ". Where neither corpus decides a claim, it is in neither list.")
+    note = (f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
+            f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare.")
+    return "\n".join([sentence, "", note, "", *rows, *arms]) + "\n"
+
+
 def bench(path: Path) -> str:
     """A saved benchmark output, its headings demoted below the page's own."""
     return re.sub(r"^(#+) ", r"#\1 ", path.read_text(), flags=re.M).rstrip("\n") + "\n"
@@ -235,11 +312,14 @@ def update(readme: Path) -> int:
         raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
-        path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
-        if not path.exists():
+        path = Path(os.path.abspath(readme.parent / m.group("path").split(",")[0]))  # not resolved: links stay
+        if not path.exists():  # page-relative
             raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
         kind = m.group("kind")
-        if kind == "found":
+        if kind == "replication":
+            body = replication(",".join(str(Path(os.path.abspath(readme.parent / p))) for p in
+                                        m.group("path").split(",")))
+        elif kind == "found":
             body = found(path, m.group("path").rstrip("/"))
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))

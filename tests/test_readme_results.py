@@ -5,6 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+from conftest import TINY, write_corpus
+
 REPO = Path(__file__).resolve().parent.parent
 
 REPORT = """# Stability report: s
@@ -175,3 +178,45 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: " in text
     assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
         "report.md) |" in text
+
+
+def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):
+    """Two constructed report.json files of one study on two corpora (two local text files): the common-LR loss
+    difference is converted to bits per byte by each study's eval-set factor (tokens / bytes / ln 2, computed here
+    by hand from the prepared data), and the sentence sorts the claims into both / one only."""
+    import math
+
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+
+    other = tmp_path / "other.txt"
+    write_corpus(other, seed=7)
+    claim = {"paper": "P", "says": "S", "A": "rmsnorm/post", "B": "layernorm/post", "p": 0.01, "p_holm": 0.02}
+    folders = []
+    for name, corpus, agreement, mean in (("a", corpus_file, "agrees", 0.01), ("b", other, "cannot tell", 0.05)):
+        f = tmp_path / "results" / name
+        f.mkdir(parents=True)
+        (f / "study.yaml").write_text(f"name: {name}\nconfig: {TINY}\noverrides: {{data: {{source: 'text:{corpus}', "
+                                      f"vocab_size: 320, root: '{tmp_path / 'prepared'}'}}, train: {{seq_len: 16, "
+                                      f"eval_tokens: 1024}}}}\ngrid: {{lr: [0.01]}}\n")
+        (f / "report.json").write_text(json.dumps({"name": name, "runs": 1, "per_arm": {}, "claims": [
+            {**claim, "metric": "common_loss", "expect": "same", "agreement": agreement, "lrs": [0.01, 0.01],
+             "loss": {"n": 12, "mean": mean, "ci": [mean - 0.01, mean + 0.01], "verdict": "x"}},
+            {**claim, "metric": "lr50", "expect": "same", "agreement": "agrees", "says": "T",
+             "lr50_ratio": {"ratio": 1.2, "ci": [0.8, 1.6], "identified": True, "p": 0.01, "n": 30, "failed": 9,
+                            "bounds": [None, None]}}]}))
+        folders.append(f)
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- replication: results/a,results/b -->\nold\n<!-- /replication -->\n")
+    r = _run(readme)
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    prepared = prepare(f"text:{other}", vocab_size=320, root=tmp_path / "prepared", verbose=False)
+    tokens = np.fromfile(prepared / "val.bin", dtype=np.uint16)
+    n = min(1024 // 16, (len(tokens) - 1) // 16)
+    targets = tokens[1: n * 16 + 1].astype(np.int64)
+    k = len(targets) / int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum()) / math.log(2)
+    assert f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr 0.01" in text
+    assert text.splitlines()[2].startswith("Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
+                                           "On one only: rmsnorm/post vs layernorm/post (loss at a common safe LR: "
+                                           "agrees / cannot tell).")
