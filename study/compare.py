@@ -66,7 +66,7 @@ def nested(a: Arm, b: Arm, test_seeds, margin: float) -> Nested:
 
 def common(a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float) -> Nested:
     """A - B at their common safe LR, on the common seeds."""
-    lr, how = common_lr(a.runs, b.runs, grid, selection_seeds)
+    lr, how = common_lr(a.runs, b.runs, grid, selection_seeds, common_seeds)
     return losses_at(a, b, lr, lr, common_seeds, margin, how)
 
 

@@ -11,8 +11,8 @@
              every one failed, so the failure curve has >= 5 seeds where it rises
     test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested selection)
     common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR: the largest LR
-             of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound
-             (chosen from the runs so far, none of them the common seeds' own)
+             of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound,
+             from the runs of the other seeds (so it never moves once the common seeds have run)
 
 Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same choices.
 """
@@ -74,11 +74,14 @@ def upper(runs: list[Run], seeds) -> list[Run]:
     return [r for r in runs if r.finished and (low is None or r.lr >= low)]
 
 
-def common_lr(a: list[Run], b: list[Run], grid, seeds) -> tuple[float | None, str]:
-    """(the common safe LR of two arms, how it was chosen): the largest LR of the grid, at or above both arms'
-    floors, at which both arms' fitted P(fail) is below SAFE at its upper one-sided 95% bound; where no grid LR
-    meets that (few runs bound P(fail) loosely), the largest grid LR at which every run of both arms trained, said
-    so. None where neither exists."""
+def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[float | None, str]:
+    """(the common safe LR of two arms, how it was chosen), from their runs on seeds other than `exclude` (the
+    common seeds: an LR is never chosen on the seeds that compare at it, and it does not move once they have run):
+    the largest LR of the grid, at or above both arms' floors, at which both arms' fitted P(fail) is below SAFE at
+    its upper one-sided 95% bound; where no grid LR meets that (few runs bound P(fail) loosely), the largest grid LR
+    at which every such run of both arms trained, said so. None where neither exists."""
+    a = [r for r in a if r.seed not in exclude]
+    b = [r for r in b if r.seed not in exclude]
     ua, ub = upper(a, seeds), upper(b, seeds)
     lows = [floor(a, seeds), floor(b, seeds)]
     if not ua or not ub or None in lows:
@@ -203,7 +206,8 @@ def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
         if claim["metric"] != "common_loss":
             continue
         for A, B in arm_pairs(study, claim):
-            lr, _ = common_lr(runs_of(A, runs), runs_of(B, runs), study["grid"]["optim.lr"], p.selection_seeds)
+            lr, _ = common_lr(runs_of(A, runs), runs_of(B, runs), study["grid"]["optim.lr"], p.selection_seeds,
+                              p.common_seeds)
             if lr is not None:
                 out += specs(study, A, [lr], p.common_seeds, extra) + specs(study, B, [lr], p.common_seeds, extra)
     return out

@@ -107,8 +107,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
     judge(runs, file.rule)  # every run, live or archived, judged by the study file's rule
     keys, grouped = group_arms(runs)
     selection, test = split_seeds({r.seed for r in runs}, file.protocol)
-    common_seeds = [s for s in sorted({r.seed for r in runs}, key=str)
-                    if file.protocol is not None and s in file.protocol.common_seeds]
+    common_seeds = [s for s in file.protocol.common_seeds if s in {r.seed for r in runs}] if file.protocol else []
     arms = {label: Arm(label, rs) for label, rs in grouped.items()}
     for a in arms.values():
         a.best_lr = select_lr(a.runs, selection)
