@@ -88,18 +88,30 @@ WORDS = {"lr50": "LR50", "lr_sensitivity": "LR sensitivity", "common_loss": "los
          "best_loss": "loss at each one's best LR"}
 
 
-def _verdicts(cs: list[dict]) -> str:
-    """What a group of claims says, in plain words, from their verdicts alone."""
-    agree = [WORDS[c["metric"]] for c in cs if c["agreement"] == "agrees"]
-    differ = [WORDS[c["metric"]] for c in cs if c["agreement"] == "disagrees"]
+def _norm_sentence(norm: list[dict], report: dict) -> str:
+    """What the norm claims say in plain words: what is the same (within the margins set before the runs), what
+    differs, and what these runs cannot tell, each with where (which placements)."""
+    m, r, sm = report.get("margin", 0.02), report.get("ratio_margin", 2), report.get("sensitivity_margin", 0.1)
+    what = {"common_loss": f"the same final loss at a learning rate safe for both (within {m:g} nats",
+            "best_loss": f"the same final loss at each one's best learning rate (within {m:g} nats",
+            "lr50": f"the same stability (LR50 within x{r:g}", "lr_sensitivity": "the same sensitivity to the learning "
+            f"rate (within {sm:g} nats"}
+    same, differ, open_ = [], [], []
+    for metric in ("common_loss", "best_loss", "lr50", "lr_sensitivity"):
+        for verdict, out in (("agrees", same), ("disagrees", differ), ("cannot tell", open_)):
+            cs = [c for c in norm if c["metric"] == metric and c["agreement"] == verdict]
+            if cs:
+                where = "both placements" if len(cs) == 2 and len({_common(c) for c in cs}) == 2 else \
+                    ", ".join(f"{_common(c)}-norm" for c in cs)
+                out.append(f"{what[metric]}, {where})")
+    parts = []
+    if same:
+        parts.append("RMSNorm and LayerNorm have " + " and ".join(same))
     if differ:
-        return "a difference in " + ", ".join(differ)
-    if agree and len(agree) == len(cs):
-        return "the same within the margins set before the runs"
-    if agree:
-        return "the same in " + ", ".join(agree) + "; no verdict on " + ", ".join(
-            WORDS[c["metric"]] for c in cs if c["agreement"] != "agrees")
-    return "no difference detected and no equivalence shown"
+        parts.append("they do not have " + " and ".join(differ))
+    if open_:
+        parts.append("whether they have " + " and ".join(open_) + ", these runs cannot tell")
+    return "Which norm sits there: " + "; ".join(parts) + "."
 
 
 def found(results: Path, rel: str) -> str:
@@ -115,18 +127,16 @@ def found(results: Path, rel: str) -> str:
     norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
     lines = []
     if place and all(c["agreement"] == "agrees" for c in place):
-        lines.append("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at ("
+        ratios = [c["lr50_ratio"]["ratio"] for c in place if c["lr50_ratio"].get("ratio")]
+        times = f" {1 / max(ratios):.0f}-{1 / min(ratios):.0f}x lower than" if len(ratios) == len(place) else ""
+        lines.append(f"Where the norm sits decides stability: Post-LN fails at learning rates{times or ''} "
+                     f"{'those ' if times else ''}Pre-LN trains at ("
                      + "; ".join(f"{_common(c)}: {_short(c)}" for c in place) + ").")
     elif place:
         lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
                                                for c in place) + ".")
-    by_placement: dict[str, list[dict]] = {}
-    for c in norm:
-        by_placement.setdefault(_common(c), []).append(c)
-    if by_placement:
-        lines.append("Which norm sits there: RMSNorm vs LayerNorm is, " + "; ".join(
-            f"in {p}-norm, {_verdicts(cs)}" for p, cs in by_placement.items()) + " (numbers, n and tests in the "
-            "table).")
+    if norm:
+        lines.append(_norm_sentence(norm, default) + " Numbers, n and tests in the table.")
     counts: dict[str, int] = {}
     for r in reports.values():
         for c in r.get("claims", []):

@@ -189,6 +189,7 @@ def as_json(res: StudyResult) -> dict:
         "name": res.file.name, "about": res.file.about, "runs": len(res.runs), "arms": len(res.arms),
         "arm_keys": res.keys, "steps": res.runs[0].config.get("train.steps"),
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None, "margin": res.margin,
+        "ratio_margin": res.file.ratio_margin, "sensitivity_margin": res.file.sensitivity_margin,
         "rule": res.file.rule.describe(), "alternatives": [r.name for r in res.file.alternatives],
         "selection_seeds": res.selection_seeds, "test_seeds": res.test_seeds, "common_seeds": res.common_seeds,
         "per_arm": {label: {"config": {k: a.runs[0].config.get(k) for k in res.keys}, "best_lr": a.best_lr,

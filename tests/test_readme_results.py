@@ -172,8 +172,11 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     assert ("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at (layernorm: "
             "LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: LR50 ratio 0.01 (0.002..0.05), Holm p = 0.04)."
             ) in text
-    assert ("RMSNorm vs LayerNorm is, in post-norm, the same within the margins set before the runs; in pre-norm, "
-            "a difference in loss at a common safe LR (numbers") in text
+    assert ("Which norm sits there: RMSNorm and LayerNorm have the same final loss at a learning rate safe for "
+            "both (within 0.02 nats, post-norm) and the same stability (LR50 within x2, post-norm) and the same "
+            "sensitivity to the learning rate (within 0.1 nats, both placements); they do not have the same final "
+            "loss at a learning rate safe for both (within 0.02 nats, pre-norm); whether they have the same "
+            "stability (LR50 within x2, pre-norm), these runs cannot tell.") in text
     assert "2 studies check 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
     assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: " in text
     assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
