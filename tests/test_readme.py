@@ -40,7 +40,7 @@ SLOW = {
     "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch":
         "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "176 runs on the study protocol (77 min on 2 busy cores)",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "176 runs on the study protocol (77 min)",
     "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
     "python scripts/bench_norms.py --save docs/results/bench/norms.md": "a benchmark (minutes) that rewrites the "
     "committed result; tests/test_bench.py runs it small",
