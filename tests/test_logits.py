@@ -13,6 +13,7 @@ from conftest import tiny_args
 from model import Llama
 from model.layers import apply_rope, attention_path, explicit_attention
 from model.norms import LayerNorm, NoNorm, RMSNorm
+from training import metrics
 from training.config import ConfigError, load_config, to_yaml
 
 
@@ -161,3 +162,65 @@ def test_the_output_softcap_runs_in_float32_under_bfloat16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(*torch.randint(0, 64, (2, 2, 16)))
     assert logits.dtype == torch.float32 and torch.isfinite(loss)
+
+
+# -- attention entropy ------------------------------------------------------------------------------------------------
+def _reference_entropy(q, k, cap: float) -> float:
+    """Mean over batch, heads and query positions of -sum_j a_ij log a_ij, a_i the causal softmax, in float64."""
+    q, k = q.double(), k.double()
+    B, H, T, hd = q.shape
+    total = 0.0
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // k.shape[1])
+            for i in range(T):
+                z = k[b, g, :i + 1] @ q[b, h, i] / math.sqrt(hd)
+                z = cap * torch.tanh(z / cap) if cap else z
+                logp = z - torch.logsumexp(z, 0)
+                total -= (logp.exp() * logp).sum().item()
+    return total / (B * H * T)
+
+
+@pytest.mark.parametrize("cap", [0.0, 3.0])
+def test_attention_entropy_matches_a_float64_reference(monkeypatch, cap):
+    """Constructed q and k: heads from near-uniform (small q) to near one-hot (a large q), entropy in nats; the
+    chunked pass (MAX_SCORES forcing one sequence at a time) gives the same numbers; logit_max stays the uncapped
+    max |q.k| / sqrt(d)."""
+    torch.manual_seed(0)
+    q = torch.randn(3, 4, 7, 8) * torch.tensor([0.01, 1.0, 3.0, 30.0]).view(1, 4, 1, 1)
+    k = torch.randn(3, 2, 7, 8)
+    logit_max, entropy = metrics.qk_stats(q, k, cap)
+    assert entropy.item() == pytest.approx(_reference_entropy(q, k, cap), rel=1e-5)
+    uniform = sum(math.log(i + 1) for i in range(7)) / 7  # the entropy's ceiling: every key alike
+    assert 0 < entropy.item() < uniform
+    kk = k.double().repeat_interleave(2, dim=1)
+    scores = (q.double() @ kk.transpose(-1, -2)).abs() / math.sqrt(8)
+    assert logit_max.item() == pytest.approx(scores[..., torch.ones(7, 7).tril().bool()].max().item(), rel=1e-6)
+    monkeypatch.setattr(metrics, "MAX_SCORES", 1)  # one sequence per chunk
+    chunked = metrics.qk_stats(q, k, cap)
+    assert chunked[0].item() == pytest.approx(logit_max.item(), rel=1e-6)
+    assert chunked[1].item() == pytest.approx(entropy.item(), rel=1e-6)
+    assert metrics.qk_stats(q * 0, k)[1].item() == pytest.approx(uniform, rel=1e-6)  # zero logits: uniform
+
+
+def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
+    """attn/entropy/layer_{i} is the entropy of layer i's attention on this step's input (qk_stats of attention.qk),
+    averaged over forward passes; with a softcap, of the capped logits the layer uses."""
+    torch.manual_seed(0)
+    model = Llama(tiny_args(attn_softcap=2.0, init_std=0.2))
+    x = torch.randint(0, 64, (2, 3, 16))
+    inputs = {}
+    handles = [b.attention.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a))
+               for i, b in enumerate(model.layers)]
+    probe = metrics.StabilityProbe(model)
+    probe.attach()
+    for xm in x:
+        model(xm)
+    got = probe.finish()
+    for h in handles:
+        h.remove()
+    for i, block in enumerate(model.layers):
+        with torch.no_grad():
+            want = [metrics.qk_stats(*block.attention.qk(*a), 2.0)[1].item() for a in inputs[i]]
+        assert got[f"attn/entropy/layer_{i}"] == pytest.approx(sum(want) / len(want), rel=1e-6)
+        assert 0 < got[f"attn/entropy/layer_{i}"] < math.log(16)
