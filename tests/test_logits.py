@@ -3,6 +3,7 @@ choice (and the old boolean spelling), attention and output logit soft-capping (
 the z-loss term logged apart, coupled vs independent weight decay and muParam (simple)'s per-group LRs (one AdamW
 step computed by hand in float64)."""
 
+import json
 import math
 
 import pytest
@@ -14,7 +15,8 @@ from model import Llama
 from model.layers import apply_rope, attention_path, explicit_attention
 from model.norms import LayerNorm, NoNorm, RMSNorm
 from training import metrics
-from training.config import ConfigError, load_config, to_yaml
+from training.config import ConfigError, OptimConfig, load_config, to_yaml
+from training.optim import build_optimizer, lr_at, param_groups, set_lr
 
 
 # -- qk-norm ----------------------------------------------------------------------------------------------------------
@@ -224,3 +226,159 @@ def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
             want = [metrics.qk_stats(*block.attention.qk(*a), 2.0)[1].item() for a in inputs[i]]
         assert got[f"attn/entropy/layer_{i}"] == pytest.approx(sum(want) / len(want), rel=1e-6)
         assert 0 < got[f"attn/entropy/layer_{i}"] < math.log(16)
+
+
+# -- weight decay and parametrization ---------------------------------------------------------------------------------
+def _one_step(cfg: OptimConfig, lr: float, model=None):
+    """A float64 tiny model with known parameters and gradients, one AdamW step at scheduled LR `lr`: (before,
+    after, grads, model)."""
+    torch.manual_seed(0)
+    model = model or Llama(tiny_args(norm_impl="reference")).double()
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, cfg)
+    set_lr(opt, lr)
+    opt.step()
+    return before, dict(model.named_parameters()), {n: p.grad for n, p in model.named_parameters()}, model
+
+
+def _adamw_first_step(p, g, lr: float, decay: float, eps: float) -> torch.Tensor:
+    """AdamW's first step by hand: m_hat = g, v_hat = g^2 (bias-corrected), p (1 - decay) - lr g / (|g| + eps)."""
+    return p * (1 - decay) - lr * g / (g.abs() + eps)
+
+
+@pytest.mark.parametrize("mode", ["coupled", "independent"])
+@pytest.mark.parametrize("peak", [1e-3, 1e-2])
+@pytest.mark.parametrize("at", [1.0, 0.25])  # the scheduled LR as a share of the peak
+def test_one_adamw_step_equals_the_hand_computed_update(mode, peak, at):
+    """Coupled: the decay of the step is wd * lr(t) (torch's AdamW). Independent: wd * lr(t) / peak, so at the peak
+    it is wd whatever the peak LR, and a quarter of it at a quarter of the peak. Matrices decay; the embedding and
+    the norm gains do not."""
+    wd = 0.1 if mode == "coupled" else 1e-4
+    cfg = OptimConfig(lr=peak, weight_decay=wd, weight_decay_mode=mode)
+    lr = peak * at
+    before, after, grads, _ = _one_step(cfg, lr)
+    decay = wd * lr if mode == "coupled" else wd * at
+    for name, p in after.items():
+        matrix = name.endswith(("wq.weight", "wk.weight", "wv.weight", "wo.weight", "w1.weight", "w2.weight",
+                                "w3.weight", "output.weight"))
+        want = _adamw_first_step(before[name], grads[name], lr, decay if matrix else 0.0, cfg.eps)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-13, atol=1e-15, msg=name)
+
+
+def test_independent_decay_at_the_peak_does_not_depend_on_the_lr():
+    shrink = {}
+    for peak in (1e-3, 1e-1):
+        cfg = OptimConfig(lr=peak, weight_decay=1e-4, weight_decay_mode="independent")
+        groups = param_groups(Llama(tiny_args()), cfg)
+        shrink[peak] = peak * groups[0]["lr_scale"] * groups[0]["weight_decay"]  # AdamW's lr * weight_decay
+    assert shrink[1e-3] == pytest.approx(1e-4, rel=1e-12) and shrink[1e-1] == pytest.approx(1e-4, rel=1e-12)
+
+
+def test_the_standard_parametrization_keeps_its_two_groups():
+    """sp: [decayed matrices, everything else] with lr_scale 1 and the configured decay, as before (old optimizer
+    states load into it, and every run stays bit-identical)."""
+    model = Llama(tiny_args())
+    decay, no_decay = param_groups(model, OptimConfig())
+    matrices = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert {id(p) for p in decay["params"]} == matrices and decay["weight_decay"] == 0.1
+    assert no_decay["weight_decay"] == 0.0 and decay["lr_scale"] == no_decay["lr_scale"] == 1.0
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_mup_simple_scales_every_linear_layers_lr_by_base_over_width(tie):
+    """Width 128 over a base of 32: every linear layer's weight (q, k, v, o, w1, w2, w3, an untied head) gets LR
+    x 0.25; the embedding (a tied head is the embedding), the norm gains keep the scheduled LR. One step of a
+    matrix is the hand-computed one at lr / 4, independent decay still wd * lr(t) / peak."""
+    args = tiny_args(dim=128, n_heads=4, tie_embeddings=tie, norm_impl="reference")
+    cfg = OptimConfig(lr=1e-2, parametrization="mup_simple", mup_base_width=32, weight_decay=1e-4,
+                      weight_decay_mode="independent")
+    torch.manual_seed(0)
+    model = Llama(args).double()
+    opt = build_optimizer(model, cfg)
+    set_lr(opt, 4e-3)
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        linear = name.split(".")[-2] in ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "output")
+        assert lr_of[id(p)] == pytest.approx(4e-3 * (0.25 if linear else 1.0), rel=1e-15), name
+    assert ("output.weight" in dict(model.named_parameters())) is not tie
+    before, after, grads, _ = _one_step(cfg, 4e-3, model=Llama(args).double())
+    for name in ("layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "tok_embeddings.weight"):
+        lr = 4e-3 * (1.0 if name.startswith("tok") else 0.25)
+        decay = 0.0 if name.startswith("tok") else 1e-4 * 0.4  # lr(t) / peak = 0.4
+        want = _adamw_first_step(before[name], grads[name], lr, decay, cfg.eps)
+        torch.testing.assert_close(after[name].detach(), want, rtol=1e-13, atol=1e-15, msg=name)
+
+
+def test_mup_simple_at_its_base_width_is_the_standard_parametrization():
+    model = Llama(tiny_args())  # dim 32
+    sp = param_groups(model, OptimConfig())
+    mup = param_groups(model, OptimConfig(parametrization="mup_simple", mup_base_width=32))
+    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in mup] == \
+           [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in sp]
+
+
+def test_bad_optimizer_choices_are_one_line():
+    with pytest.raises(ConfigError, match="optim.weight_decay_mode='decoupled' is not one of: coupled, independent"):
+        load_config(None, ["optim.weight_decay_mode=decoupled"])
+    with pytest.raises(ConfigError, match="optim.parametrization='mup' is not one of: mup_simple, sp"):
+        load_config(None, ["optim.parametrization=mup"])
+    with pytest.raises(ConfigError, match="optim.mup_base_width must be > 0"):
+        load_config(None, ["optim.mup_base_width=0"])
+
+
+def test_the_schedule_share_is_what_independent_decay_follows():
+    """lr_at / peak is the s_t of Wortsman et al.'s update: warmup from 1/warmup to 1, then down to min_lr_ratio."""
+    cfg = OptimConfig(lr=3e-3, warmup_steps=4, min_lr_ratio=0.1)
+    shares = [lr_at(s, cfg, 20) / cfg.lr for s in range(20)]
+    assert shares[0] == pytest.approx(0.25) and shares[3] == pytest.approx(1.0) and shares[-1] == pytest.approx(0.1)
+
+
+# -- z-loss and the run's records -------------------------------------------------------------------------------------
+def test_z_loss_is_logged_apart_from_the_cross_entropy():
+    """train/log_z2 = the mean over micro-batches of mean log(Z)^2 (float64 reference from the step's logits),
+    train/z_loss = its coefficient times that (the term added to the objective), train/loss the cross-entropy
+    alone; without z-loss neither is logged."""
+    from training.step import StepParts, autocast_for, train_step
+
+    torch.manual_seed(0)
+    model = Llama(tiny_args(init_std=0.3))
+    x, y = torch.randint(0, 64, (2, 4, 16))
+    with torch.no_grad():
+        parts = [model(xm, ym) for xm, ym in zip(x.split(2), y.split(2), strict=True)]
+    want_z2 = sum(torch.logsumexp(lg.double(), -1).pow(2).mean().item() for lg, _ in parts) / 2
+    want_ce = sum(loss.item() for _, loss in parts) / 2
+    for coef in (1e-2, 0.0):
+        torch.manual_seed(0)
+        model = Llama(tiny_args(init_std=0.3))
+        opt = build_optimizer(model, OptimConfig())
+        p = StepParts(model, model, model, opt, micro=2, accum=2, world_size=1, device=torch.device("cpu"),
+                      autocast=autocast_for(torch.device("cpu"), "float32"), z_loss=coef, clip=math.inf,
+                      tokens_per_step=64)
+        record = train_step(p, (x, y), 1e-3).record
+        assert record["train/loss"] == pytest.approx(want_ce, rel=1e-6)
+        if coef:
+            assert record["train/log_z2"] == pytest.approx(want_z2, rel=1e-5)
+            assert record["train/z_loss"] == pytest.approx(coef * want_z2, rel=1e-5)
+        else:
+            assert "train/z_loss" not in record and "train/log_z2" not in record
+
+
+def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
+    """train.py with qk-LayerNorm under RMSNorm blocks, both caps, z-loss, independent decay and mup_simple: it
+    learns, meta.json names the explicit attention path, the z terms are logged at every step and the attention
+    entropy at every probe step."""
+    assert run_tiny("--name", "w", "model.qk_norm=layernorm", "model.attn_softcap=20", "model.logit_softcap=30",
+                    "train.z_loss=1e-4", "optim.weight_decay=1e-4", "optim.weight_decay_mode=independent",
+                    "optim.parametrization=mup_simple", "optim.mup_base_width=16", "optim.lr=1e-2") == 0
+    meta = json.loads((tmp_path / "w" / "meta.json").read_text())
+    assert meta["kernels"]["attention"].startswith("explicit")
+    records = [json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    assert len(steps) == 20 and all(r["train/z_loss"] == pytest.approx(1e-4 * r["train/log_z2"]) for r in steps)
+    probed = [r for r in records if "attn/entropy/layer_0" in r]
+    assert [r["step"] for r in probed] == [1, 5, 10, 15, 20]
+    assert all(0 < r[f"attn/entropy/layer_{i}"] < math.log(32) for r in probed for i in (0, 1))
+    summary = json.loads((tmp_path / "w" / "summary.json").read_text())
+    assert summary["final_val_loss"] < records[0]["val/loss"]
