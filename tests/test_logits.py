@@ -382,3 +382,39 @@ def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
     assert all(0 < r[f"attn/entropy/layer_{i}"] < math.log(32) for r in probed for i in (0, 1))
     summary = json.loads((tmp_path / "w" / "summary.json").read_text())
     assert summary["final_val_loss"] < records[0]["val/loss"]
+
+
+# -- the study report's log Z figure ----------------------------------------------------------------------------------
+def _logz_run(root, name: str, z_loss: float, lr: float, seed: int, log_z: list, norm: str = "rmsnorm"):
+    """A finished run directory made by hand: its config (z-loss, norm, LR, seed) and logits/log_z records."""
+    from conftest import TINY
+
+    cfg = load_config(TINY, [f"train.z_loss={z_loss}", f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}"])
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(to_yaml(cfg))
+    records = [{"step": 0, "val/loss": 5.0}]
+    records += [{"step": s, "train/loss": 5.0 - 0.1 * s, "grad/norm": 1.0, "attn/logit_max/layer_0": 1.0 + s,
+                 "logits/log_z": v} for s, v in enumerate(log_z, 1)]
+    records += [{"step": len(log_z), "val/loss": 3.0}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "final_val_loss": 3.0, "best_val_loss": 3.0,
+                                                "unigram_entropy": 4.0, "tokens_per_s": 1000.0}))
+
+
+@pytest.mark.parametrize("axis", ["z_loss", "norm"])
+def test_the_log_z_figure_is_drawn_where_the_arms_differ_in_z_loss_or_decay(tmp_path, axis):
+    """Arms that differ in train.z_loss, runs that logged logits/log_z: log_z.png is drawn and the report shows it;
+    arms that differ only in their norm: no such figure."""
+    from study.report import write_report
+
+    for seed in (0, 1):
+        for lr in (1e-3, 1e-2):
+            for arm in (0, 1):
+                z, norm = (1e-4 * arm, "rmsnorm") if axis == "z_loss" else (0.0, ["rmsnorm", "layernorm"][arm])
+                _logz_run(tmp_path, f"a{arm}-{lr}-{seed}", z, lr, seed, [6.0, 4.0 - arm, 2.0 - 2 * arm], norm)
+    text = write_report([tmp_path], tmp_path / "out", margin=0.02).read_text()
+    drawn = (tmp_path / "out" / "log_z.png").is_file()
+    assert drawn == (axis == "z_loss") and ("(log_z.png)" in text) == drawn
+    if drawn:
+        assert (tmp_path / "out" / "log_z.png").stat().st_size > 1000
