@@ -34,6 +34,7 @@ from data.tokenizer import Tokenizer
 from fused import kernel_paths
 from model import Llama
 from model.blocks import BLOCKS
+from model.layers import attention_path
 from model.norms import NORMS
 from training import distributed, faults
 from training.checkpoint import CheckpointError, full_model_state
@@ -116,7 +117,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
     data = open_data(cfg, d)
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
-    kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
+    kernels = {**kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
+               "attention": attention_path(cfg.model)}
     torch.manual_seed(tc.seed)  # the same seed gives the same weights whatever the norm or placement
     model = Llama(cfg.model).to(d.device)
     try:  # DDP wraps; FSDP2 / tensor parallel shard the parameters in place, before the optimizer sees them

@@ -24,7 +24,8 @@ class ModelArgs:
     placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
-    qk_norm: bool = False  # the model's norm applied per head to q and k
+    qk_norm: str | bool = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS); true / false: old
+    qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
     prms_fraction: float = 0.0625  # pRMSNorm's p: the RMS from the first ceil(p d) features (the paper's 6.25%)
     dyt_alpha_attn: float = 0.5  # DyT's alpha0 in the norm before attention (Zhu et al. 2025 LLaMA 7B: 0.8)
     dyt_alpha_ffn: float = 0.5  # ... before the feed-forward (LLaMA 7B: 0.2)
@@ -38,10 +39,29 @@ class ModelArgs:
     init_residual: str = "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
     init_embedding_std: float | None = None  # None -> init_std (Takase et al. 2023 study larger embeddings)
     init_embedding_mean: float = 0.0  # != 0: every token's features start shifted by this (a mean shift)
+    attn_softcap: float = 0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
+    logit_softcap: float = 0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def qk_norm_kind(self) -> str:
+        """The norm applied per head to q and k: a name in QK_NORMS, or, for the old boolean spelling, the block
+        norm (whatever it is) or none."""
+        # model.qk_norm was a bool ("the model's norm per head") before it was a choice. Old run directories'
+        # config.yaml, the committed runs.json files and study files (qknorm-control) still say true / false; they
+        # are read here, in this one place, so that they build the model they built: true -> the run's block norm
+        # (model.norm, with its options), false -> none. The value is kept as written, so a study's arms still
+        # match the runs it made.
+        if isinstance(self.qk_norm, bool):
+            return self.norm if self.qk_norm else "none"
+        return lookup(QK_NORMS, self.qk_norm, "qk_norm")
+
+    @property
+    def qk_eps(self) -> float:
+        return self.norm_eps if self.qk_norm_eps is None else self.qk_norm_eps
 
     @property
     def kv_heads(self) -> int:
@@ -86,6 +106,13 @@ class ModelArgs:
         for name in ("dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.qk_norm, bool):  # the old boolean spelling is read by qk_norm_kind
+            lookup(QK_NORMS, self.qk_norm, "qk_norm")
+        if self.qk_norm_eps is not None and self.qk_norm_eps <= 0:
+            raise ValueError(f"model.qk_norm_eps must be > 0 or null, got {self.qk_norm_eps}")
+        for name in ("attn_softcap", "logit_softcap"):
+            if not getattr(self, name) >= 0:  # also catches nan
+                raise ValueError(f"model.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.norm_precision not in ("float32", "autocast"):  # model/norms.py NORM_PRECISIONS (torch-free here)
             raise ValueError(f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32")
         return self
@@ -93,8 +120,17 @@ class ModelArgs:
 
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
 RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain": lambda n_layers: 1.0}
+# qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's qk-layernorm),
+# chosen apart from the block norm; a gain per head dimension, shared by the heads, no bias
+QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
 EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
+
+
+def qk_norm_options(args: ModelArgs) -> dict:
+    """The qk-norms' options: the block norm's (at the attention) where they are that norm (so the old
+    `qk_norm: true` builds what it built: a LayerNorm with norm_bias's bias, DyT's alpha0), else a gain and no bias."""
+    return norm_options(args, "attention") if args.qk_norm_kind == args.norm else {"bias": False}
 
 
 def norm_options(args: ModelArgs, location: str) -> dict:

@@ -7,7 +7,7 @@ from torch import nn
 
 from model.args import EMBED_SCALES, ModelArgs, lookup, norm_options
 from model.blocks import BLOCKS, build_block
-from model.layers import rope_tables
+from model.layers import rope_tables, softcap
 from model.norms import _Norm, build_norm
 from model.ops import OPS_IMPLS
 
@@ -86,8 +86,8 @@ class Llama(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab) for token ids idx (B, T), and the mean cross-entropy when targets are given
-        (targets == -1 are ignored)."""
+        """Logits (B, T, vocab) for token ids idx (B, T), soft-capped when model.logit_softcap > 0 (float32 then),
+        and the mean cross-entropy of those logits when targets are given (targets == -1 are ignored)."""
         T = idx.shape[1]
         if T > self.args.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}")
@@ -98,6 +98,8 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))
+        if self.args.logit_softcap:  # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
+            logits = softcap(logits.to(torch.promote_types(logits.dtype, torch.float32)), self.args.logit_softcap)
         loss = None
         if targets is not None:
             loss = self.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)

@@ -55,6 +55,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     for draw in (loss_curves, grad_norm_curves, grad_heatmaps, act_rms_depth, attn_logit_max):
         draw(plt, arms, colors, out, made)
     stability_map(plt, res, colors, out, made)
+    log_z_curves(plt, res, colors, out, made)
     final_losses(plt, res, colors, out, made)
     loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
@@ -253,6 +254,32 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
     _axes(ax, "peak learning rate", "max attention logit over steps and layers",
           "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
     _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
+
+
+def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
+    """Output-logit divergence (Wortsman et al. 2023 Fig. 4): the mean log Z of the output logits (logits/log_z) vs
+    step, every seed of each arm at its highest LR and at its best, where the arms differ in z-loss or weight decay
+    (or the output soft-cap) and the runs logged log Z."""
+    fields = ("train.z_loss", "optim.weight_decay", "optim.weight_decay_mode", "model.logit_softcap")
+    if not any(k in res.keys for k in fields) or not any(
+            "logits/log_z" in rec for a in res.arms.values() for r in a.runs for rec in r.records):
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, squeeze=False)
+    for ax, which in zip(axes[0], ("highest", "best"), strict=True):
+        for label, a in res.arms.items():
+            lr = (max(a.lrs) if a.lrs else None) if which == "highest" else a.best_lr
+            named = False
+            for r in a.at(lr) if lr is not None else []:  # one line per seed: split outcomes stay visible
+                pts = [(rec["step"], rec["logits/log_z"]) for rec in r.records if rec.get("logits/log_z") is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=colors[label], lw=0.9, alpha=0.8, marker=".", ms=3,
+                            ls="--" if r.failed else "-", label=None if named else f"{label} (lr {lr:g})")
+                    named = True
+        ax.axhline(0, color="gray", ls=":", lw=0.8)
+        _axes(ax, "step", "mean log Z of the output logits", f"at each arm's {which} LR", legend=6)
+    _save(fig, out / "log_z.png", made,
+          "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output logits vs step at each "
+          "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss pulls log Z to 0")
 
 
 def _layer_matrix(run: Run, prefix: str):

@@ -69,11 +69,11 @@ def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path
 @pytest.mark.slow
 def test_tensor_parallel_matches_one_process_for_every_placement(tmp_path):
     """tp = 2 with sequence-parallel norms and qk-norm, all five placements, both norms, fused kernels on (they
-    step aside for DTensors): first-step gradient norms within 1e-5 relative, losses and parameters after 4 SGD
-    steps within float32 noise."""
+    step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post), and with both logit soft-caps: first-step
+    gradient norms within 1e-5 relative, losses and parameters after 4 SGD steps within float32 noise."""
     torchrun("tp_check.py", str(tmp_path / "tp.json"))
     out = json.loads((tmp_path / "tp.json").read_text())
-    assert len(out) == 10
+    assert len(out) == 13 and "pre/rmsnorm/qk_norm=layernorm/attn_softcap=1.0/logit_softcap=0.1" in out
     for case, d in out.items():
         assert d["loss"] < 1e-5 and d["grad_norm_rel"] < 1e-5 and d["param"] < 1e-4, (case, d)
 
@@ -151,15 +151,16 @@ def _torchrun_train(nproc: int, *args: str, env: dict | None = None, timeout: in
 
 @pytest.mark.slow
 def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_path, data_args):
-    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with qk-norm,
-    clipping, the stability probe, sampling at the end (30 steps at lr 1e-2 learn: val 2.90 vs the plateau
-    line 3.45) and eval over the whole val split: losses, grad norms, per-layer metrics and every eval equal one
-    process's within float32 noise, and the run exits 0."""
+    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with qk-LayerNorm
+    under RMSNorm blocks, z-loss (its terms logged), clipping, the stability probe (attention entropy included),
+    sampling at the end (30 steps at lr 1e-2 learn) and eval over the whole val split: losses, grad norms, per-layer
+    metrics and every eval equal one process's within float32 noise, and the run exits 0."""
     import train
 
     common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args,
               "train.steps=30", "train.batch_size=8", "train.eval_every=10", "train.eval_tokens=0",
-              "train.checkpoint_every=10", "log.stats_every=5", "model.qk_norm=true", "optim.lr=1e-2"]
+              "train.checkpoint_every=10", "log.stats_every=5", "model.qk_norm=layernorm", "train.z_loss=1e-4",
+              "optim.lr=1e-2"]
     assert train.main([*common, "--name", "one", "train.micro_batch_size=4"]) == 0  # a data share: 4 sequences
     r = _torchrun_train(4, *common, "--name", "four", "train.parallel=tp", "train.tp_size=2")
     assert r.returncode == 0, r.stderr[-3000:]

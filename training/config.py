@@ -43,6 +43,9 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only, never on norm gains or biases
+    weight_decay_mode: str = "coupled"  # coupled: decay wd * lr(t) (torch's AdamW) | independent: wd * lr(t) / lr
+    parametrization: str = "sp"  # sp | mup_simple: every matrix's LR x mup_base_width / model.dim (training/optim.py)
+    mup_base_width: int = 64  # mup_simple's base width: the width whose LRs are the configured ones
     decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
     grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
 
@@ -167,11 +170,13 @@ def validate(cfg: Config) -> Config:
     from model.layers import FFNS
     from model.norms import NORM_IMPLS, NORM_PRECISIONS, NORMS
     from model.ops import OPS_IMPLS
+    from training.optim import PARAMETRIZATIONS, WEIGHT_DECAY_MODES
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
                "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
                "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS),
-               "model.ffn": tuple(FFNS)}
+               "model.ffn": tuple(FFNS), "optim.weight_decay_mode": tuple(WEIGHT_DECAY_MODES),
+               "optim.parametrization": tuple(PARAMETRIZATIONS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:
@@ -185,7 +190,8 @@ def validate(cfg: Config) -> Config:
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
     positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
-                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size}
+                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size,
+                "optim.mup_base_width": cfg.optim.mup_base_width}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")

@@ -1,5 +1,5 @@
 """Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation RMS,
-what each norm receives, attention-logit max and output-logit statistics.
+what each norm receives, attention-logit max and attention entropy, and output-logit statistics.
 
 Used on logged steps only, in this order around one optimizer step:
 
@@ -22,6 +22,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from model.layers import softcap
 from model.llama import parameter_kinds
 from training import distributed
 from training.parallel import full, local
@@ -72,18 +73,30 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
     return out
 
 
-def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
-    """max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, without keeping all scores."""
+def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy) of one attention
+    layer's input x, in one pass over chunks of the batch (never more than MAX_SCORES scores at once)."""
     q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
+    return qk_stats(q, k, getattr(attention, "softcap", 0.0))
+
+
+def qk_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """From queries (B, H, T, hd) and keys (B, kv, T, hd): the largest |q.k| / sqrt(d_head) over heads and causal
+    pairs (Wortsman et al. 2023: the logits before any soft-capping, so the growth a cap hides still shows), and the
+    entropy -sum_j a_ij log a_ij (nats) of the causal attention distribution a_i = softmax_j<=i(softcap(logits_ij))
+    that the layer uses, averaged over batch, heads and query positions; float32."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
     B, H, T, hd = q.shape
-    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     chunk = max(1, MAX_SCORES // (H * T * T))
-    best = torch.zeros((), device=x.device)
+    best = torch.zeros((), device=q.device)
+    entropy = torch.zeros((), device=q.device)
     for b in range(0, B, chunk):
-        scores = (q[b:b + chunk].float() @ k[b:b + chunk].float().transpose(-1, -2)).abs() / math.sqrt(hd)
-        best = torch.maximum(best, scores.masked_fill(~causal, 0).amax())
-    return best
+        scores = (q[b:b + chunk].float() @ k[b:b + chunk].float().transpose(-1, -2)) / math.sqrt(hd)
+        best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
+        weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
+        entropy = entropy - torch.special.xlogy(weights, weights).sum()  # 0 log 0 = 0: masked keys add nothing
+    return best, entropy / (B * H * T)
 
 
 class StabilityProbe:
@@ -130,7 +143,9 @@ class StabilityProbe:
     def _attention_hook(self, i: int):
         def hook(module, args, output):
             with torch.no_grad():
-                self.sums[f"attn/logit_max/layer_{i}"].append(attention_logit_max(module, *args))
+                logit_max, entropy = attention_stats(module, *args)
+                self.sums[f"attn/logit_max/layer_{i}"].append(logit_max)
+                self.sums[f"attn/entropy/layer_{i}"].append(entropy)  # a mean: averaged over passes and ranks
         return hook
 
     def record_logits(self, logits: torch.Tensor) -> None:
@@ -184,7 +199,7 @@ class StabilityProbe:
             h.remove()
         self.handles = []
         values = dict(self.values)
-        maxima = {k for k in self.sums if k.startswith(("attn/", "logits/max")) or "/absmax/" in k}
+        maxima = {k for k in self.sums if k.startswith(("attn/logit_max/", "logits/max")) or "/absmax/" in k}
         pooled = {k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
                   for k, parts in self.sums.items()}
         pooled = _over_ranks(pooled, maxima)  # each rank saw its share of the batch (and positions, under TP)
