@@ -353,7 +353,8 @@ def test_z_loss_is_logged_apart_from_the_cross_entropy():
         torch.manual_seed(0)
         model = Llama(tiny_args(init_std=0.3))
         opt = build_optimizer(model, OptimConfig())
-        p = StepParts(model, model, model, opt, micro=2, accum=2, world_size=1, device=torch.device("cpu"),
+        p = StepParts(model=model, ddp=model, compiled=model, opt=opt, micro=2, accum=2, world_size=1,
+                      device=torch.device("cpu"),
                       autocast=autocast_for(torch.device("cpu"), "float32"), z_loss=coef, clip=math.inf,
                       tokens_per_step=64)
         record = train_step(p, (x, y), 1e-3).record
