@@ -19,6 +19,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "configs" / "train" / "tiny.yaml")
+# subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout an editable
+# install points at (two checkouts side by side would otherwise test each other's code)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0"))
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
