@@ -42,6 +42,36 @@ def test_default_study_grid_expands_as_specified():
     assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
 
 
+def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
+    """Arms whose fields go together (DyT with its recipe's scalar, RMSNorm without) are a grid less exclusions: the
+    runs, the protocol's arms and a claim's arm pairs leave them out; an exclusion names grid values only."""
+    path = tmp_path / "s.yaml"
+    head = (f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, dyt], model.embed_scale: [none, sqrt_dim], "
+            "lr: [0.001, 0.01]}\n")
+    path.write_text(head + "exclude: [{norm: dyt, model.embed_scale: none}, {norm: rmsnorm, "
+                           "model.embed_scale: sqrt_dim}]\nprotocol: {selection_seeds: [0], test_seeds: [1]}\n"
+                           "claims: [{paper: p, says: s, a: {norm: dyt, model.embed_scale: sqrt_dim}, b: {norm: "
+                           "rmsnorm, model.embed_scale: none}, metric: best_loss, expect: same}, {paper: p, says: s, "
+                           "a: {norm: dyt}, b: {norm: rmsnorm}, metric: best_loss, expect: same}]\n")
+    study = studyfile.load_study(path)
+    assert [r["name"] for r in studyfile.expand({**study, "grid": {**study["grid"], "train.seed": [0]}})] == [
+        "rmsnorm-embed_scalenone-lr0.001-s0", "rmsnorm-embed_scalenone-lr0.01-s0",
+        "dyt-embed_scalesqrt_dim-lr0.001-s0", "dyt-embed_scalesqrt_dim-lr0.01-s0"]
+    arms = [{"model.norm": "rmsnorm", "model.embed_scale": "none"},
+            {"model.norm": "dyt", "model.embed_scale": "sqrt_dim"}]
+    assert protocol.arms_of(study) == arms
+    assert len(protocol.first_runs(study)) == 4  # the grid on the selection seed, the two arms only
+    assert protocol.arm_pairs(study, study["claims"][0]) == [(arms[1], arms[0])]  # dyt/sqrt_dim vs rmsnorm/none
+    # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions tie pairs none
+    assert protocol.arm_pairs(study, study["claims"][1]) == []
+    for bad, says in [("exclude: [{norm: layernorm}]\n", "model.norm='layernorm' is not a value of the grid"),
+                      ("exclude: [{lr: 0.01}]\n", "optim.lr=0.01 is not a value of the grid"),
+                      ("exclude: {norm: dyt}\n", "exclude is a list of mappings")]:
+        path.write_text(head + bad)
+        with pytest.raises(ConfigError, match=says):
+            studyfile.load_study(path)
+
+
 def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
