@@ -72,6 +72,30 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
             studyfile.load_study(path)
 
 
+def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
+    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init scale transposed to
+    d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2 and 1e-1; the claim on both loss
+    metrics between the two paper-scale arms; the first study's verdict withdrawn; a quick version of 4 runs."""
+    study = studyfile.load_study(STUDIES / "dyt.yaml")
+    arms = {(a["model.norm"], a["model.embed_scale"], a["model.init_scale"]) for a in protocol.arms_of(study)}
+    assert arms == {("dyt", "sqrt_dim", "width"), ("rmsnorm", "none", "width"), ("rmsnorm", "none", "absolute")}
+    runs = protocol.first_runs(study)
+    assert len(runs) == 30  # 3 arms x 5 LRs x 2 selection seeds: --dry-run's count
+    cfg = load_config(study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-")))
+    assert (cfg.model.dim, cfg.model.dyt_alpha_attn, cfg.model.dyt_alpha_ffn, cfg.model.dyt_alpha_final) == (
+        64, 0.8, 0.2, 0.2) and not cfg.model.dyt_bias and cfg.train.steps == 300
+    assert cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)  # 0.02 x sqrt(4096 / 64)
+    lrs = study["grid"]["optim.lr"]
+    assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1 and study["protocol"].common_seeds
+    paper = ({"model.norm": "dyt", "model.embed_scale": "sqrt_dim", "model.init_scale": "width"},
+             {"model.norm": "rmsnorm", "model.embed_scale": "none", "model.init_scale": "width"})
+    assert {c["metric"] for c in study["claims"]} == {"common_loss", "best_loss"}
+    assert all(protocol.arm_pairs(study, c) == [paper] and c["expect"] == "same" for c in study["claims"])
+    assert study["withdrawn"] and "absorbing" in study["withdrawn"][0]["why"]
+    assert "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()  # not only alpha0 depends on the width
+    assert len(studyfile.expand(studyfile.quick_study(study))) == 4
+
+
 def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
