@@ -347,11 +347,11 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("study-*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
     study = studyfile.load_study(path)
     if study["quick"] is None:
-        assert path.stem == "study-quick"  # the smoke study is already quick
+        assert path.stem == "quick"  # the smoke study is already quick
         return
     assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
     out = tmp_path / f"{study['name']}-quick"
