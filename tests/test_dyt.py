@@ -3,6 +3,9 @@ transposed to d = 64 it trains; with the recipe's absolute std 0.02 it reaches t
 A constructed model with a dead trunk shows how train.py reports that state."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import THREADS
@@ -68,3 +71,17 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     assert run_tiny("--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0") == train.EXIT_OK
     assert json.loads((tmp_path / "alive" / "summary.json").read_text())["dead_gradients_at"] is None
     assert "dead gradients" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_saturation_script_prints_its_table(pydocs_1024):
+    """scripts/dyt_saturation.py, two measured steps of each init: a row per init and step, the absolute init's
+    stream at the recipe's scale (0.16 at step 0) and the width init's at the paper's (1.3)."""
+    r = subprocess.run([sys.executable, "scripts/dyt_saturation.py", "--at", "0", "2", "--data-root",
+                        str(pydocs_1024.parent)], cwd=train.REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(train.REPO)})  # this checkout's packages
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith(("| absolute", "| width"))]
+    assert [(row[0], row[2]) for row in rows] == [("| absolute", "0"), ("| absolute", "2"), ("| width", "0"),
+                                                  ("| width", "2")]
+    assert float(rows[0][3]) == pytest.approx(0.16, rel=0.05) and float(rows[2][3]) == pytest.approx(1.3, rel=0.05)
