@@ -263,8 +263,9 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
         summary = summarize(run.records(), status, done, tc.steps, diverged_at, data.meta.get("unigram_entropy"),
                             cfg.log.spike_window, cfg.log.spike_k, time.time() - t_start)
         write_json(run.summary, summary)
-        final = summary["final_val_loss"]
-        logger.message(f"{status}: final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
+        final, dead = summary["final_val_loss"], summary["dead_gradients_at"]
+        why = "" if dead is None else f" dead gradients (every gradient below the final norm 0 from step {dead});"
+        logger.message(f"{status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
                        f"{summary['unigram_entropy']:.3f}), {summary['tokens_per_s'] or 0:,.0f} tokens/s -> {run.path}")
     logger.close(summary)
     return status, diverged_at

@@ -41,6 +41,24 @@ class ModelArgs:
     init_embedding_mean: float = 0.0  # != 0: every token's features start shifted by this (a mean shift)
     attn_softcap: float = 0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
     logit_softcap: float = 0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
+    init_head_std: float | None = None  # the output head's std; None -> init_std (an untied head only)
+    init_scale: str = "absolute"  # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
+
+    @property
+    def matrix_std(self) -> float:
+        """The std every matrix of the blocks is drawn with before residual scaling (init_residual, DeepNorm's
+        beta): init_std, times sqrt(4096 / dim) under init_scale=width."""
+        return self.init_std * lookup(INIT_SCALES, self.init_scale, "init_scale")(self.dim)
+
+    @property
+    def embedding_std(self) -> float:
+        """The token embedding's std: init_embedding_std as given (absolute), else matrix_std."""
+        return self.matrix_std if self.init_embedding_std is None else self.init_embedding_std
+
+    @property
+    def head_std(self) -> float:
+        """The output head's std: init_head_std as given (absolute), else matrix_std."""
+        return self.matrix_std if self.init_head_std is None else self.init_head_std
 
     @property
     def head_dim(self) -> int:
@@ -97,8 +115,13 @@ class ModelArgs:
             raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
         if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
-        if self.init_embedding_std is not None and self.init_embedding_std < 0:
-            raise ValueError(f"model.init_embedding_std must be >= 0 or null, got {self.init_embedding_std}")
+        for name in ("init_embedding_std", "init_head_std"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0 or null, got {getattr(self, name)}")
+        if self.init_head_std is not None and self.tie_embeddings:
+            raise ValueError("model.init_head_std needs an untied head (model.tie_embeddings=false): a tied head is "
+                             "the embedding, drawn with model.init_embedding_std")
+        lookup(INIT_SCALES, self.init_scale, "init_scale")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
         if not 0 < self.prms_fraction <= 1:
@@ -123,6 +146,16 @@ RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain":
 # qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's qk-layernorm),
 # chosen apart from the block norm; a gain per head dimension, shared by the heads, no bias
 QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
+# The paper-scale reference width: LLaMA 7B's d (Touvron et al. 2023). Its std 0.02 (every matrix, the embedding and
+# the head: the init Zhu et al. 2025's DyT LLaMA code inherits) makes each matrix give a unit-RMS input outputs of
+# RMS 0.02 x sqrt(4096) = 1.28, and the embedding times DyT's sqrt(d) scalar a stream of RMS 1.28; the same 0.02 at
+# d = 64 gives 0.16 for both, and logits ~100x smaller: the stream's scale depends on the width.
+INIT_REFERENCE_DIM = 4096
+# how init_std is read: absolute (the std itself, at any width) | width (the std at INIT_REFERENCE_DIM; at width d
+# it becomes init_std x sqrt(4096 / d) = c / sqrt(d), c = init_std x 64, so sqrt(d) x std, the scale above, is the
+# same at every width). It scales init_std and the stds that default to it (the embedding's with init_embedding_std
+# null, the head's with init_head_std null); an explicit init_embedding_std or init_head_std is absolute either way
+INIT_SCALES = {"absolute": lambda dim: 1.0, "width": lambda dim: (INIT_REFERENCE_DIM / dim) ** 0.5}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
 EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
 

@@ -59,7 +59,7 @@ def hf_config(args: ModelArgs):
         vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.ffn_hidden_dim,
         num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.kv_heads,
         max_position_embeddings=args.max_seq_len, rms_norm_eps=args.norm_eps, rope_theta=args.rope_theta,
-        tie_word_embeddings=args.tie_embeddings, initializer_range=args.init_std, hidden_act="silu",
+        tie_word_embeddings=args.tie_embeddings, initializer_range=args.matrix_std, hidden_act="silu",
         attention_bias=False, mlp_bias=False,
     )
 

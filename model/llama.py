@@ -68,21 +68,22 @@ class Llama(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
-        """The embedding ~ N(init_embedding_mean, init_embedding_std^2) (a mean != 0 shifts every token's features
-        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, init_std^2); each
-        block initializes its own parameters (Block.reset_parameters); the final norm resets itself. The order of
-        random draws (embedding, blocks in order, head) makes models that differ only in their norm or placement
-        start from identical weights."""
-        std, emb = self.args.init_std, self.args.init_embedding_std
-        nn.init.normal_(self.tok_embeddings.weight, self.args.init_embedding_mean, std if emb is None else emb)
+        """The embedding ~ N(init_embedding_mean, embedding_std^2) (a mean != 0 shifts every token's features
+        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, head_std^2); each
+        block initializes its own parameters with matrix_std (Block.reset_parameters); the final norm resets itself.
+        The stds are ModelArgs' (init_std, or c / sqrt(dim) under init_scale=width; init_embedding_std and
+        init_head_std when given). The order of random draws (embedding, blocks in order, head) makes models that
+        differ only in their norm or placement start from identical weights."""
+        a = self.args
+        nn.init.normal_(self.tok_embeddings.weight, a.init_embedding_mean, a.embedding_std)
         for layer in self.layers:
-            layer.reset_parameters(std, self.args.n_layers, self.args.init_residual)
+            layer.reset_parameters(a.matrix_std, a.n_layers, a.init_residual)
         if hasattr(self.norm, "reset_parameters"):
             self.norm.reset_parameters()
         if self.embed_scale is not None:
             nn.init.constant_(self.embed_scale, EMBED_SCALES[self.args.embed_scale](self.args.dim))
         if not self.args.tie_embeddings:
-            nn.init.normal_(self.output.weight, 0.0, std)
+            nn.init.normal_(self.output.weight, 0.0, a.head_std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

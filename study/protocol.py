@@ -26,7 +26,7 @@ from pathlib import Path
 
 from study.failure import p_fail_upper
 from study.runs import Run, find_runs, same
-from study.studyfile import Protocol, expand
+from study.studyfile import Protocol, excluded, expand
 
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
@@ -168,9 +168,11 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
 # --- the stages ------------------------------------------------------------------------------------------------
 
 def arms_of(study: dict) -> list[dict]:
-    """Every combination of the grid's values other than the LR and the seed: {field: value}."""
+    """Every combination of the grid's values other than the LR and the seed that the study does not exclude:
+    {field: value}."""
     axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
-    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    arms = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    return [arm for arm in arms if not excluded(study, arm)]
 
 
 def runs_of(arm: dict, runs: list[Run]) -> list[Run]:

@@ -227,7 +227,8 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
 
 
 KEPT = ("optim.lr", "train.seed", "train.steps", "log.plateau_margin", "log.blowup_margin", "log.flat_horizon")
-SUMMARY = ("status", "final_val_loss", "best_val_loss", "unigram_entropy", "diverged_at", "tokens_per_s")
+SUMMARY = ("status", "final_val_loss", "best_val_loss", "unigram_entropy", "diverged_at", "dead_gradients_at",
+           "tokens_per_s")
 
 
 def runs_json(res: StudyResult) -> list[dict]:

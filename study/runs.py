@@ -187,7 +187,8 @@ def judged(config: dict, summary: dict, records: list[dict]) -> str:
         return status
     init = next((r["val/loss"] for r in records if r.get("step") == 0 and r.get("val/loss") is not None), None)
     return monitor.classify([v for _, v in evals], summary["unigram_entropy"], config["log.plateau_margin"], init,
-                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"])
+                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"],
+                            summary.get("dead_gradients_at"))
 
 
 def arm_label(config: dict, keys: list[str]) -> str:

@@ -25,7 +25,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
 
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
 STUDY_KEYS = {"name", "about", "config", "failure", "sensitivity_margin", "ratio_margin", "overrides", "grid",
-              "threads_per_worker", "workers", "equivalence_margin",
+              "exclude", "threads_per_worker", "workers", "equivalence_margin",
               "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected"}
 
 
@@ -59,6 +59,7 @@ def load_study(path: Path) -> dict:
             raise ConfigError(f"grid.{key} must be a non-empty list of values")
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
+    study["exclude"] = _exclude(path, study.get("exclude"), grid)
     for key in ("threads_per_worker", "workers"):
         value = study.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -87,6 +88,33 @@ def load_study(path: Path) -> dict:
     study["config"] = train_config(path, study.get("config", "default.yaml"))
     study["dir"] = str(path.parent.resolve())
     return study
+
+
+def _exclude(path: Path, section, grid: dict) -> list[dict]:
+    """The study file's `exclude:`, grid combinations that are not run: a list of {field: value} (grid fields other
+    than lr and seed, values of the grid), each dropping every combination that has all of its values. Arms whose
+    fields go together (DyT with its recipe's embedding scalar, RMSNorm without) are a grid minus exclusions; a
+    claim between such arms names every field they differ in (the fields a claim leaves out are equal in its two
+    arms)."""
+    if section is None:
+        return []
+    where = f"{path}: exclude"
+    if not isinstance(section, list) or any(not isinstance(e, dict) or not e for e in section):
+        raise ConfigError(f"{where} is a list of mappings of grid fields to values (the combinations not run)")
+    out = []
+    for e in section:
+        entry = {ALIASES.get(k, k): v for k, v in e.items()}
+        for key, value in entry.items():
+            if key in ("optim.lr", "train.seed") or key not in grid or value not in grid[key]:
+                raise ConfigError(f"{where}: {key}={value!r} is not a value of the grid (arms are grid values other "
+                                  f"than lr and seed)")
+        out.append(entry)
+    return out
+
+
+def excluded(study: dict, combination: dict) -> bool:
+    """Whether a grid combination ({field: value}) is one the study file's `exclude:` drops."""
+    return any(all(k in combination and combination[k] == v for k, v in e.items()) for e in study.get("exclude") or [])
 
 
 @dataclass(frozen=True)
@@ -292,11 +320,14 @@ def _slug(key: str, value) -> str:
 
 
 def expand(study: dict, extra: list[str] = ()) -> list[dict]:
-    """One {'name', 'overrides'} per grid combination, in grid order; every config validated up front."""
+    """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config validated up
+    front."""
     base = flatten(study.get("overrides") or {}) + list(extra)
     runs = []
     keys = list(study["grid"])
     for values in itertools.product(*study["grid"].values()):
+        if excluded(study, dict(zip(keys, values, strict=True))):
+            continue
         name = "-".join(_slug(k, v) for k, v in zip(keys, values, strict=True))
         overrides = base + [f"{k}={v}" for k, v in zip(keys, values, strict=True)]
         load_config(study["config"], overrides)  # raises ConfigError on a bad value

@@ -78,6 +78,14 @@ def prepared(corpus_file, tmp_path_factory):
                    root=tmp_path_factory.mktemp("prepared"), verbose=False)
 
 
+@pytest.fixture(scope="session")
+def pydocs_1024(tmp_path_factory):
+    """The embedded corpus (pydocs) prepared at vocab 1024, as the DyT and default studies use it (~5 s, once)."""
+    from data.prepare import prepare
+
+    return prepare("pydocs", vocab_size=1024, root=tmp_path_factory.mktemp("pydocs"), verbose=False)
+
+
 @pytest.fixture
 def data_args(prepared):
     """Overrides that point a run at the session's small prepared corpus (a cache hit)."""

@@ -33,6 +33,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
     ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
     ("optim.lr", "expected key=value overrides"),
     ("model.n_heads=0", "model.n_heads must be positive"),
+    ("model.init_scale=fan_in", "unknown init_scale 'fan_in'; valid: absolute, width"),
     ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
 ])
 def test_bad_values_raise_one_clear_line(override, message):

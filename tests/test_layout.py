@@ -43,9 +43,20 @@ def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
     assert s["about"] and "\n" not in s["about"]
 
 
+# Study files redesigned since their committed results were made: the copy beside the results is the design that
+# made them until the study is rerun (then its entry goes, and the copies must agree again).
+AWAITING_RERUN = {
+    "dyt": "issue 35: both norms at the paper's init scale transposed to d = 64 (model.init_scale: width)",
+    "dyt-alpha": "issue 35: the alpha0 sweep at the paper's init scale",
+}
+
+
 @pytest.mark.parametrize("copy", sorted((REPO / "docs" / "results").glob("*/study.yaml")),
                          ids=lambda p: p.parent.name)
 def test_a_committed_study_copy_is_its_config(copy):
     config = REPO / "configs" / "studies" / f"{copy.parent.name}.yaml"
     assert config.is_file(), f"{copy} has no study file configs/studies/{copy.parent.name}.yaml"
+    if copy.parent.name in AWAITING_RERUN:
+        assert copy.read_text() != config.read_text(), f"{copy.parent.name} was rerun: remove it from AWAITING_RERUN"
+        return
     assert copy.read_text() == config.read_text()

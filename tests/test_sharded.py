@@ -204,16 +204,31 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["fsdp"])  # tp replicates the scalars: it ran with 0-dim ones too
+@pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel):
     """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones ("fully_shard
-    doesn't support scalar parameters", the error DyT runs hit before)."""
-    r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
-                        "--name", "d", "train.steps=4", "train.eval_every=2", "train.sample_tokens=0",
-                        f"train.parallel={parallel}", "model.norm=dyt", "model.embed_scale=sqrt_dim",
-                        "model.dyt_bias=false", "model.dyt_alpha_attn=0.8")
+    doesn't support scalar parameters", the error DyT runs hit before; tp replicates them). The saturated fractions
+    (alpha0 100 before attention saturates ~40% of those units) and the trunk's largest gradient, combined over the
+    ranks, equal one process's: each rank's fraction is of an equal share (fsdp: half the sequences, tp: half the
+    positions), the gradient maximum is over every shard. A unit within float32 noise of |alpha x| = 9 may count on
+    one side in one run and the other in the other: 1e-3 is 8 of the 8192 units of a norm at a step."""
+    import train
+
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=4", "train.eval_every=2",
+              "train.sample_tokens=0", "log.stats_every=2", "model.norm=dyt", "model.embed_scale=sqrt_dim",
+              "model.dyt_bias=false", "model.dyt_alpha_attn=100"]
+    r = _torchrun_train(2, *common, "--name", "d", f"train.parallel={parallel}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps"] == 4
+    micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []  # fsdp: a rank's share is 4 sequences
+    assert train.main([*common, "--name", "one", *micro]) == 0
+    one, par = _records(tmp_path / "one"), _records(tmp_path / "d")
+    for step in (1, 2, 4):
+        keys = [k for k in one[step] if k.startswith("dyt/saturated/")]
+        assert len(keys) == 2 * 3 + 1 and 0.1 < one[step]["dyt/saturated/layer_0/attention_norm"] < 0.9
+        for key in keys:
+            assert par[step][key] == pytest.approx(one[step][key], abs=1e-3), (step, key)
+        assert par[step]["grad/absmax/trunk"] == pytest.approx(one[step]["grad/absmax/trunk"], rel=1e-4)
 
 
 # -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export ----------------------------------

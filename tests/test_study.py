@@ -42,6 +42,60 @@ def test_default_study_grid_expands_as_specified():
     assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
 
 
+def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
+    """Arms whose fields go together (DyT with its recipe's scalar, RMSNorm without) are a grid less exclusions: the
+    runs, the protocol's arms and a claim's arm pairs leave them out; an exclusion names grid values only."""
+    path = tmp_path / "s.yaml"
+    head = (f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, dyt], model.embed_scale: [none, sqrt_dim], "
+            "lr: [0.001, 0.01]}\n")
+    path.write_text(head + "exclude: [{norm: dyt, model.embed_scale: none}, {norm: rmsnorm, "
+                           "model.embed_scale: sqrt_dim}]\nprotocol: {selection_seeds: [0], test_seeds: [1]}\n"
+                           "claims: [{paper: p, says: s, a: {norm: dyt, model.embed_scale: sqrt_dim}, b: {norm: "
+                           "rmsnorm, model.embed_scale: none}, metric: best_loss, expect: same}, {paper: p, says: s, "
+                           "a: {norm: dyt}, b: {norm: rmsnorm}, metric: best_loss, expect: same}]\n")
+    study = studyfile.load_study(path)
+    assert [r["name"] for r in studyfile.expand({**study, "grid": {**study["grid"], "train.seed": [0]}})] == [
+        "rmsnorm-embed_scalenone-lr0.001-s0", "rmsnorm-embed_scalenone-lr0.01-s0",
+        "dyt-embed_scalesqrt_dim-lr0.001-s0", "dyt-embed_scalesqrt_dim-lr0.01-s0"]
+    arms = [{"model.norm": "rmsnorm", "model.embed_scale": "none"},
+            {"model.norm": "dyt", "model.embed_scale": "sqrt_dim"}]
+    assert protocol.arms_of(study) == arms
+    assert len(protocol.first_runs(study)) == 4  # the grid on the selection seed, the two arms only
+    assert protocol.arm_pairs(study, study["claims"][0]) == [(arms[1], arms[0])]  # dyt/sqrt_dim vs rmsnorm/none
+    # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions tie pairs none
+    assert protocol.arm_pairs(study, study["claims"][1]) == []
+    for bad, says in [("exclude: [{norm: layernorm}]\n", "model.norm='layernorm' is not a value of the grid"),
+                      ("exclude: [{lr: 0.01}]\n", "optim.lr=0.01 is not a value of the grid"),
+                      ("exclude: {norm: dyt}\n", "exclude is a list of mappings")]:
+        path.write_text(head + bad)
+        with pytest.raises(ConfigError, match=says):
+            studyfile.load_study(path)
+
+
+def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
+    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init scale transposed to
+    d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2 and 1e-1; the claim on both loss
+    metrics between the two paper-scale arms; the first study's verdict withdrawn; a quick version of 4 runs."""
+    study = studyfile.load_study(STUDIES / "dyt.yaml")
+    arms = {(a["model.norm"], a["model.embed_scale"], a["model.init_scale"]) for a in protocol.arms_of(study)}
+    assert arms == {("dyt", "sqrt_dim", "width"), ("rmsnorm", "none", "width"), ("rmsnorm", "none", "absolute")}
+    runs = protocol.first_runs(study)
+    assert len(runs) == 30  # 3 arms x 5 LRs x 2 selection seeds: --dry-run's count
+    cfg = load_config(study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-")))
+    assert (cfg.model.dim, cfg.model.dyt_alpha_attn, cfg.model.dyt_alpha_ffn, cfg.model.dyt_alpha_final) == (
+        64, 0.8, 0.2, 0.2) and not cfg.model.dyt_bias and cfg.train.steps == 300
+    assert cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)  # 0.02 x sqrt(4096 / 64)
+    lrs = study["grid"]["optim.lr"]
+    assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1 and study["protocol"].common_seeds
+    paper = ({"model.norm": "dyt", "model.embed_scale": "sqrt_dim", "model.init_scale": "width"},
+             {"model.norm": "rmsnorm", "model.embed_scale": "none", "model.init_scale": "width"})
+    assert {c["metric"] for c in study["claims"]} == {"common_loss", "best_loss"}
+    assert all(protocol.arm_pairs(study, c) == [paper] and c["expect"] == "same" for c in study["claims"])
+    assert study["withdrawn"] and "absorbing" in study["withdrawn"][0]["why"]
+    assert "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()  # not only alpha0 depends on the width
+    assert len(studyfile.expand(studyfile.quick_study(study))) == 4
+
+
 def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
@@ -293,11 +347,11 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("study-*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
     study = studyfile.load_study(path)
     if study["quick"] is None:
-        assert path.stem == "study-quick"  # the smoke study is already quick
+        assert path.stem == "quick"  # the smoke study is already quick
         return
     assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
     out = tmp_path / f"{study['name']}-quick"

@@ -1,5 +1,6 @@
 """Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation RMS,
-what each norm receives, attention-logit max and attention entropy, and output-logit statistics.
+what each norm receives, DyT's saturated fraction, attention-logit max and attention entropy, and output-logit
+statistics.
 
 Used on logged steps only, in this order around one optimizer step:
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from model.layers import softcap
 from model.llama import parameter_kinds
+from model.norms import DyT
 from training import distributed
 from training.parallel import full, local
 
@@ -32,6 +34,10 @@ from training.parallel import full, local
 # norm_in/* and norm/gain/* mean the same thing for every placement.
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
 MAX_SCORES = 1 << 24  # attention scores materialized at once by the logit-max probe (64 MB in float32)
+# |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01 on (1 - tanh(z)
+# ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is exactly 0 there: no gradient
+# reaches x, alpha or the gain through that unit (tests/test_metrics.py checks this on torch's own kernels).
+DYT_SATURATION = 9.0
 
 
 def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -54,6 +60,26 @@ def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([full(n) for n in torch._foreach_norm(tensors)]))
 
 
+def _absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest |entry| of a (non-empty) list of tensors, sharded ones over every rank's shard: each rank's own
+    maximum, then one all-reduce (MAX) where there are several processes. (An inf norm of a DTensor would raise on a
+    rank whose shard is empty, FSDP's share of a one-element alpha, and leave the others waiting.)"""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    # a Partial gradient (tensor parallel: a replicated parameter fed this rank's positions) is a sum over ranks:
+    # reduce it before taking its largest entry
+    shards = [local(full(t) if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements) else t).detach()
+              for t in tensors]
+    m = torch.zeros((), device=shards[0].device)
+    for s in shards:
+        if s.numel():
+            m = torch.maximum(m, s.abs().amax().float())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        m = distributed.all_reduce(m.reshape(1), dist.ReduceOp.MAX).reshape(())
+    return m
+
+
 def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, torch.Tensor]:
     """Per-rank statistics of equal shares of the data, combined over the processes as one process would have
     computed them: means averaged, maxima maxed (two collectives); unchanged in a single process."""
@@ -71,6 +97,13 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
             t = t / dist.get_world_size() if op == dist.ReduceOp.SUM else t
             out.update(zip(names, t, strict=True))
     return out
+
+
+def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
+    """The fraction of the units of x (this rank's) whose tanh argument |alpha x| is >= DYT_SATURATION, computed in
+    float32 as the norm computes it (a sharded alpha is gathered first)."""
+    alpha = full(norm.alpha).detach().float()
+    return ((local(x).detach().float() * alpha).abs() >= DYT_SATURATION).float().mean()
 
 
 def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +143,11 @@ class StabilityProbe:
         self.groups = group_parameters(model)
         self.kinds = parameter_kinds(model)
         self.layer_params = {n: p for n, p in model.named_parameters() if n.startswith("layers.")}
+        # the trunk: every parameter whose gradient passes through the final norm's input, i.e. all but the readout
+        # after it (the output head, and the final norm's gain and bias, which still learn on a saturated tanh's
+        # +-1); a tied head is the embedding, listed as the embedding, so a tied model's trunk never goes dead
+        readout = {"norm.weight", "norm.bias"}
+        self.trunk = [p for n, p in model.named_parameters() if not n.startswith("output.") and n not in readout]
         self.handles: list = []
         self.values: dict[str, torch.Tensor] = {}
         self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
@@ -125,7 +163,12 @@ class StabilityProbe:
             self.handles.append(block.register_forward_hook(self._block_hook(i)))
             self.handles.append(block.attention.register_forward_hook(self._attention_hook(i)))
             for name in BLOCK_NORMS:
-                self.handles.append(getattr(block, name).register_forward_pre_hook(self._norm_hook(i)))
+                norm = getattr(block, name)
+                self.handles.append(norm.register_forward_pre_hook(self._norm_hook(i)))
+                if isinstance(norm, DyT):
+                    self.handles.append(norm.register_forward_pre_hook(self._dyt_hook(f"layer_{i}", name)))
+        if isinstance(self.model.norm, DyT):
+            self.handles.append(self.model.norm.register_forward_pre_hook(self._dyt_hook("final")))
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
@@ -138,6 +181,16 @@ class StabilityProbe:
             self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())  # what LayerNorm removes
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
             self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())  # float16: x^2 overflows above 256
+        return hook
+
+    def _dyt_hook(self, where: str, name: str | None = None):
+        """dyt/saturated/{where}, and per norm dyt/saturated/{where}/{name}: a block's two norms see inputs of the
+        same shape, so the mean of their fractions (the layer's) is the fraction of both norms' units together."""
+        def hook(module, args):
+            fraction = saturated_fraction(module, args[0])
+            self.sums[f"dyt/saturated/{where}"].append(fraction)
+            if name is not None:
+                self.sums[f"dyt/saturated/{where}/{name}"].append(fraction)
         return hook
 
     def _attention_hook(self, i: int):
@@ -157,11 +210,18 @@ class StabilityProbe:
 
     # -- gradients and updates ------------------------------------------------------------------------
     def record_grads(self) -> None:
-        """Gradient norm of each block, the embedding and the head (call before clipping)."""
+        """Gradient norm of each block, the embedding and the head, and the largest |gradient| in the trunk (call
+        before clipping)."""
         for key, params in self.groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if key != "other" and grads:
                 self.values[f"grad/norm/{key}"] = _norm(grads)
+        # exactly 0.0 when no gradient gets past the final norm (every unit of a final DyT saturated: the
+        # dead-gradient state, training/monitor.py dead_gradients_at); a max, not a norm, whose squares could
+        # underflow to 0
+        grads = [p.grad for p in self.trunk if p.grad is not None]
+        if grads:
+            self.values["grad/absmax/trunk"] = _absmax(grads)
 
     def snapshot(self) -> None:
         """Copy each block's parameters before the optimizer step (logged steps only)."""
