@@ -12,7 +12,7 @@ from conftest import THREADS
 
 import train
 from study.studyfile import flatten, load_study
-from training.runinfo import read_metrics
+from training.rundir import read_metrics
 
 STUDY = train.REPO / "configs" / "studies" / "dyt.yaml"
 
