@@ -66,8 +66,9 @@ def run(init_scale: str, lr: float, seed: int, steps: int, at: list[int], extra:
     model = Llama(cfg.model)
     opt = build_optimizer(model, cfg.optim)
     autocast = autocast_for(d.device, tc.dtype)
-    parts = StepParts(model, model, model, opt, tc.batch_size, 1, 1, d.device, autocast, tc.z_loss,
-                      no_clip(cfg.optim.grad_clip), tc.batch_size * tc.seq_len)
+    parts = StepParts(model=model, ddp=model, compiled=model, opt=opt, micro=tc.batch_size, accum=1, world_size=1,
+                      device=d.device, autocast=autocast, z_loss=tc.z_loss, clip=no_clip(cfg.optim.grad_clip),
+                      tokens_per_step=tc.batch_size * tc.seq_len)
     last = f"layer_{cfg.model.n_layers - 1}"
     rows = []
     for step in range(max(at) + 1):
@@ -83,7 +84,7 @@ def run(init_scale: str, lr: float, seed: int, steps: int, at: list[int], extra:
             m = probe.finish()
             trunk = {n: v for n, v in probe.absmax.items() if not n.startswith("output.")}
             live = sorted(n for n, v in trunk.items() if v != 0.0)
-            val_loss, _ = evaluate(model, val, cfg, d, autocast, tc.batch_size)
+            val_loss = evaluate(model, val, cfg, d, autocast, tc.batch_size)["val/loss"]
             rows.append({"init": init_scale, "lr": lr, "step": step, "stream_rms": m[f"act/rms/{last}"],
                          "final_saturated": m.get("dyt/saturated/final", math.nan),
                          "trunk_absmax": m["grad/absmax/trunk"], "live": live, "val": val_loss})

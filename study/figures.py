@@ -56,6 +56,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
         draw(plt, arms, colors, out, made)
     stability_map(plt, res, colors, out, made)
     log_z_curves(plt, res, colors, out, made)
+    dyt_saturation(plt, res, colors, out, made)
     final_losses(plt, res, colors, out, made)
     loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
@@ -254,6 +255,40 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
     _axes(ax, "peak learning rate", "max attention logit over steps and layers",
           "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
     _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
+
+
+def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
+    """DyT's absorbing state: per DyT arm, the saturated fraction of its final norm (|alpha x| >= 9, where float32
+    tanh's gradient is exactly 0) and the largest gradient below it, vs step, for one run that trained (the arm's
+    best LR) and one that failed (its lowest LR where a run failed), seed by seed of the lowest seed; drawn when a
+    run logged dyt/saturated/final."""
+    def pick(a, failed: bool):
+        lrs = [lr for lr in a.lrs if any(r.failed == failed and r.finished for r in a.at(lr))]
+        if not lrs:
+            return None
+        lr = (a.best_lr if not failed and a.best_lr in lrs else min(lrs))
+        rs = sorted((r for r in a.at(lr) if r.failed == failed and r.finished), key=lambda r: str(r.seed))
+        return rs[0] if rs else None
+
+    shown = [(label, r) for label, a in res.arms.items() for r in (pick(a, False), pick(a, True))
+             if r is not None and any("dyt/saturated/final" in e for e in r.records)]
+    if not shown:
+        return
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True)
+    for label, r in shown:
+        steps = [e["step"] for e in r.records if "dyt/saturated/final" in e]
+        kind = "failed" if r.failed else "trained"
+        style = dict(color=colors[label], ls="--" if r.failed else "-")
+        top.plot(steps, [100 * e["dyt/saturated/final"] for e in r.records if "dyt/saturated/final" in e],
+                 label=f"{label} lr {r.lr:g} s{r.seed} ({kind})", **style)
+        g = [(e["step"], e["grad/absmax/trunk"]) for e in r.records if e.get("grad/absmax/trunk") is not None]
+        if g:
+            bottom.plot([s for s, _ in g], [max(v, 1e-12) for _, v in g], **style)
+    _axes(top, "", "final DyT saturated (%)", "DyT saturation: |alpha x| >= 9 (tanh's gradient exactly 0)")
+    _axes(bottom, "step", "largest gradient below the final norm", "", logy=True)
+    _save(fig, out / "dyt_saturation.png", made,
+          "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT arm; below, "
+          "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing state)")
 
 
 def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
