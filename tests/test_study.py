@@ -197,7 +197,7 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     assert "**rmsnorm**: 2 of 6 runs failed under the study's rule (at lr 0.1)." in text
     assert "| rmsnorm-0.1-0 | diverged | - | - | 2 | 5.000 | 1,000 | failed: non-finite loss |" in text
     for fig in ("loss_curves", "grad_norm_curves", "stability_map", "final_loss", "grad_heatmaps", "act_rms_depth",
-                "attn_logit_max"):
+                "attn_logit_max", "loss_vs_lr"):
         assert (tmp_path / "out" / f"{fig}.png").stat().st_size > 1000
 
 
@@ -722,3 +722,21 @@ def test_every_claim_is_in_the_holm_family_whatever_its_data(tmp_path):
     assert untested["p"] is None and untested["agreement"] == "not run"
     assert tested["p_holm"] == pytest.approx(min(1.0, 2 * tested["p"]))
     assert "Holm-adjusted over the family of all 2" in text and "in the Holm family with p = 1" in text
+
+
+def test_a_dyt_study_report_draws_the_saturation_of_a_trained_and_a_failed_run(tmp_path):
+    """Runs that logged dyt/saturated/final and grad/absmax/trunk (one trained, one stuck at the unigram level with
+    every trunk gradient 0): the report draws dyt_saturation.png; a study without them draws none."""
+    for name, lr, final, sat, grad in (("ok", 1e-3, 3.0, 0.0, 0.3), ("dead", 1e-2, 5.9, 1.0, 0.0)):
+        write_run(tmp_path / "s", name, "dyt", lr, 0, "ok", final)
+        path = tmp_path / "s" / "runs" / name / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records[1:]:
+            r.update({"dyt/saturated/final": sat * r["step"] / 3, "grad/absmax/trunk": grad})
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_report([tmp_path / "s"], tmp_path / "out")
+    assert (tmp_path / "out" / "dyt_saturation.png").stat().st_size > 1000
+    write_report([tmp_path / "s"], tmp_path / "out")
+    write_run(tmp_path / "plain", "r", "rmsnorm", 1e-3, 0, "ok", 3.0)
+    write_report([tmp_path / "plain"], tmp_path / "out2")
+    assert not (tmp_path / "out2" / "dyt_saturation.png").exists()
