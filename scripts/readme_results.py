@@ -142,9 +142,13 @@ def found(results: Path, rel: str) -> str:
         for c in r.get("claims", []):
             counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
         counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
+    corpora = sorted({_corpus(p.parent / "study.yaml") for p in results.glob("*/report.json")})
+    replicated = ("; the default study on both: [replication](" + rel + "/replication.md)"
+                  if (results / "replication.md").is_file() else "")
+    where = "one corpus" if len(corpora) == 1 else f"{len(corpora)} corpora ({', '.join(corpora)}{replicated})"
     lines.append(f"{len(reports)} studies check {sum(counts.values())} claims of the literature ("
                  + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "), all on models of 0.1-2M "
-                 "parameters trained for minutes on one corpus: read them as what these settings show.")
+                 f"parameters trained for minutes on {where}: read them as what these settings show.")
     rows = ["| question | verdict | key number | study |", "|---|---|---|---|"]
     for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
         r = reports.get(q["study"])
@@ -184,6 +188,18 @@ def bits_per_nat(study_yaml: Path) -> float:
     targets = np.asarray(tokens[1: n * seq + 1], dtype=np.int64)
     n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
     return len(targets) / n_bytes / math.log(2)
+
+
+def _corpus(study_yaml: Path) -> str:
+    """The data.source a committed study ran on (its `overrides`, else its base config's, else the default)."""
+    from study.studyfile import load_study
+    from training.config import Config, load_config
+
+    if not study_yaml.is_file():  # a report without a study file (init-grads): the default corpus
+        return Config().data.source
+    study = load_study(study_yaml)
+    source = ((study.get("overrides") or {}).get("data") or {}).get("source")
+    return str(source or load_config(study["config"]).data.source)
 
 
 def replication(paths: str) -> str:
@@ -342,7 +358,8 @@ def update(readme: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--readme", type=Path, nargs="+", default=[REPO / "README.md", REPO / "docs" / "performance.md"],
+    p.add_argument("--readme", type=Path, nargs="+", default=[REPO / "README.md", REPO / "docs" / "performance.md",
+                                                          REPO / "docs" / "results" / "replication.md"],
                    help="the pages whose generated blocks to rewrite")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "results", help="folder of the study reports")
     a = p.parse_args(argv)

@@ -178,6 +178,13 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
             "loss at a learning rate safe for both (within 0.02 nats, pre-norm); whether they have the same "
             "stability (LR50 within x2, pre-norm), these runs cannot tell.") in text
     assert "2 studies check 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
+    assert "trained for minutes on one corpus: read them" in text  # no study.yaml: the default corpus
+    (tmp_path / "results" / "other" / "study.yaml").write_text(  # the other study ran on a second corpus
+        f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: {{lr: [0.1]}}\n")
+    (tmp_path / "results" / "replication.md").write_text("x\n")
+    assert _run(readme).returncode == 0, _run(readme).stderr
+    assert ("trained for minutes on 2 corpora (pydocs, pystdlib; the default study on both: "
+            "[replication](results/replication.md)): read them") in readme.read_text()
     assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: " in text
     assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
         "report.md) |" in text
