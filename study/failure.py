@@ -96,7 +96,8 @@ def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     eta = B @ X.T  # (m, n)
     ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
     w = np.exp(eta - 2 * np.logaddexp(0.0, eta))  # p (1 - p), computed stably
-    info = np.einsum("mn,ni,nj->mij", w, X, X)
+    k = X.shape[1]
+    info = (w @ (X[:, :, None] * X[:, None, :]).reshape(len(X), k * k)).reshape(-1, k, k)  # sum_n w x x^T
     sign, logdet = np.linalg.slogdet(info)
     out = np.where(sign > 0, ll + 0.5 * logdet, -np.inf)
     return out if np.ndim(beta) == 2 else float(out[0])

@@ -46,14 +46,15 @@ DESIGNS = {"centred": (_simulate, 0.01), "beyond the top": (_beyond_the_top, 0.0
 @pytest.mark.parametrize("design", DESIGNS)
 @pytest.mark.parametrize("slope", [2.0, 4.0, 8.0])
 def test_what_a_report_states_covers_a_known_lr50_in_90_percent_of_simulated_studies_or_more(design, slope):
-    """150 simulated arms per design and slope (5 LRs x 2 around 0.01, 5 seeds): the CI where the arm's LR50 is
-    identified, the bound the data give where it is not, contains the true LR50 in >= 90% of them. Measured
-    (200 arms): centred 0.99 / 0.98 / 0.93, edge beyond the grid's top 0.99 / 1.0 / 1.0, per-seed thresholds
-    0.98 / 0.93 / 0.925 at slopes 2 / 4 / 8."""
+    """80 simulated arms per design and slope (5 LRs x 2 around 0.01, 5 seeds): the CI where the arm's LR50 is
+    identified, the bound the data give where it is not, contains the true LR50 in >= 90% of them. Measured on
+    these 80: centred 0.99 / 0.975 / 0.925, edge beyond the grid's top 0.99 / 1.0 / 1.0, per-seed thresholds
+    1.0 / 0.925 / 0.96 at slopes 2 / 4 / 8 (on 200 arms: 0.99 / 0.98 / 0.93, 0.99 / 1.0 / 1.0, 0.98 / 0.93 /
+    0.925)."""
     simulate, truth = DESIGNS[design]
     rng = np.random.default_rng(int(slope) + len(design))
     covered = [_covers(fit_failure_curve(*simulate(rng, 0.01, slope) if design == "centred" else
-                                         simulate(rng, slope)), truth) for _ in range(150)]
+                                         simulate(rng, slope)), truth) for _ in range(80)]
     assert np.mean(covered) >= 0.90, np.mean(covered)
 
 
@@ -118,18 +119,18 @@ def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
 
 @pytest.mark.slow
 def test_the_lr50_ratio_ci_covers_a_known_ratio_in_90_to_99_percent_of_simulated_pairs():
-    """100 simulated pairs of arms (LR50 0.02 and 0.01, slope 4, the grid above, 5 seeds each): the joint
-    profile CI of LR50_A / LR50_B contains 2 in 90-99% of them (measured 94)."""
+    """40 simulated pairs of arms (LR50 0.02 and 0.01, slope 4, the grid above, 5 seeds each): the joint
+    profile CI of LR50_A / LR50_B contains 2 in 90-99% of them (measured: 38 of these 40; 94 of 100 pairs)."""
     rng = np.random.default_rng(1)
     covered = fitted = 0
-    for _ in range(100):
+    for _ in range(40):
         fit = lr50_ratio(*_simulate(rng, 0.02, 4.0), *_simulate(rng, 0.01, 4.0))
         if fit.ratio is None:
             continue
         fitted += 1
         lo, hi = fit.ci
         covered += (lo is None or lo <= 2) and (hi is None or hi >= 2)
-    assert fitted >= 95 and 0.90 <= covered / fitted <= 0.99, (covered, fitted)
+    assert fitted >= 38 and 0.90 <= covered / fitted <= 0.99, (covered, fitted)
 
 
 def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
