@@ -130,8 +130,9 @@ def kernel_available() -> bool:
 
 # torch.compile calls kernel_available while tracing; marked as a constant result there is no graph break at a
 # first build. This is what torch.compiler.assume_constant_result(kernel_available) does, without its import of
-# torch._dynamo (~40% of `import train`, paid by every run launched as a process; tests/test_fused.py checks
-# that the decorator still sets exactly this attribute).
+# torch._dynamo (~40% of `import train`: a training run still pays it when torch.optim builds its first
+# optimizer, but sampling, export and reading runs no longer do; tests/test_fast_norms.py checks that the
+# decorator still sets exactly this attribute).
 kernel_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
