@@ -20,8 +20,12 @@ is unreadable), with a finished run it exits 0.
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +92,8 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["--serve"]:  # `--serve [LABEL]`: LABEL shows in ps
+        return serve()
     try:
         cfg, resume, default_name = parse_cli(argv)
     except ConfigError as e:
@@ -112,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
-    t_start, tc = time.time(), cfg.train
+    t_start, tc, clock = time.time(), cfg.train, Stopwatch()
     d.data_rank, d.data_world = data_coords(d.rank, d.world_size, tc.parallel, tc.tp_size)
     cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
     data = open_data(cfg, d)
+    clock.lap("data")
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
     kernels = {**kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
                "attention": attention_path(cfg.model)}
+    clock.lap("kernels")
     torch.manual_seed(tc.seed)  # the same seed gives the same weights whatever the norm or placement
     model = Llama(cfg.model).to(d.device)
     try:  # DDP wraps; FSDP2 / tensor parallel shard the parameters in place, before the optimizer sees them
@@ -126,6 +134,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     except ValueError as e:
         raise ConfigError(str(e)) from None
     opt = build_optimizer(model, cfg.optim)
+    clock.lap("model")
     run, how, lock = open_run(cfg, default_name, resume, d)  # noqa: F841  (the lock is held while `train` runs)
     if how == "finished":
         if d.is_master:
@@ -149,16 +158,20 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     probe = StabilityProbe(model, Every(cfg.log.stats_every, first=True))
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     status, diverged_at, done, planned_stop = "ok", None, start_step, False
+    clock.lap("run_dir")
     if start_step == 0:  # L0: the val loss before the first step, the same kind of number as every later eval
         logger.log(0, evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
                                data.token_bytes.to(d.device)))
+    clock.lap("evals")
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     try:
         for step in range(start_step, tc.steps):
             # one optimizer step at this step's learning rate; the probe observes the steps it is due on
+            probed = probe.due(step + 1)
             result = train_step(parts, next(data.loader), lr_at(step, cfg.optim, cfg.optim.schedule_steps),
-                                probe if probe.due(step + 1) else NO_PROBE)
+                                probe if probed else NO_PROBE)
             record, done = result.record, step + 1
+            clock.lap("steps_with_metrics" if probed else "steps")
             faults.point("step")
             # a non-finite loss or gradient norm: no update was made; it is logged and the run ends
             if result.diverged:
@@ -171,7 +184,9 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
                 record.update(evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
                                        data.token_bytes.to(d.device)))
                 logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {record['val/loss']:.4f}")
+                clock.lap("evals")
             logger.log(done, record)
+            clock.lap("logging")
             faults.point("log")
             # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank; a request during the last step lets it end
             planned_stop = done == tc.stop_at and done < tc.steps
@@ -179,6 +194,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
             # a checkpoint on its cadence, at the last step and before stopping
             if checkpoints.due(done) or stop_now:
                 save_state(run, cfg, d, model, opt, data.loader, done, scaler)
+                clock.lap("checkpoints")
             if stop_now:
                 status = "interrupted"
                 why = f"train.stop_at={done}" if planned_stop else "interrupted"
@@ -191,10 +207,27 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
         raise
     finally:
         stop.restore()
-    status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, t_start)
+    status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, t_start, clock)
     if status == "diverged":
         return EXIT_DIVERGED
     return EXIT_INTERRUPTED if status == "interrupted" and not planned_stop else EXIT_OK
+
+
+class Stopwatch:
+    """Wall seconds per phase of a run, for summary.json's phases_s (scripts/bench_study.py reads them)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap to `phase`."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.seconds.items()}
 
 
 @dataclass
@@ -240,7 +273,7 @@ def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, mode
 
 
 def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, logger: Logger, status: str,
-           diverged_at: int | None, done: int, t_start: float) -> tuple[str, int | None]:
+           diverged_at: int | None, done: int, t_start: float, clock: Stopwatch) -> tuple[str, int | None]:
     """Classify a run that ran to its end on its whole val curve, sample from one that learned, write
     summary.json; (status, diverged_at)."""
     tc = cfg.train
@@ -260,8 +293,10 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
     summary = None
     faults.point("summary")
     if d.is_master:
+        clock.lap("finish")
         summary = summarize(run.records(), status, done, tc.steps, diverged_at, data.meta.get("unigram_entropy"),
                             cfg.log.spike_window, cfg.log.spike_k, time.time() - t_start)
+        summary["phases_s"] = clock.rounded()  # where this process's wall time went (not a result)
         write_json(run.summary, summary)
         final, dead = summary["final_val_loss"], summary["dead_gradients_at"]
         why = "" if dead is None else f" dead gradients (every gradient below the final norm 0 from step {dead});"
@@ -282,6 +317,55 @@ def sample(model: Llama, prepared: Path, tc, device: torch.device, autocast) -> 
         out = model.generate(prompt, tc.sample_tokens, temperature=0.8, top_k=50, generator=gen)
     model.train()
     return repr(tok.decode(out[0].tolist()))
+
+
+def serve() -> int:
+    """`train.py --serve [LABEL]`: run many runs in this one process, one after another (a study's persistent workers,
+    study/runner.py), so that Python, torch, the kernels and these imports are paid once, not once per run.
+
+    Each stdin line is a request {"argv": [train.py's arguments], "log": path}; the run's output (stdout and
+    stderr, at the file-descriptor level, as a process of its own would write it) is appended to the log, and one
+    line {"exit_code": N} answers on stdout. LABEL is free text for `ps` (study workers give their runs folder). A
+    run computes what `python train.py ARGV` computes: everything a run
+    depends on (seeds, threads, its files) is set by the run itself. A run that raises what train.py does not
+    handle, or is interrupted, ends the worker after its answer (its state is unknown); the runner starts a new one."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything printed between runs goes to stderr, never into the answers
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            code, fatal = run_logged(request["argv"], request["log"])
+            answers.write(json.dumps({"exit_code": code}) + "\n")
+            if fatal or code == EXIT_INTERRUPTED:  # an interrupted run: the study is stopping
+                return code
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group, an idle worker too
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def run_logged(argv: list[str], log: str) -> tuple[int, bool]:
+    """main(argv) with file descriptors 1 and 2 sent to `log`; (exit code, whether the worker must end)."""
+    code, fatal, saved = 1, False, [os.dup(1), os.dup(2)]
+    faults.reset()  # fault-injection counts are per run, as in a process of its own
+    with open(log, "a") as f:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(f.fileno(), 1), os.dup2(f.fileno(), 2)
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors (exit 2), as a process would end
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        except KeyboardInterrupt:
+            code, fatal = EXIT_INTERRUPTED, True
+        except BaseException:  # noqa: BLE001  a crash: the traceback a process would print, then a fresh worker
+            traceback.print_exc()
+            code, fatal = 1, True
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            for fd, copy in ((1, saved[0]), (2, saved[1])):
+                os.dup2(copy, fd)
+                os.close(copy)
+    gc.collect()  # the run's model, optimizer and lock go now, not at some later run's allocation
+    return code, fatal
 
 
 if __name__ == "__main__":

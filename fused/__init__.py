@@ -95,7 +95,6 @@ def build_name(files: dict[str, bytes], cflags: list[str], ldflags: list[str], c
     return f"normlab_kernels_{'native' if native else 'portable'}_{digest}"
 
 
-@torch.compiler.assume_constant_result  # torch.compile calls it while tracing: no graph break at a first build
 def kernel_available() -> bool:
     """Build (or load the cached build of) the CPU kernels once per process; False if that fails."""
     global _loaded
@@ -127,6 +126,14 @@ def kernel_available() -> bool:
             _loaded = False
             _built.update(error=str(error).strip().splitlines()[0][:200] if str(error) else repr(error))
     return _loaded
+
+
+# torch.compile calls kernel_available while tracing; marked as a constant result there is no graph break at a
+# first build. This is what torch.compiler.assume_constant_result(kernel_available) does, without its import of
+# torch._dynamo (~40% of `import train`: a training run still pays it when torch.optim builds its first
+# optimizer, but sampling, export and reading runs no longer do; tests/test_fast_norms.py checks that the
+# decorator still sets exactly this attribute).
+kernel_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:

@@ -76,6 +76,8 @@ def sweep(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("studies"),
                    help="where studies go (default: studies/ in the current directory, like train.py's runs/)")
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--process-per-run", action="store_true",
+                   help="launch one train.py process per run instead of long-lived workers (slower; the same numbers)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--quick", action="store_true", help="run the study file's quick section (<name>-quick)")
@@ -120,7 +122,7 @@ def sweep(argv: list[str] | None = None) -> int:
     shutil.copy(a.study, study_dir / "study.yaml")
     t0 = time.time()
     try:
-        counts = run_study(study, runs, study_dir, a.workers)
+        counts = run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
         while counts is not None and study.get("protocol"):  # the protocol's next stage, from the finished runs
             stage = next_stage(study, study_dir, runs, a.set)
             if stage is None:
@@ -129,7 +131,7 @@ def sweep(argv: list[str] | None = None) -> int:
             print(f"{name}: {len(more)} more runs ({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
                   file=sys.stderr)
             runs = runs + more
-            more_counts = run_study(study, runs, study_dir, a.workers)
+            more_counts = run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
             counts = None if more_counts is None else {k: counts.get(k, 0) + more_counts.get(k, 0)
                                                        for k in {*counts, *more_counts}}
     except DataError as e:
@@ -158,7 +160,7 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
         shutil.copy(a.study, study_dir / "study.yaml")
     index = f"sweep-{k}-of-{n}.json"
     try:
-        counts = run_study(study, runs[k::n], study_dir, a.workers, index)
+        counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)
         while counts is not None and study.get("protocol"):
             if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
                 print("the protocol's next stage waits until every run so far has finished; run this task again "
@@ -168,7 +170,7 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
             if stage is None:
                 break
             runs = runs + stage[1]
-            counts = run_study(study, stage[1][k::n], study_dir, a.workers, index)
+            counts = run_study(study, stage[1][k::n], study_dir, a.workers, index, a.process_per_run)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,8 @@
-"""Running a study's runs: workers sized to the machine, each run a train.py --resume process, the sweep.json
-index, skip / resume on a rerun, and a clean stop (its runs checkpoint and are waited for) on Ctrl-C."""
+"""Running a study's runs: workers sized to the machine, each a long-lived `train.py --serve` process that trains
+run after run (each run exactly `train.py ... --resume`, without paying for Python, torch and the kernels again),
+the sweep.json index, skip / resume on a rerun, and a clean stop (its runs checkpoint and are waited for) on
+Ctrl-C. `process_per_run` launches one train.py process per run instead (the old way; scripts/bench_study.py
+compares the two)."""
 
 from __future__ import annotations
 
@@ -31,30 +34,74 @@ def state(run_dir: Path) -> str:
     return "resume" if has_checkpoint(run.checkpoint) else "new"
 
 
-_procs: set[subprocess.Popen] = set()  # the train.py runs in flight, so an interrupt can stop and wait for them
+_procs: set[subprocess.Popen] = set()  # train.py processes alive (runs, workers): an interrupt stops and waits
 
 
-def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None) -> dict:
-    """Train (or resume) one run in a subprocess; return its index entry. Every launch is the same command with
-    --resume, which starts a run that has no checkpoint yet and continues one that has."""
-    runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
-    resumed = state(run_dir) == "resume"
-    cmd = [sys.executable, str(REPO / "train.py"), "--config", study["config"], "--name", run["name"], "--resume",
-           *run["overrides"], f"log.out_dir={runs_dir}", f"train.threads={threads}"]
+def worker_env(threads: int, gpu: str | None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+class Worker:
+    """One long-lived `train.py --serve` process: it trains the runs it is sent one after another. If it dies (a
+    run's crash ends it on purpose; the OOM killer; a signal), the run it had gets that exit code and the next
+    run starts a fresh process."""
+
+    def __init__(self, threads: int, gpu: str | None, label: str = ""):
+        self.env, self.proc, self.label = worker_env(threads, gpu), None, label  # label: shown by ps
+
+    def run(self, argv: list[str], log: Path) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--serve", self.label],
+                                         env=self.env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            _procs.add(self.proc)
+        try:
+            self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            answer = ""
+        if answer:
+            return json.loads(answer)["exit_code"]
+        code = self.proc.wait()  # it died with the run
+        _procs.discard(self.proc)
+        return code if code != 0 else 1
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()  # end of requests: it exits
+            self.proc.wait()
+        if self.proc is not None:
+            _procs.discard(self.proc)
+
+
+def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None,
+            worker: Worker | None = None) -> dict:
+    """Train (or resume) one run, in `worker` or else in a process of its own; return its index entry. Every
+    launch is the same command with --resume, which starts a run that has no checkpoint yet and continues one
+    that has."""
+    runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
+    resumed = state(run_dir) == "resume"
+    argv = ["--config", study["config"], "--name", run["name"], "--resume", *run["overrides"],
+            f"log.out_dir={runs_dir}", f"train.threads={threads}"]
+    cmd = [sys.executable, str(REPO / "train.py"), *argv]
     log = study_dir / "logs" / f"{run['name']}.log"
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)  # same cwd as us
-        _procs.add(proc)
-        try:
-            code = proc.wait()
-        finally:
-            _procs.discard(proc)
+        if worker is not None:
+            code = worker.run(argv, log)
+        else:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=worker_env(threads, gpu))
+            _procs.add(proc)
+            try:
+                code = proc.wait()
+            finally:
+                _procs.discard(proc)
     status = RunDir(run_dir).status() or "failed"
     if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
         status = "failed"
@@ -67,8 +114,9 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
 
 
 def stop_runs(timeout: float = 120.0) -> None:
-    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step) and wait for them, so
-    that no run outlives the sweep; one that does not stop within the timeout is killed."""
+    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step; an idle worker just
+    ends) and wait for them, so that no run outlives the sweep; one that does not stop within the timeout is
+    killed."""
     procs = list(_procs)
     for p in procs:
         if p.poll() is None:
@@ -162,7 +210,7 @@ def shown(path: Path) -> str:
 
 
 def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None,
-              index_name: str = "sweep.json") -> dict[str, int] | None:
+              index_name: str = "sweep.json", process_per_run: bool = False) -> dict[str, int] | None:
     """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
     of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight checkpoint, are waited
     for, and a rerun resumes them)."""
@@ -176,6 +224,7 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
           f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}", file=sys.stderr)
     prepare_once(study, runs)
     free = list(range(n_workers))  # worker slots, for GPU assignment
+    slots = [None if process_per_run else Worker(threads, gpus[i], str(study_dir / "runs")) for i in range(n_workers)]
     counts: dict[str, int] = {}
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=study["name"], dynamic_ncols=True)
     pool = ThreadPoolExecutor(n_workers)
@@ -187,7 +236,7 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
     def job(run):
         slot = free.pop()
         try:
-            return run_one(run, study, study_dir, threads, gpus[slot])
+            return run_one(run, study, study_dir, threads, gpus[slot], slots[slot])
         finally:
             free.append(slot)
 
@@ -210,6 +259,9 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for worker in slots:
+            if worker is not None:
+                worker.close()
     pool.shutdown()
     bar.close()
     _write_index(index_path, study, runs, index)

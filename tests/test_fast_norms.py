@@ -273,3 +273,20 @@ def test_compiles_without_a_graph_break_and_matches_eager(cls):
         fn(xx).backward()
         grads.append((xx.grad, norm.weight.grad))
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)  # the same kernels, traced
+
+
+def test_kernel_available_is_a_compile_constant_without_importing_dynamo():
+    """`import fused` (so `import train`) no longer pays for torch._dynamo; kernel_available carries exactly the
+    mark torch.compiler.assume_constant_result would give it (if torch changes that mark, this fails)."""
+    import fused
+
+    code = "import sys, fused, train; sys.exit('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
+
+    def probe():
+        return True
+
+    before = set(vars(probe))
+    assert torch.compiler.assume_constant_result(probe) is probe
+    marks = {k: v for k, v in vars(probe).items() if k not in before}
+    assert marks and all(getattr(fused.kernel_available, k) == v for k, v in marks.items())

@@ -276,8 +276,8 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
     sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) >= 1)
     name = next(study_dir.glob("runs/*/checkpoints/latest.pt")).parent.parent.name  # a run with a checkpoint
-    victim = next(pid for pid in _runs_in_flight(study_dir)
-                  if f"--name\0{name}\0" in Path(f"/proc/{pid}/cmdline").read_text())
+    victim = json.loads((study_dir / "runs" / name / "meta.json").read_text())["pid"]  # its worker process
+    assert victim in _runs_in_flight(study_dir)
     os.kill(victim, signal.SIGKILL)  # the OOM killer, a node failure...
     assert sweep.wait(timeout=300) == 0
     index = json.loads((study_dir / "sweep.json").read_text())["runs"]

@@ -19,6 +19,11 @@ from collections import Counter
 _counts: Counter = Counter()
 
 
+def reset() -> None:
+    """Forget the counts (a new run in the same process: train.py --serve)."""
+    _counts.clear()
+
+
 def point(name: str) -> None:
     target = os.environ.get("NORMLAB_KILL_AT")
     if not target:
