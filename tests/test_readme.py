@@ -44,6 +44,8 @@ SLOW = {
     "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
     "python scripts/bench_norms.py --save docs/results/bench/norms.md": "a benchmark (minutes) that rewrites the "
     "committed result; tests/test_bench.py runs it small",
+    "python scripts/bench_study.py --save docs/results/bench/study.md": "a benchmark (minutes) that rewrites the "
+    "committed result; tests/test_bench.py runs it small",
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
     "rewrites the committed result; tests/test_bench.py runs it small",
     "python scripts/bench_train.py --rounds 10 --only '(fast)' --no-breakdown model.dim=768 model.n_heads=12 "
