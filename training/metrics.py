@@ -73,16 +73,23 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
 
 
 def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
-    """max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, without keeping all scores."""
+    """max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, without keeping all scores: at most
+    MAX_SCORES of them at once, as many whole sequences as that holds, or else blocks of query positions of one
+    sequence (a 100k-token sequence's scores would be 40 GB per head; its causal mask alone 10 GB)."""
     q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
     B, H, T, hd = q.shape
-    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-    chunk = max(1, MAX_SCORES // (H * T * T))
+    rows = max(1, min(T, MAX_SCORES // (H * T)))  # query positions at a time: all of them when a sequence fits
+    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1
+    keys = torch.arange(T, device=x.device)
     best = torch.zeros((), device=x.device)
     for b in range(0, B, chunk):
-        scores = (q[b:b + chunk].float() @ k[b:b + chunk].float().transpose(-1, -2)).abs() / math.sqrt(hd)
-        best = torch.maximum(best, scores.masked_fill(~causal, 0).amax())
+        kb = k[b:b + chunk].float().transpose(-1, -2)
+        for r in range(0, T, rows):
+            causal = keys[r:r + rows, None] >= keys[None, :]  # (rows, T): key j <= query i
+            scores = (q[b:b + chunk, :, r:r + rows].float() @ kb).abs() / math.sqrt(hd)
+            best = torch.maximum(best, scores.masked_fill(~causal, 0).amax())
+            del scores  # before the next block's scores exist
     return best
 
 
