@@ -253,11 +253,12 @@ def looks_like_lost_contact(e: BaseException) -> bool:
         "connection closed by peer", "connection reset by peer", "gloo/transport", "nccl error", "broken pipe"))
 
 
-def _barrier(d: Dist, wait_s: float, failing: bool) -> dict | None:
-    """Every rank reaches the end: set this rank's key, wait until all have (or, failing, all the live ones).
-    A failure recorded meanwhile, a peer that died or the deadline ends the wait early, with the verdict."""
-    _store(d, "set", d.prefix + f"left/{d.rank}", "1")
-    arrived = _store(d, "add", d.prefix + "left", 1)
+def _barrier(d: Dist, name: str, wait_s: float, failing: bool) -> dict | None:
+    """Every rank reaches `name`: set this rank's key, wait until all have (or, failing, all the live ones). A
+    failure recorded meanwhile, a peer that died or the deadline ends the wait early, with the verdict. Then the
+    rank whose process keeps the store (rank 0 without torchrun's agent) waits for the others to be done with it."""
+    _store(d, "set", d.prefix + f"{name}/{d.rank}", "1")
+    arrived = _store(d, "add", d.prefix + name, 1)
     deadline, next_look = time.monotonic() + wait_s, 0.0
     while arrived < d.world_size:
         if not failing:
@@ -267,21 +268,28 @@ def _barrier(d: Dist, wait_s: float, failing: bool) -> dict | None:
         now = time.monotonic()
         if now >= next_look:  # who is missing, and are they alive (cheap on one host; a look a second)
             next_look = now + 1.0
-            missing = [r for r in range(d.world_size) if not _store(d, "check", [d.prefix + f"left/{r}"])]
+            missing = [r for r in range(d.world_size) if not _store(d, "check", [d.prefix + f"{name}/{r}"])]
             dead = _dead(d, missing)
             if failing and len(dead) == len(missing):
-                return None
+                break
             if dead and not failing:
                 return {"rank": d.rank, "code": EXIT_PEER, "line": _died_line(d, dead), "dead": dead}
             if now >= deadline:
                 if failing:
-                    return None
+                    break
                 late = [r for r in missing if r not in dead]
                 return {"rank": d.rank, "code": EXIT_PEER, "line": f"error: {', '.join(f'rank {r}' for r in late)} "
                         f"did not reach the end of the run within {wait_s:.0f} s of the others (hung?); leaving "
                         f"without {'it' if len(late) == 1 else 'them'}"}
         time.sleep(0.02)
-        arrived = _store(d, "add", d.prefix + "left", 0)
+        arrived = _store(d, "add", d.prefix + name, 0)
+    _store(d, "set", d.prefix + f"{name}-done/{d.rank}", "1")  # this rank's last use of the store
+    if d.rank == 0 and not d.agent_store:  # leaving now would take the store from a rank still polling it
+        waiting, deadline = set(range(1, d.world_size)), time.monotonic() + 5.0
+        while waiting and time.monotonic() < deadline:
+            waiting = {r for r in waiting if _alive(d, r) is not False
+                       and not _store(d, "check", [d.prefix + f"{name}-done/{r}"])}
+            time.sleep(0.01)
     return None
 
 
@@ -317,7 +325,7 @@ def leave(d: Dist, code: int, line: str | None, shared_outcome: bool, lost_conta
         if shared_outcome:
             if d.is_master:
                 _say(line)
-            verdict = _barrier(d, EXIT_WAIT_S, failing=False)
+            verdict = _barrier(d, "end", EXIT_WAIT_S, failing=False)
             if verdict is None:
                 dist.destroy_process_group()
                 return code
@@ -333,7 +341,7 @@ def leave(d: Dist, code: int, line: str | None, shared_outcome: bool, lost_conta
         printer = min(r for r in range(d.world_size) if r not in dead or r == d.rank)
         if d.rank == printer and not (shared_outcome and verdict["line"] == line):
             _say(_as_seen_by(verdict, line))
-        _barrier(d, FAILURE_WAIT_S, failing=True)  # the store may live in this process: let the others read it
+        _barrier(d, "left", FAILURE_WAIT_S, failing=True)  # the store may live in this process: let the others read it
         return verdict["code"]
     except _StoreLost:
         return _store_lost(d)
@@ -381,7 +389,7 @@ def teardown() -> None:
     try:
         d = Dist(dist.get_rank(), 0, dist.get_world_size(), store=dist.distributed_c10d._get_default_store(),
                  prefix="normlab/teardown/")
-        if _barrier(d, EXIT_WAIT_S, failing=False) is None:
+        if _barrier(d, "end", EXIT_WAIT_S, failing=False) is None:
             dist.destroy_process_group()
             return
     except _StoreLost:
