@@ -8,12 +8,12 @@
 Writes runs/<name>/: config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt.
 
 Exit codes: 0 finished (status ok, plateau, collapsed or unstable; or stopped at train.stop_at, resumable; or
---resume of a run that had already finished), 2 bad input (config, command line, data or checkpoint; nothing is
-written), 3 diverged (a result: logs and summary are complete; --resume of it exits 3 again), 4 the run's files could
-not be written (disk full, read-only: the last checkpoint is intact), 5 another process of the job died or hung (the
-others stop within seconds; --resume), 130 interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume). Under
-torchrun every process exits with the same code and one prints the line; torchrun itself then exits 1 for any of
-them.
+--resume of a run that had already finished), 2 bad input (config, command line, data or checkpoint, or a run too
+big for this machine's memory: refused before it starts; nothing is written), 3 diverged (a result: logs and summary
+are complete; --resume of it exits 3 again), 4 the run's files could not be written (disk full, read-only: the last
+checkpoint is intact), 5 another process of the job died or hung (the others stop within seconds; --resume), 130
+interrupted by Ctrl-C / SIGTERM (checkpoint saved; --resume). Under torchrun every process exits with the same code
+and one prints the line; torchrun itself then exits 1 for any of them.
 
 --resume is safe on every launch, as a preemptible scheduler relaunches a job: with no run directory or no
 checkpoint yet it starts from step 0, with a checkpoint it continues exactly (from previous.pt if latest.pt
@@ -41,7 +41,7 @@ from fused import kernel_paths
 from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
-from training import distributed, faults
+from training import distributed, faults, memory
 from training.checkpoint import CheckpointError, full_model_state
 from training.config import Config, ConfigError, load_config, to_dict
 from training.cpu import tune_cpu
@@ -164,6 +164,11 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     d.data_rank, d.data_world = data_coords(d.rank, d.world_size, tc.parallel, tc.tp_size)
     micro, accum = split_batch(tc, d.data_world)
     cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
+    try:  # too big for this machine: refused before anything large is allocated (every rank checks its own node)
+        estimate, error = memory.check(cfg, d.world_size, d.data_world, micro, d.local_world, d.device), None
+    except ConfigError as e:
+        estimate, error = None, str(e)
+    distributed.agree(ConfigError(error) if error else None)
     data = open_data(cfg, d, micro, accum)
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
     kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
@@ -176,14 +181,14 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     opt = build_optimizer(model, cfg.optim)
     run, how, lock = open_run(cfg, default_name, resume, d)
     try:  # the run's lock (rank 0's) is released however this ends, not when the garbage collector gets to it
-        return run_it(cfg, d, run, how, model, wrapped, opt, data, kernels, cpu, t_start)
+        return run_it(cfg, d, run, how, model, wrapped, opt, data, kernels, cpu, estimate, t_start)
     finally:
         if lock is not None:
             lock.release()
 
 
 def run_it(cfg: Config, d: distributed.Dist, run: RunDir, how: str, model, wrapped, opt, data, kernels: dict, cpu,
-           t_start: float) -> int:
+           estimate: memory.Estimate, t_start: float) -> int:
     """A run whose directory is chosen and locked: finished (nothing to do), or started / resumed and trained."""
     tc = cfg.train
     if how == "finished":
@@ -198,7 +203,7 @@ def run_it(cfg: Config, d: distributed.Dist, run: RunDir, how: str, model, wrapp
                   f"train further)", file=sys.stderr)
         return EXIT_OK
     scaler = scaler_for(d.device, tc.dtype)
-    machine = {"kernels": kernels, "cpu": cpu}
+    machine = {"kernels": kernels, "cpu": cpu, "memory": memory.describe(estimate)}
     start_step, notes = resume_state(run, cfg, d, model, opt, scaler, data.loader, machine) if how == "resume" \
         else start_state(run, cfg, d, model, data.meta, machine)
     parts = StepParts(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY
 
 import train
@@ -165,6 +166,41 @@ def test_layout_checks_name_the_option_and_a_value_that_works():
     with pytest.raises(ConfigError, match=r"train.micro_batch_size=4 must divide each data-parallel share of "
                                           r"train.batch_size=12 \(6 sequences on each of 2 shares\)"):
         train.split_batch(load_config(TINY, ["train.micro_batch_size=4", "train.batch_size=12"]).train, 2)
+
+
+# -- too big for the machine: refused before it starts ------------------------------------------------------------
+def test_memory_check_refuses_with_the_largest_that_fits(tmp_path, data_args, capsys, monkeypatch):
+    from training import memory
+
+    monkeypatch.setattr(memory, "available", lambda: (2.0 * memory.GiB, "MemAvailable in /proc/meminfo"))
+    cfg = load_config(TINY, ["train.seq_len=100000"])
+    with pytest.raises(ConfigError) as e:
+        memory.check(cfg, 1, 1, 8, 1, torch.device("cpu"))
+    line = str(e.value)
+    assert "more memory per process" in line and "2.0 GiB is available (MemAvailable" in line
+    fits = int(line.split("train.seq_len=")[1].split()[0])
+    assert 1000 < fits < 100000 and "train.micro_batch_size=" in line and "train.memory_check=false" in line
+    est = lambda s, m: memory.estimate(cfg, 1, 1, m, seq_len=s).total  # noqa: E731  (what the process adds)
+    assert est(fits, 8) <= 2.0 * memory.GiB < est(fits + 1, 8)
+    # two processes on this machine share it: each gets half
+    with pytest.raises(ConfigError, match="for each of the 2 processes on this machine"):
+        memory.check(load_config(TINY, [f"train.seq_len={fits}", "train.batch_size=16"]), 2, 2, 8, 2,
+                     torch.device("cpu"))
+    # through train.py: one line, nothing written; train.memory_check=false lets it through to the next check
+    assert train.main(["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", *data_args,
+                       "train.seq_len=100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "more memory per process" in err[0] and not (tmp_path / "runs").exists()
+    assert train.main(["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", *data_args, "train.seq_len=100000",
+                       "train.memory_check=false"]) == 2
+    assert "too few for" in capsys.readouterr().err  # the corpus' splits are shorter than that
+
+
+@pytest.mark.slow
+def test_memory_refusal_is_one_line_from_two_processes(tmp_path, tiny):
+    job = launch(2, [*tiny, "--name", "big", "train.seq_len=4000000"])
+    _stopped_together(job, train.EXIT_BAD_INPUT, "more memory per process")
+    assert "for each of the 2 processes on this machine" in job.errors()[0][1]
 
 
 # -- nothing saved is skipped: the newest readable checkpoint of either kind ------------------------------------------

@@ -41,8 +41,8 @@ from training.rundir import RunDir, run_meta, truncate_metrics, write_json, writ
 
 # what a resumed run may change: its length and how it runs, not what it trains
 RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
-             "train.threads", "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb",
-             "log.wandb_project",
+             "train.threads", "train.malloc_tuning", "train.memory_check", "train.sample_tokens", "log.out_dir",
+             "log.wandb", "log.wandb_project",
              # how it is spread over processes (a resume on another count splits the same global batch)
              "train.parallel", "train.tp_size", "train.micro_batch_size")
 
