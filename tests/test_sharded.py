@@ -190,9 +190,9 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path, data_args, parallel):
-    """`torchrun --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny config, so it
-    takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the sample
-    printed once."""
+    """`torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny
+    config, so it takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the
+    sample printed once."""
     r = _torchrun_train(2, "--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
                         "--name", "r", "optim.lr=1e-2", "train.steps=30", f"train.parallel={parallel}",
                         *(["model.qk_norm=true"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
