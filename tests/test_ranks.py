@@ -145,7 +145,7 @@ def test_ranks_that_do_not_share_the_run_directory_are_refused(tmp_path, tiny):
     used to report ok and leave a DCP checkpoint in pieces."""
     job = launch(2, [*tiny, "--name", "n", "train.parallel=fsdp"],
                  per_rank={1: [f"log.out_dir={tmp_path / 'node1'}"]})
-    _stopped_together(job, train.EXIT_BAD_INPUT, "rank 1 (host ")
+    _stopped_together(job, train.EXIT_BAD_INPUT, "rank 1 does not see the run directory rank 0 writes (")
     assert "file system every node shares" in job.errors()[0][1]
     assert not (tmp_path / "n" / "checkpoints").exists() and not list(tmp_path.glob(".n.shared-*"))
 

@@ -151,10 +151,13 @@ def _dcp_failure(e: BaseException) -> BaseException:
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception as one line; an empty message says what the type means (EOFError: the file ends early)."""
+    """An exception as one short line: its first sentence (torch's zip reader adds four of advice); an empty message
+    says what the type means (EOFError: the file ends early)."""
     lines = str(e).strip().splitlines()
     empty = {EOFError: "the file ends early (truncated?)", KeyError: "an entry is missing"}
     reason = lines[0] if lines else next((v for k, v in empty.items() if isinstance(e, k)), "no message")
+    if len(reason) > 120 and ". " in reason:
+        reason = reason.split(". ")[0]
     return f"{type(e).__name__}: {reason}"[:300]
 
 

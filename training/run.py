@@ -85,13 +85,14 @@ def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) 
             raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
                               f"it to finish or choose another --name") from None
         held["lock"] = lock
-        return str(run.path), run_state(run, cfg.train.steps) if resume else "new", _token(run, d)
+        return (str(run.path), run_state(run, cfg.train.steps) if resume else "new", _token(run, d),
+                f"{run.path.resolve()} on {socket.gethostname()}")
 
-    path, how, token = distributed.on_master(decide)
+    path, how, token, where = distributed.on_master(decide)
     cfg.log.name = Path(path).name
     run = RunDir(Path(path))
     if d.world_size > 1:
-        same_run(run, token, cfg, d)
+        same_run(run, token, where, cfg, d)
     faults.point("start")
     return run, how, held.get("lock")
 
@@ -106,7 +107,7 @@ def _token(run: RunDir, d: distributed.Dist) -> str:
     return token
 
 
-def same_run(run: RunDir, token: str, cfg: Config, d: distributed.Dist) -> None:
+def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Dist) -> None:
     """Every rank must see the run directory rank 0 writes (multi-node: a file system every node shares; a
     directory per node would leave each sharded checkpoint in pieces and nothing to resume) and run the config
     rank 0 runs; otherwise ConfigError on every rank, naming the first rank that differs. The token file may take
@@ -118,10 +119,10 @@ def same_run(run: RunDir, token: str, cfg: Config, d: distributed.Dist) -> None:
         time.sleep(0.1)
     if not _holds(mine, token):
         error = ConfigError(
-            f"rank {d.rank} (host {socket.gethostname()}) does not see the run directory rank 0 writes "
-            f"({run.path.resolve() if d.is_master else Path(cfg.log.out_dir).resolve() / run.name}): every process "
-            f"of a run must read and write the same directory; put log.out_dir on a file system every node shares "
-            f"(a directory per node cannot hold a sharded checkpoint: each node would keep only its own shards)")
+            f"rank {d.rank} does not see the run directory rank 0 writes ({where}; rank {d.rank} looked in "
+            f"{Path(cfg.log.out_dir).resolve() / run.name} on {socket.gethostname()}): every process of a run must "
+            f"read and write the same directory; put log.out_dir on a file system every node shares (a directory "
+            f"per node cannot hold a sharded checkpoint: each node would keep only its own shards)")
     try:
         distributed.agree(error)
     finally:
