@@ -1,6 +1,6 @@
 """Train a Llama from a YAML config; the norm and its placement are one flag away.
 
-    python train.py                                     # configs/default.yaml on the embedded corpus
+    python train.py                                     # configs/train/default.yaml on the embedded corpus
     python train.py --norm layernorm --placement post optim.lr=1e-2 train.steps=300
     python train.py --name my-run --resume              # continue runs/my-run exactly where it stopped
     torchrun --standalone --nproc_per_node 2 train.py ...  # data parallel: gloo on CPU, nccl on GPU
@@ -40,6 +40,7 @@ from data.tokenizer import Tokenizer
 from fused import kernel_paths
 from model import Llama
 from model.blocks import BLOCKS
+from model.layers import attention_path
 from model.norms import NORMS
 from training import distributed, faults, memory
 from training.checkpoint import CheckpointError, full_model_state
@@ -66,7 +67,7 @@ from training.step import NO_PROBE, Every, StepParts, autocast_for, no_clip, sca
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 EXIT_PEER = distributed.EXIT_PEER  # 5: another process of the job died or hung
 REPO = Path(__file__).resolve().parent
-DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+DEFAULT_CONFIG = REPO / "configs" / "train" / "default.yaml"
 
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
@@ -171,7 +172,8 @@ def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
     distributed.agree(ConfigError(error) if error else None)
     data = open_data(cfg, d, micro, accum)
     # which fused kernels run and which paths fall back, built / loaded now rather than inside the first step
-    kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
+    kernels = {**kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
+               "attention": attention_path(cfg.model)}
     torch.manual_seed(tc.seed)  # the same seed gives the same weights whatever the norm or placement
     model = Llama(cfg.model).to(d.device)
     try:  # DDP wraps; FSDP2 / tensor parallel shard the parameters in place, before the optimizer sees them
@@ -230,8 +232,8 @@ def loop(cfg: Config, d: distributed.Dist, run: RunDir, model, opt, data, parts:
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     status, diverged_at, done, planned_stop = "ok", None, start_step, False
     if start_step == 0:  # L0: the val loss before the first step, the same kind of number as every later eval
-        l0, se = evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro)
-        logger.log(0, {"val/loss": l0, "val/loss_se": se})
+        logger.log(0, evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
+                               data.token_bytes.to(d.device)))
     stop = StopRequest()  # from here on Ctrl-C stops at a step boundary, leaving a resumable checkpoint
     try:
         for step in range(start_step, tc.steps):
@@ -248,8 +250,8 @@ def loop(cfg: Config, d: distributed.Dist, run: RunDir, model, opt, data, parts:
                 break
             # validation, on its cadence and at the last step
             if evals.due(done):
-                record["val/loss"], record["val/loss_se"] = evaluate(model, data.val_tokens, cfg, d, parts.autocast,
-                                                                     data.micro)
+                record.update(evaluate(model, data.val_tokens, cfg, d, parts.autocast, data.micro,
+                                       data.token_bytes.to(d.device)))
                 logger.message(f"step {done}: train loss {record['train/loss']:.4f}, val loss {record['val/loss']:.4f}")
             logger.log(done, record)
             faults.point("log")
@@ -282,6 +284,7 @@ class Data:
     val_tokens: object
     micro: int  # sequences per forward pass and process
     accum: int  # micro-batches per optimizer step
+    token_bytes: torch.Tensor  # bytes of text each token id stands for (val/bpb)
 
 
 def split_batch(tc, data_world: int) -> tuple[int, int]:
@@ -306,7 +309,8 @@ def open_data(cfg: Config, d: distributed.Dist, micro: int, accum: int) -> Data:
                          d.data_world)
     val_tokens = load_tokens(prepared, "val")
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail before any output
-    return Data(prepared, read_meta(prepared), loader, val_tokens, micro, accum)
+    token_bytes = torch.from_numpy(Tokenizer(prepared / "tokenizer.model").token_bytes())
+    return Data(prepared, read_meta(prepared), loader, val_tokens, micro, accum, token_bytes)
 
 
 def announce(logger: Logger, run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, kernels: dict,
@@ -348,8 +352,9 @@ def finish(run: RunDir, cfg: Config, d: distributed.Dist, model, data: Data, log
         summary = summarize(run.records(), status, done, tc.steps, diverged_at, data.meta.get("unigram_entropy"),
                             cfg.log.spike_window, cfg.log.spike_k, time.time() - t_start)
         write_json(run.summary, summary)
-        final = summary["final_val_loss"]
-        logger.message(f"{status}: final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
+        final, dead = summary["final_val_loss"], summary["dead_gradients_at"]
+        why = "" if dead is None else f" dead gradients (every gradient below the final norm 0 from step {dead});"
+        logger.message(f"{status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} (unigram entropy "
                        f"{summary['unigram_entropy']:.3f}), {summary['tokens_per_s'] or 0:,.0f} tokens/s -> {run.path}")
         logger.close(summary)
 

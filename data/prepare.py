@@ -75,16 +75,21 @@ def dataset_name(source: str, vocab_size: int, digest: str) -> str:
 
 
 def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float = 0.05, seed: int = 1337,
-            text_field: str = "text", root: str | Path = "data/prepared", max_tokenizer_lines: int = 2_000_000,
-            verbose: bool = True) -> Path:
-    """The prepared directory for this source and these settings, building it if it is not cached."""
+            text_field: str = "text", root: str | Path = "data/prepared", max_tokens: int = 0,
+            max_tokenizer_lines: int = 2_000_000, verbose: bool = True) -> Path:
+    """The prepared directory for this source and these settings, building it if it is not cached. `max_tokens`
+    (> 0) caps the training split at that many tokens; a hub source is then streamed, and read only until its
+    documents hold 8 bytes per token of the budget (more than any tokenizer here needs)."""
+    if max_tokens < 0:
+        raise DataError(f"data.max_tokens must be >= 0 (0: the whole source), got {max_tokens}")
     if not 0 < val_fraction < 1:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
     if vocab_size < MIN_VOCAB:
         raise DataError(f"data.vocab_size must be >= {MIN_VOCAB} ({N_META_PIECES} ids for the special and byte "
                         f"pieces, the rest for characters and merges), got {vocab_size}")
     key = {"format": FORMAT, **source_key(source, text_field), "vocab_size": vocab_size,
-           "val_fraction": val_fraction, "seed": seed, "max_tokenizer_lines": max_tokenizer_lines}
+           "val_fraction": val_fraction, "seed": seed, "max_tokenizer_lines": max_tokenizer_lines,
+           **({"max_tokens": max_tokens} if max_tokens else {})}  # absent when off: older caches keep their names
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     root = Path(root)
     out = root / dataset_name(source, vocab_size, digest)
@@ -101,7 +106,7 @@ def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float 
         tmp.mkdir()
         try:
             _build(tmp, source, key, digest, vocab_size, val_fraction, seed, text_field, max_tokenizer_lines,
-                   verbose)
+                   verbose, max_tokens)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         finally:
@@ -127,7 +132,7 @@ def _log(verbose: bool, msg: str) -> None:
 
 
 def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_fraction: float, seed: int,
-           text_field: str, max_tokenizer_lines: int, verbose: bool) -> None:
+           text_field: str, max_tokenizer_lines: int, verbose: bool, max_tokens: int = 0) -> None:
     import datasets
     import sentencepiece as spm
 
@@ -136,7 +141,8 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     if not local:  # a download: say so before it starts
         _log(verbose, f"loading {describe(source)}")
     with _quiet(local):  # local corpora load in seconds: bars would only bury a bad-input error line
-        docs = load_documents(source, text_field).filter(lambda t: bool(t and t.strip()), input_columns="text")
+        docs = load_documents(source, text_field, 8 * max_tokens).filter(lambda t: bool(t and t.strip()),
+                                                                         input_columns="text")
     if len(docs) < 2:
         raise DataError(f"data source {source!r} has {len(docs)} non-empty documents; need at least 2 "
                         f"(one for train, one for val)")
@@ -171,12 +177,12 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     tok = Tokenizer(proto.getvalue())
     dtype = token_dtype(vocab_size)
     counts = {}
-    n_bytes = sum(len(t) for t in splits["train"]["text"])
+    n_bytes = sum(len(t.encode("utf-8")) for t in splits["train"]["text"])
     num_proc = min(os.cpu_count() or 1, 8) if n_bytes > PARALLEL_BYTES else None
     for split, ds in splits.items():
         ids = ds.map(_Encoder(proto.getvalue()), batched=True, remove_columns=ds.column_names, num_proc=num_proc,
                      desc=f"tokenizing {split}", load_from_cache_file=False)
-        counts[split] = _write_tokens(ids, tmp / f"{split}.bin", dtype)
+        counts[split] = _write_tokens(ids, tmp / f"{split}.bin", dtype, max_tokens if split == "train" else 0)
     train = np.memmap(tmp / "train.bin", dtype=dtype, mode="r")
     p = np.bincount(train, minlength=vocab_size) / len(train)
     entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
@@ -185,7 +191,7 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
         "vocab_size": tok.vocab_size, "dtype": dtype.name, "eos_id": tok.eos_id,
         "train_tokens": counts["train"], "val_tokens": counts["val"],
         "train_documents": len(splits["train"]), "val_documents": len(splits["val"]),
-        "corpus_bytes": n_bytes + sum(len(t) for t in splits["val"]["text"]),
+        "corpus_bytes": n_bytes + sum(len(t.encode("utf-8")) for t in splits["val"]["text"]),  # UTF-8 bytes
         "corpus_sha256": corpus_sha256(docs["text"]),
         "unigram_entropy": entropy,  # nats per token: the loss of a model that learned only token frequencies
         "tokenizer": settings,
@@ -242,28 +248,36 @@ class _Encoder:
         return {"proto": self.proto, "tok": None}
 
 
-def _write_tokens(ds, path: Path, dtype: np.dtype) -> int:
+def _write_tokens(ds, path: Path, dtype: np.dtype, limit: int = 0) -> int:
+    """Write the token ids of every document in order (at most `limit`, when > 0); the number written."""
     n = 0
     with open(path, "wb") as f:
         for batch in ds.iter(batch_size=1000):
             arr = np.fromiter((i for ids in batch["ids"] for i in ids), dtype=dtype)
+            if limit:
+                arr = arr[: limit - n]
             f.write(arr.tobytes())
             n += len(arr)
+            if limit and n >= limit:
+                break
     return n
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--source", default="pydocs", help="pydocs | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT]")
+    p.add_argument("--source", default="pydocs",
+                   help="pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--text-field", default="text", help="column holding the text (hf sources)")
     p.add_argument("--root", default="data/prepared")
+    p.add_argument("--max-tokens", type=int, default=0, help="cap the training split at this many tokens (0: all)")
     args = p.parse_args(argv)
     try:
         parse_source(args.source)
-        out = prepare(args.source, args.vocab_size, args.val_fraction, args.seed, args.text_field, args.root)
+        out = prepare(args.source, args.vocab_size, args.val_fraction, args.seed, args.text_field, args.root,
+                      args.max_tokens)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,11 @@
-"""Where text comes from, named by one string: `pydocs`, `text:PATH_OR_GLOB` or `hf:NAME[:CONFIG][@SPLIT]`."""
+"""Where text comes from, named by one string: `pydocs`, `pystdlib`, `text:PATH_OR_GLOB` or
+`hf:NAME[:CONFIG][@SPLIT][#REVISION]`.
+
+The two embedded corpora ship with every Python, so they need no network, and both are the Python Software
+Foundation's, under the PSF License Agreement: `pydocs` is the standard library's documentation (its docstrings and
+pydoc topics: English prose about code), `pystdlib` its source code (code, comments and docstrings: another kind of
+text), one document per file, deduplicated, so that the train / val split (by document) never puts a file in both.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,8 @@ import platform
 import sys
 import sysconfig
 
-KINDS = ("pydocs", "text:PATH_OR_GLOB", "hf:NAME[:CONFIG][@SPLIT]")
+KINDS = ("pydocs", "pystdlib", "text:PATH_OR_GLOB", "hf:NAME[:CONFIG][@SPLIT][#REVISION]")
+EMBEDDED = ("pydocs", "pystdlib")
 
 # Standard-library parts that are tests, demos, vendored code or side-effect toys rather than documentation.
 _SKIP = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "pydoc_data", "this", "antigravity",
@@ -22,9 +30,10 @@ class DataError(ValueError):
 
 
 def parse_source(spec: str) -> tuple[str, str]:
-    """('pydocs' | 'text' | 'hf', argument) for a source string, or DataError listing the valid forms."""
+    """('pydocs' | 'pystdlib' | 'text' | 'hf', argument) for a source string, or DataError listing the valid
+    forms."""
     kind, _, arg = spec.partition(":")
-    if spec == "pydocs" or (kind in ("text", "hf") and arg):
+    if spec in EMBEDDED or (kind in ("text", "hf") and arg):
         return kind, arg
     raise DataError(f"unknown data source {spec!r}; valid: {', '.join(KINDS)}")
 
@@ -32,7 +41,7 @@ def parse_source(spec: str) -> tuple[str, str]:
 def source_key(spec: str, text_field: str = "text") -> dict:
     """A cheap identity of the source for the prepare cache (computed without reading the corpus)."""
     kind, arg = parse_source(spec)
-    if kind == "pydocs":
+    if kind in EMBEDDED:
         return {"source": spec, "python": sys.version, "implementation": platform.python_implementation()}
     if kind == "text":
         files = _text_files(arg)
@@ -44,19 +53,24 @@ def describe(spec: str) -> str:
     kind, arg = parse_source(spec)
     if kind == "pydocs":
         return f"docstrings and pydoc topics of the Python {platform.python_version()} standard library"
+    if kind == "pystdlib":
+        return f"source code of the Python {platform.python_version()} standard library, one document per file"
     return {"text": f"local text files {arg}", "hf": f"Hugging Face dataset {arg}"}[kind]
 
 
-def load_documents(spec: str, text_field: str = "text"):
-    """The source's documents as a datasets.Dataset with one column, 'text'."""
+def load_documents(spec: str, text_field: str = "text", max_bytes: int = 0):
+    """The source's documents as a datasets.Dataset with one column, 'text'. `max_bytes` (> 0) caps a hub source:
+    it is streamed and read only until its documents hold that many bytes."""
     import datasets
 
     kind, arg = parse_source(spec)
     if kind == "pydocs":
         return datasets.Dataset.from_dict({"text": pydocs_documents()})
+    if kind == "pystdlib":
+        return datasets.Dataset.from_dict({"text": pystdlib_documents()})
     if kind == "text":
         return _load_text(arg)
-    return _load_hf(arg, text_field)
+    return _load_hf(arg, text_field, max_bytes)
 
 
 def _load_text(pattern: str):
@@ -87,24 +101,42 @@ def _text_files(pattern: str) -> list[str]:
     return files
 
 
-def _load_hf(arg: str, text_field: str):
-    import datasets
-
+def parse_hf(arg: str) -> tuple[str, str | None, str, str | None]:
+    """'NAME[:CONFIG][@SPLIT][#REVISION]' -> (name, config, split, revision). NAME may be a local folder of a
+    dataset saved in the hub's layout (data files), which loads offline."""
+    arg, _, revision = arg.partition("#")
     name, _, split = arg.partition("@")
     name, _, config = name.partition(":")
+    return name, config or None, split or "train", revision or None
+
+
+def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
+    import datasets
+
+    name, config, split, revision = parse_hf(arg)
     datasets.utils.logging.set_verbosity_error()  # the failure below is reported in one line of ours
     import huggingface_hub
 
     huggingface_hub.utils.logging.set_verbosity_error()
     try:
-        ds = datasets.load_dataset(name, config or None, split=split or "train")
-    except Exception as e:  # offline, unknown name, bad split...: one line, not a stack trace
+        ds = datasets.load_dataset(name, config, split=split, revision=revision, streaming=bool(max_bytes))
+        columns = ds.column_names if not max_bytes else list(next(iter(ds)).keys())
+    except Exception as e:  # offline, unknown name, bad split or revision...: one line, not a stack trace
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise DataError(f"could not load Hugging Face dataset {arg!r} ({reason}); without network use "
-                        f"data.source=pydocs or data.source=text:PATH") from None
-    if text_field not in ds.column_names:
-        raise DataError(f"dataset {arg!r} has no text field {text_field!r}; columns: {', '.join(ds.column_names)}"
+                        f"data.source=pydocs, pystdlib or text:PATH") from None
+    if text_field not in columns:
+        raise DataError(f"dataset {arg!r} has no text field {text_field!r}; columns: {', '.join(columns)}"
                         f" (set data.text_field)")
+    if max_bytes:  # streamed: read documents in order until they hold max_bytes
+        texts, total = [], 0
+        for row in ds:
+            text = row[text_field] or ""
+            texts.append(text)
+            total += len(text.encode("utf-8"))
+            if total >= max_bytes:
+                break
+        return datasets.Dataset.from_dict({"text": texts})
     return ds.select_columns([text_field]).rename_column(text_field, "text") if text_field != "text" else ds
 
 
@@ -117,14 +149,34 @@ def pydocs_documents() -> list[str]:
     from pydoc_data.topics import topics
 
     docs = [f"{name}\n\n{text.strip()}" for name, text in sorted(topics.items())]
+    for path, rel in stdlib_files():
+        doc = _file_docs(path, rel)
+        if doc:
+            docs.append(doc)
+    return docs
+
+
+def stdlib_files() -> list[tuple[str, str]]:
+    """(path, path relative to the standard library) of every module file pydocs and pystdlib read, in order."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    for name in sorted(sys.stdlib_module_names):
-        if name in _SKIP or name.startswith("_"):
+    return [(path, os.path.relpath(path, stdlib)) for name in sorted(sys.stdlib_module_names)
+            if name not in _SKIP and not name.startswith("_") for path in _module_files(stdlib, name)]
+
+
+def pystdlib_documents() -> list[str]:
+    """The standard library's source code, one document per module file, deduplicated by content (identical
+    files would otherwise land in both splits), in path order."""
+    docs, seen = [], set()
+    for path, _ in stdlib_files():
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (UnicodeDecodeError, OSError):
             continue
-        for path in _module_files(stdlib, name):
-            doc = _file_docs(path, os.path.relpath(path, stdlib))
-            if doc:
-                docs.append(doc)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if text.strip() and digest not in seen:
+            seen.add(digest)
+            docs.append(text)
     return docs
 
 

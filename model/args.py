@@ -7,24 +7,25 @@ from dataclasses import dataclass
 
 @dataclass
 class ModelArgs:
-    dim: int = 256
+    dim: int = 128
     n_layers: int = 4
     n_heads: int = 4
-    n_kv_heads: int | None = None  # None -> n_heads (plain multi-head attention)
+    n_kv_heads: int | None = 2  # None -> n_heads (plain multi-head attention)
     vocab_size: int = 4096
     hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # a name in model/norms.py NORMS
-    norm_impl: str = "reference"  # reference | fast (the fused kernel where the norm has one: fused/norms.py)
-    ops_impl: str = "reference"  # reference | fast: cross-entropy and SwiGLU (see model/ops.py)
+    norm_impl: str = "fast"  # fast | reference (the fused kernel where the norm has one: fused/norms.py)
+    ops_impl: str = "fast"  # fast | reference: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
     norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
-    qk_norm: bool = False  # the model's norm applied per head to q and k
+    qk_norm: str | bool = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS); true / false: old
+    qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
     prms_fraction: float = 0.0625  # pRMSNorm's p: the RMS from the first ceil(p d) features (the paper's 6.25%)
     dyt_alpha_attn: float = 0.5  # DyT's alpha0 in the norm before attention (Zhu et al. 2025 LLaMA 7B: 0.8)
     dyt_alpha_ffn: float = 0.5  # ... before the feed-forward (LLaMA 7B: 0.2)
@@ -38,10 +39,47 @@ class ModelArgs:
     init_residual: str = "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
     init_embedding_std: float | None = None  # None -> init_std (Takase et al. 2023 study larger embeddings)
     init_embedding_mean: float = 0.0  # != 0: every token's features start shifted by this (a mean shift)
+    attn_softcap: float = 0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
+    logit_softcap: float = 0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
+    init_head_std: float | None = None  # the output head's std; None -> init_std (an untied head only)
+    init_scale: str = "absolute"  # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
+
+    @property
+    def matrix_std(self) -> float:
+        """The std every matrix of the blocks is drawn with before residual scaling (init_residual, DeepNorm's
+        beta): init_std, times sqrt(4096 / dim) under init_scale=width."""
+        return self.init_std * lookup(INIT_SCALES, self.init_scale, "init_scale")(self.dim)
+
+    @property
+    def embedding_std(self) -> float:
+        """The token embedding's std: init_embedding_std as given (absolute), else matrix_std."""
+        return self.matrix_std if self.init_embedding_std is None else self.init_embedding_std
+
+    @property
+    def head_std(self) -> float:
+        """The output head's std: init_head_std as given (absolute), else matrix_std."""
+        return self.matrix_std if self.init_head_std is None else self.init_head_std
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def qk_norm_kind(self) -> str:
+        """The norm applied per head to q and k: a name in QK_NORMS, or, for the old boolean spelling, the block
+        norm (whatever it is) or none."""
+        # model.qk_norm was a bool ("the model's norm per head") before it was a choice. Old run directories'
+        # config.yaml, the committed runs.json files and study files (qknorm-control) still say true / false; they
+        # are read here, in this one place, so that they build the model they built: true -> the run's block norm
+        # (model.norm, with its options), false -> none. The value is kept as written, so a study's arms still
+        # match the runs it made.
+        if isinstance(self.qk_norm, bool):
+            return self.norm if self.qk_norm else "none"
+        return lookup(QK_NORMS, self.qk_norm, "qk_norm")
+
+    @property
+    def qk_eps(self) -> float:
+        return self.norm_eps if self.qk_norm_eps is None else self.qk_norm_eps
 
     @property
     def kv_heads(self) -> int:
@@ -77,8 +115,13 @@ class ModelArgs:
             raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
         if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
-        if self.init_embedding_std is not None and self.init_embedding_std < 0:
-            raise ValueError(f"model.init_embedding_std must be >= 0 or null, got {self.init_embedding_std}")
+        for name in ("init_embedding_std", "init_head_std"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0 or null, got {getattr(self, name)}")
+        if self.init_head_std is not None and self.tie_embeddings:
+            raise ValueError("model.init_head_std needs an untied head (model.tie_embeddings=false): a tied head is "
+                             "the embedding, drawn with model.init_embedding_std")
+        lookup(INIT_SCALES, self.init_scale, "init_scale")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
         if not 0 < self.prms_fraction <= 1:
@@ -86,6 +129,13 @@ class ModelArgs:
         for name in ("dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.qk_norm, bool):  # the old boolean spelling is read by qk_norm_kind
+            lookup(QK_NORMS, self.qk_norm, "qk_norm")
+        if self.qk_norm_eps is not None and self.qk_norm_eps <= 0:
+            raise ValueError(f"model.qk_norm_eps must be > 0 or null, got {self.qk_norm_eps}")
+        for name in ("attn_softcap", "logit_softcap"):
+            if not getattr(self, name) >= 0:  # also catches nan
+                raise ValueError(f"model.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.norm_precision not in ("float32", "autocast"):  # model/norms.py NORM_PRECISIONS (torch-free here)
             raise ValueError(f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32")
         return self
@@ -93,8 +143,27 @@ class ModelArgs:
 
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
 RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain": lambda n_layers: 1.0}
+# qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's qk-layernorm),
+# chosen apart from the block norm; a gain per head dimension, shared by the heads, no bias
+QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
+# The paper-scale reference width: LLaMA 7B's d (Touvron et al. 2023). Its std 0.02 (every matrix, the embedding and
+# the head: the init Zhu et al. 2025's DyT LLaMA code inherits) makes each matrix give a unit-RMS input outputs of
+# RMS 0.02 x sqrt(4096) = 1.28, and the embedding times DyT's sqrt(d) scalar a stream of RMS 1.28; the same 0.02 at
+# d = 64 gives 0.16 for both, and logits ~100x smaller: the stream's scale depends on the width.
+INIT_REFERENCE_DIM = 4096
+# how init_std is read: absolute (the std itself, at any width) | width (the std at INIT_REFERENCE_DIM; at width d
+# it becomes init_std x sqrt(4096 / d) = c / sqrt(d), c = init_std x 64, so sqrt(d) x std, the scale above, is the
+# same at every width). It scales init_std and the stds that default to it (the embedding's with init_embedding_std
+# null, the head's with init_head_std null); an explicit init_embedding_std or init_head_std is absolute either way
+INIT_SCALES = {"absolute": lambda dim: 1.0, "width": lambda dim: (INIT_REFERENCE_DIM / dim) ** 0.5}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
 EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
+
+
+def qk_norm_options(args: ModelArgs) -> dict:
+    """The qk-norms' options: the block norm's (at the attention) where they are that norm (so the old
+    `qk_norm: true` builds what it built: a LayerNorm with norm_bias's bias, DyT's alpha0), else a gain and no bias."""
+    return norm_options(args, "attention") if args.qk_norm_kind == args.norm else {"bias": False}
 
 
 def norm_options(args: ModelArgs, location: str) -> dict:

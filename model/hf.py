@@ -30,10 +30,13 @@ _KEYS = {
 
 
 def check_expressible(args: ModelArgs) -> None:
-    """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras)."""
+    """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras: no qk-norm,
+    no soft-capping of attention or output logits)."""
     unsupported = {"norm": (args.norm, "rmsnorm"), "placement": (args.placement, "pre"),
-                   "qk_norm": (args.qk_norm, False), "norm_bias": (args.norm_bias, False), "ffn": (args.ffn, "swiglu"),
-                   "linear_bias": (args.linear_bias, False), "embed_scale": (args.embed_scale, "none")}
+                   "qk_norm": (args.qk_norm_kind, "none"),  # the old true / false read as they built
+                   "norm_bias": (args.norm_bias, False), "ffn": (args.ffn, "swiglu"),
+                   "linear_bias": (args.linear_bias, False), "embed_scale": (args.embed_scale, "none"),
+                   "attn_softcap": (args.attn_softcap, 0.0), "logit_softcap": (args.logit_softcap, 0.0)}
     bad = [f"model.{k}={got!r} (needs {need!r})" for k, (got, need) in unsupported.items() if got != need]
     if bad:
         raise ValueError("transformers' LlamaForCausalLM cannot express " + ", ".join(bad))
@@ -56,7 +59,7 @@ def hf_config(args: ModelArgs):
         vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.ffn_hidden_dim,
         num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.kv_heads,
         max_position_embeddings=args.max_seq_len, rms_norm_eps=args.norm_eps, rope_theta=args.rope_theta,
-        tie_word_embeddings=args.tie_embeddings, initializer_range=args.init_std, hidden_act="silu",
+        tie_word_embeddings=args.tie_embeddings, initializer_range=args.matrix_std, hidden_act="silu",
         attention_bias=False, mlp_bias=False,
     )
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup, norm_options
+from model.args import ModelArgs, lookup, qk_norm_options
 from model.norms import build_norm
 from model.ops import OPS_IMPLS
 
@@ -61,11 +63,11 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: the model's norm over each head's q and k bounds the attention logits.
-        qk = args.norm if args.qk_norm else "none"
-        options = norm_options(args, "attention")
-        self.q_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_impl, args.norm_precision, **options)
-        self.k_norm = build_norm(qk, self.head_dim, args.norm_eps, args.norm_impl, args.norm_precision, **options)
+        # qk-norm: a norm over each head's q and k (its own choice and eps) bounds the attention logits
+        qk, options = args.qk_norm_kind, qk_norm_options(args)
+        self.q_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
+        self.k_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
+        self.softcap = args.attn_softcap
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""
@@ -90,12 +92,41 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, rope)
-        gqa = q.shape[1] != k.shape[1]
-        if gqa and expand_kv(q):  # share each kv head with its query group explicitly: keeps a fused kernel
-            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-            gqa = False
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if self.softcap:  # SDPA's fused kernels never materialize the logits: nothing to cap there
+            y = explicit_attention(q, k, v, self.softcap)
+        else:
+            gqa = q.shape[1] != k.shape[1]
+            if gqa and expand_kv(q):  # share each kv head with its query group explicitly: keeps a fused kernel
+                k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+                gqa = False
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H * hd)
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) (Gemma 2's logit soft-capping): ~x for |x| << cap, bounded by +-cap; cap 0: x."""
+    return cap * torch.tanh(x / cap) if cap else x
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float = 0.0) -> torch.Tensor:
+    """softmax(causal mask(softcap(q k^T / sqrt(d_head)))) v, with the logits materialized: q (B, H, T, hd), k and v
+    (B, kv, T, hd), kv dividing H. The products run in the matmul's dtype (autocast's, as SDPA would), the scaling,
+    cap and softmax in float32 (float64 stays float64), the weights cast back to v's dtype; cap 0 is SDPA's math."""
+    H, T, hd = q.shape[1], q.shape[2], q.shape[3]
+    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))  # each kv head to its query group
+    scores = q @ k.transpose(-1, -2)  # (B, H, T, T)
+    logits = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(hd), cap)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    weights = logits.masked_fill(~causal, float("-inf")).softmax(-1)
+    return weights.to(v.dtype) @ v
+
+
+def attention_path(args: ModelArgs) -> str:
+    """Which attention computation a model of these args runs (for meta.json's `kernels`)."""
+    if args.attn_softcap:
+        return (f"explicit q k^T / sqrt(d) -> softcap {args.attn_softcap:g} -> causal mask -> softmax -> v "
+                f"(SDPA's fused kernels never materialize the logits to cap)")
+    return "torch scaled_dot_product_attention (causal; its fused kernels where the device has them)"
 
 
 class FeedForward(nn.Module):

@@ -7,7 +7,7 @@ from torch import nn
 
 from model.args import EMBED_SCALES, ModelArgs, lookup, norm_options
 from model.blocks import BLOCKS, build_block
-from model.layers import rope_tables
+from model.layers import rope_tables, softcap
 from model.norms import _Norm, build_norm
 from model.ops import OPS_IMPLS
 
@@ -68,26 +68,27 @@ class Llama(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
-        """The embedding ~ N(init_embedding_mean, init_embedding_std^2) (a mean != 0 shifts every token's features
-        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, init_std^2); each
-        block initializes its own parameters (Block.reset_parameters); the final norm resets itself. The order of
-        random draws (embedding, blocks in order, head) makes models that differ only in their norm or placement
-        start from identical weights."""
-        std, emb = self.args.init_std, self.args.init_embedding_std
-        nn.init.normal_(self.tok_embeddings.weight, self.args.init_embedding_mean, std if emb is None else emb)
+        """The embedding ~ N(init_embedding_mean, embedding_std^2) (a mean != 0 shifts every token's features
+        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, head_std^2); each
+        block initializes its own parameters with matrix_std (Block.reset_parameters); the final norm resets itself.
+        The stds are ModelArgs' (init_std, or c / sqrt(dim) under init_scale=width; init_embedding_std and
+        init_head_std when given). The order of random draws (embedding, blocks in order, head) makes models that
+        differ only in their norm or placement start from identical weights."""
+        a = self.args
+        nn.init.normal_(self.tok_embeddings.weight, a.init_embedding_mean, a.embedding_std)
         for layer in self.layers:
-            layer.reset_parameters(std, self.args.n_layers, self.args.init_residual)
+            layer.reset_parameters(a.matrix_std, a.n_layers, a.init_residual)
         if hasattr(self.norm, "reset_parameters"):
             self.norm.reset_parameters()
         if self.embed_scale is not None:
             nn.init.constant_(self.embed_scale, EMBED_SCALES[self.args.embed_scale](self.args.dim))
         if not self.args.tie_embeddings:
-            nn.init.normal_(self.output.weight, 0.0, std)
+            nn.init.normal_(self.output.weight, 0.0, a.head_std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab) for token ids idx (B, T), and the mean cross-entropy when targets are given
-        (targets == -1 are ignored)."""
+        """Logits (B, T, vocab) for token ids idx (B, T), soft-capped when model.logit_softcap > 0 (float32 then),
+        and the mean cross-entropy of those logits when targets are given (targets == -1 are ignored)."""
         T = idx.shape[1]
         if T > self.args.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}")
@@ -98,6 +99,8 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))
+        if self.args.logit_softcap:  # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
+            logits = softcap(logits.to(torch.promote_types(logits.dtype, torch.float32)), self.args.logit_softcap)
         loss = None
         if targets is not None:
             loss = self.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)

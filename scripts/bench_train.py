@@ -1,7 +1,7 @@
 """Tokens/s of a full training step (forward, loss, backward, AdamW) of our model against transformers'
 LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side by side in one process.
 
-    python scripts/bench_train.py [--config configs/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
+    python scripts/bench_train.py [--config configs/train/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
 
 Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
 `model.ops_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`
@@ -128,7 +128,7 @@ def ratio_stats(num: list[float], den: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    p.add_argument("--config", default=str(REPO / "configs" / "train" / "default.yaml"))
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=1, help="timed steps per variant per round")
     p.add_argument("--no-compile", action="store_true")

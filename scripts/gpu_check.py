@@ -3,7 +3,7 @@
     python scripts/gpu_check.py                 # on a CUDA machine
     python scripts/gpu_check.py --dry-run       # the same code path on CPU, tiny sizes, seconds (tested)
 
-Norm table: scripts/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table: configs/gpt2-124m.yaml
+Norm table: scripts/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table: configs/train/gpt2-124m.yaml
 (bfloat16 autocast, torch.compile) and the same model in float32 (TF32 matmuls) without compile, each trained
 for --steps optimizer steps of one micro-batch on random tokens after --warmup steps (compilation); tokens/s,
 ms per step, MFU (training/flops.py: 6N + 12LdT FLOPs per token over the device's dense peak) and peak memory.
@@ -35,7 +35,7 @@ TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads
 
 def step_row(name: str, overrides: list[str], device: torch.device, steps: int, warmup: int) -> str:
     """Train `steps` timed steps (after `warmup`) of the 124M config with these overrides; one table row."""
-    cfg = load_config(REPO / "configs" / "gpt2-124m.yaml", overrides)
+    cfg = load_config(REPO / "configs" / "train" / "gpt2-124m.yaml", overrides)
     tc = cfg.train
     torch.manual_seed(0)
     model = Llama(cfg.model).to(device)

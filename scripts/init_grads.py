@@ -39,12 +39,12 @@ import time
 from pathlib import Path
 
 import torch
-from scipy import stats
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import Llama, ModelArgs
 from model.blocks import BLOCKS
 from model.layers import FFNS
+from study.paired import mean_ci
 
 
 def _xiong(dim: int) -> dict:
@@ -100,15 +100,6 @@ def log_slope(ys: list[float]) -> float:
     """OLS slope of log(y) vs index 1..len(ys) (per layer)."""
     xs = range(1, len(ys) + 1)
     return statistics.linear_regression(xs, [math.log(y) for y in ys]).slope
-
-
-def mean_ci(xs: list[float], level: float = 0.95) -> tuple[float, tuple[float, float] | None]:
-    """The mean and its t confidence interval (n - 1 degrees of freedom); no CI for one value."""
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, None
-    half = float(stats.t.ppf(0.5 + level / 2, len(xs) - 1)) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, (m - half, m + half)
 
 
 def _usable(ys: list[float]) -> bool:
@@ -275,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         for placement, norm in ARMS:
             for depth in a.depths:
                 args = ModelArgs(dim=a.dim, n_layers=depth, n_heads=4, n_kv_heads=2, vocab_size=256,
-                                 max_seq_len=a.seq, norm=norm, placement=placement, **extra(a.dim))
+                                 max_seq_len=a.seq, norm=norm, placement=placement, norm_impl="reference",
+                                 ops_impl="reference", **extra(a.dim))  # forward-mode JVP needs torch ops
                 dirs = a.jvp_dirs if depth == max(a.depths) else 0
                 for seed in a.seeds:
                     results[setting, placement, norm, depth, seed] = measure(args, a.batch, a.seq, seed, dirs)

@@ -1,17 +1,16 @@
 """Write the README's Results blocks and the index of docs/results from the committed study reports, never by hand.
 
-Each block sits between `<!-- results: PATH/report.md -->` and `<!-- /results -->`; it is replaced by the
-report's opening line (runs, wall time), its per-arm table, a link to the stability map and every sentence of
-its "What the numbers show" section, as the report states them (n, CI and verdict included). A block between
-`<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
+Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replaced by what KIND says. A block
+between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
 the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
 `<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
-CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A
-block between `<!-- headline: PATH/report.md -->` and `<!-- /headline -->` gets the README's headline from the
-report.json beside it: per pair of arms that differ in the norm alone, the LR50 ratio and the nested loss
-difference with their CIs and tests, and every arm's LR50. A block
-between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
-(`--save PATH.md`: the command, the machine and its tables) as it was measured.
+CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
+`<!-- replication: A,B -->` puts two result folders of one study on two corpora side by side (claims, LR50s, LR
+sensitivity, the common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block
+`<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
+and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
+study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
+saved output (`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
     python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/README.md
 """
@@ -19,64 +18,31 @@ between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) ge
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
 import sys
 from pathlib import Path
 
+from study.text import g, interval
+
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>results|claims|trends|headline|bench): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication): (?P<path>\S+) -->\n)(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
-
-
-def section(report: str, title: str) -> list[str]:
-    """The lines of a `## title` section of a report (without the heading)."""
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", report, re.S | re.M)
-    return [line for line in (m.group(1).strip().splitlines() if m else [])]
-
-
-def block(report_path: Path) -> str:
-    """The README text for one report."""
-    report = report_path.read_text()
-    lines = report.splitlines()
-    opening = next((line for line in lines[1:] if line.strip()), "")
-    start = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    rel = report_path.relative_to(REPO) if report_path.is_relative_to(REPO) else report_path
-    return "\n".join([opening, "", *lines[start:end], "", f"![stability map]({rel.parent / 'stability_map.png'})", "",
-                      f"What the numbers show (generated from [the report]({rel})):", "",
-                      *section(report, "What the numbers show"), ""])
-
-
-def table(report: str) -> list[dict]:
-    """The report's per-arm table (the one whose header starts `| arm |`) as one dict per row, keyed by column."""
-    lines = report.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
-    rows = [line for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:])]
-    header = [c.strip() for c in rows[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in row.strip("|").split("|")), strict=True)) for row in rows[2:]]
-
-
-def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def _ends(ci) -> str:
-    return "no CI" if not ci else f"{'open' if ci[0] is None else _g(ci[0])}..{'open' if ci[1] is None else _g(ci[1])}"
 
 
 def ratio_text(r: dict) -> str:
     """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
+    if "text" in r:  # the report's own sentence (a number where identified, else the bound)
+        return r["text"].removeprefix("LR50 ratio ")
     if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
         lo, hi = r["ci"]
-        bound = f"below {_g(hi)}" if hi is not None else f"above {_g(lo)}"
+        bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
         return f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; " \
                f"{r['n']} runs)"
     if r["ratio"] is None:
         return f"not estimable ({r['failed']} of {r['n']} runs failed)"
-    return f"{_g(r['ratio'])} (95% CI {_ends(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
+    return f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
            f"{r['failed']} failed)"
 
 
@@ -88,35 +54,185 @@ def loss_text(p: dict) -> str:
     return f"{p['mean']:+.3f} nats ({ci}n = {p['n']} seed{'s' * (p['n'] != 1)}, {p['verdict']})"
 
 
-def headline(report_path: Path, page_dir: Path = REPO) -> str:
-    """The README's top finding, generated from the report's report.json: per pair of arms that differ in the norm
-    alone, the LR50 ratio (stability) and the loss difference at each one's best LR (nested, paired), each with
-    its CI, n and test; then every arm's LR50."""
-    r = json.loads(report_path.with_name("report.json").read_text())
-    pairs = [c for c in r.get("comparisons", []) if c["key"] == "model.norm"]
-    if not pairs:
-        raise ValueError(f"{report_path} compares no arms that differ in the norm alone")
-    lines = []
-    sel = ", ".join(map(str, r["selection_seeds"]))
-    for c in pairs:
-        a, b = c["A"], c["B"]
-        placement = a.split("/", 1)[1] + "-norm" if "/" in a else "the norms"
-        lines.append(f"- **{placement}**: stability, LR50 of {a} / {b} = {ratio_text(c['lr50_ratio'])}; loss, "
-                     f"{a} - {b} at each one's best LR ({', '.join(f'{x:g}' for x in c['lrs'] or [])}, chosen "
-                     f"on seeds {sel}) on the test seeds = {loss_text(c['loss'])}.")
-    arms = []
-    for label, arm in r["per_arm"].items():
-        if arm["lr50"] is not None:
-            beyond = f", beyond the largest LR tried ({_g(arm['top_lr'])}): extrapolated" \
-                if arm["lr50"] > arm["top_lr"] else ""
-            arms.append(f"{label} {_g(arm['lr50'])} ({_ends(arm['lr50_ci'])}{beyond})")
-        elif arm["failed"] == 0:
-            arms.append(f"{label} above {_g(arm['top_lr'])} (no run failed)")
+def _short(c: dict) -> str:
+    """A claim's estimate in a table cell: the ratio or difference with its CI, n and Holm p."""
+    if "lr50_ratio" in c:
+        r = c["lr50_ratio"]
+        if r["ratio"] is None:
+            bounds = r.get("bounds") or [None, None]
+            lo, hi = bounds
+            text = "LR50 ratio " + (f"between {g(lo)} and {g(hi)}" if lo and hi else f"> {g(lo)}" if lo else
+                                    f"< {g(hi)}" if hi else "not bounded") + " (a bound)"
         else:
-            arms.append(f"{label} not estimable")
-    lines.append(f"- **LR50 per arm** (the LR at which half the runs fail, 95% CI): {'; '.join(arms)}.")
-    rel = Path(os.path.relpath(report_path, page_dir))  # links work from the page the block is in
-    return "\n".join([*lines, "", f"![stability map]({rel.parent / 'stability_map.png'})", ""])
+            text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
+    else:
+        p = c["loss"]
+        if p["mean"] is None:
+            return "no seed where both trained"
+        ci = f" ({p['ci'][0]:+.3f}..{p['ci'][1]:+.3f})" if p["ci"] else ""
+        text = f"{p['mean']:+.3f} nats{ci}, n = {p['n']}"
+    return text + (f", Holm p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else "")
+
+
+def _common(c: dict) -> str:
+    """What a claim's two arms share (their fixed context): layernorm for layernorm/post vs layernorm/pre."""
+    b = c["B"].split("/")
+    return "/".join(part for part in c["A"].split("/") if part in b) or c["A"]
+
+
+def _matching(report: dict, want: dict) -> list[dict]:
+    return [c for c in report.get("claims", []) if c.get("A") and all(c.get(k) == v for k, v in want.items())]
+
+
+WORDS = {"lr50": "LR50", "lr_sensitivity": "LR sensitivity", "common_loss": "loss at a common safe LR",
+         "best_loss": "loss at each one's best LR"}
+
+
+def _norm_sentence(norm: list[dict], report: dict) -> str:
+    """What the norm claims say in plain words: what is the same (within the margins set before the runs), what
+    differs, and what these runs cannot tell, each with where (which placements)."""
+    m, r, sm = report.get("margin", 0.02), report.get("ratio_margin", 2), report.get("sensitivity_margin", 0.1)
+    what = {"common_loss": f"the same final loss at a learning rate safe for both (within {m:g} nats",
+            "best_loss": f"the same final loss at each one's best learning rate (within {m:g} nats",
+            "lr50": f"the same stability (LR50 within x{r:g}", "lr_sensitivity": "the same sensitivity to the learning "
+            f"rate (within {sm:g} nats"}
+    same, differ, open_ = [], [], []
+    for metric in ("common_loss", "best_loss", "lr50", "lr_sensitivity"):
+        for verdict, out in (("agrees", same), ("disagrees", differ), ("cannot tell", open_)):
+            cs = [c for c in norm if c["metric"] == metric and c["agreement"] == verdict]
+            if cs:
+                where = "both placements" if len(cs) == 2 and len({_common(c) for c in cs}) == 2 else \
+                    ", ".join(f"{_common(c)}-norm" for c in cs)
+                out.append(f"{what[metric]}, {where})")
+    parts = []
+    if same:
+        parts.append("RMSNorm and LayerNorm have " + " and ".join(same))
+    if differ:
+        parts.append("they do not have " + " and ".join(differ))
+    if open_:
+        parts.append("whether they have " + " and ".join(open_) + ", these runs cannot tell")
+    return "Which norm sits there: " + "; ".join(parts) + "."
+
+
+def found(results: Path, rel: str) -> str:
+    """The README's "What it found": sentences generated from the default study's claims (placement, then the
+    norm, per placement) and every committed report's verdict counts, then the table of questions.yaml (question |
+    verdict | key number | study)."""
+    from omegaconf import OmegaConf
+
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    default = reports["norm-placement-lr"]
+    claims = [c for c in default["claims"] if c.get("A")]
+    place = [c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
+    norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
+    lines = []
+    if place and all(c["agreement"] == "agrees" for c in place):
+        ratios = [c["lr50_ratio"]["ratio"] for c in place if c["lr50_ratio"].get("ratio")]
+        times = f" {1 / max(ratios):.0f}-{1 / min(ratios):.0f}x lower than" if len(ratios) == len(place) else ""
+        lines.append(f"Where the norm sits decides stability: Post-LN fails at learning rates{times or ''} "
+                     f"{'those ' if times else ''}Pre-LN trains at ("
+                     + "; ".join(f"{_common(c)}: {_short(c)}" for c in place) + ").")
+    elif place:
+        lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
+                                               for c in place) + ".")
+    if norm:
+        lines.append(_norm_sentence(norm, default) + " Numbers, n and tests in the table.")
+    counts: dict[str, int] = {}
+    for r in reports.values():
+        for c in r.get("claims", []):
+            counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
+        counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
+    lines.append(f"{len(reports)} studies check {sum(counts.values())} claims of the literature ("
+                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "), all on models of 0.1-2M "
+                 "parameters trained for minutes on one corpus: read them as what these settings show.")
+    rows = ["| question | verdict | key number | study |", "|---|---|---|---|"]
+    for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
+        r = reports.get(q["study"])
+        if r is None:
+            raise ValueError(f"questions.yaml names study {q['study']!r}, which has no report.json")
+        cs = _matching(r, q["claims"])
+        if not cs:
+            raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
+        page = "decision.md" if r.get("decided_from") else "report.md"
+        rows.append(f"| {q['question']} | " + "; ".join(c["agreement"] for c in cs) + " | "
+                    + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
+                    + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
+    return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
+
+
+def bits_per_nat(study_yaml: Path) -> float:
+    """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval set's target
+    tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval, so one constant per study;
+    runs that logged val/bpb agree with it)."""
+    import math
+
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from data.loader import load_tokens
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+    from study.studyfile import flatten, load_study
+    from training.config import load_config
+
+    study = load_study(study_yaml)
+    cfg = load_config(study["config"], flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))))
+    prepared = prepare(**vars(cfg.data), verbose=False)
+    tokens = load_tokens(prepared, "val")
+    seq, budget = cfg.train.seq_len, cfg.train.eval_tokens
+    n = (len(tokens) - 1) // seq if budget <= 0 else min(max(1, budget // seq), (len(tokens) - 1) // seq)
+    targets = np.asarray(tokens[1: n * seq + 1], dtype=np.int64)
+    n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
+    return len(targets) / n_bytes / math.log(2)
+
+
+def replication(paths: str) -> str:
+    """Two reports of one study on two corpora side by side (`<!-- replication: A,B -->`): per placement, each
+    norm's LR50 (or its bound) and LR sensitivity, the loss at the common safe LR in bits per byte, each claim's
+    verdict; then one sentence: which findings hold on both corpora, which on one only."""
+    folders = [Path(p) for p in paths.split(",")]
+    reports = [json.loads((f / "report.json").read_text()) for f in folders]
+    factors = [bits_per_nat(f / "study.yaml") for f in folders]
+    names = [f.name for f in folders]
+    rows = ["| claim | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    keyed = []
+    for c in reports[0]["claims"]:
+        others = [next((o for o in r["claims"] if (o["A"], o["B"], o["metric"], o["says"]) ==
+                        (c["A"], c["B"], c["metric"], c["says"])), None) for r in reports]
+        cells = []
+        for o, k in zip(others, factors, strict=True):
+            if o is None:
+                cells.append("-")
+            elif o["metric"] == "common_loss" and o["loss"]["mean"] is not None:
+                p = o["loss"]
+                ci = f" ({p['ci'][0] * k:+.4f}..{p['ci'][1] * k:+.4f})" if p["ci"] else ""
+                lr = f" at lr {g(o['lrs'][0])}" if o.get("lrs") else ""
+                cells.append(f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}")
+            else:
+                cells.append(f"**{o['agreement']}**: {_short(o)}")
+        keyed.append((c, [o["agreement"] if o else None for o in others]))
+        rows.append(f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
+                    + " | ".join(cells) + " |")
+    arms = ["", "| arm | " + " | ".join(f"{n}: LR50; LR sensitivity (bits per byte)" for n in names) + " |",
+            "|---|" + "---|" * len(names)]
+    for label in reports[0]["per_arm"]:
+        cells = []
+        for r, k in zip(reports, factors, strict=True):
+            a = r["per_arm"].get(label) or {}
+            s = a.get("sensitivity") or {}
+            sens = "-" if s.get("mean") is None else f"{s['mean'] * k:.3f}" + (
+                f" ({s['ci'][0] * k:.3f}..{s['ci'][1] * k:.3f})" if s.get("ci") else "")
+            cells.append(f"{a.get('text', '-')}; {sens}")
+        arms.append(f"| {label} | " + " | ".join(cells) + " |")
+    both = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: {v[0]})" for c, v in keyed
+            if len(set(v)) == 1 and v[0] in ("agrees", "disagrees")]
+    one = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: " + " / ".join(str(x) for x in v) + ")"
+           for c, v in keyed if len(set(v)) > 1]
+    sentence = ("Holds on both corpora: " + ("; ".join(both) or "no verdict") + ". On one only: "
+                + ("; ".join(one) or "none") + ". Where neither corpus decides a claim, it is in neither list.")
+    note = (f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
+            f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare.")
+    return "\n".join([sentence, "", note, "", *rows, *arms]) + "\n"
 
 
 def bench(path: Path) -> str:
@@ -167,6 +283,14 @@ def trends(results: Path, rel: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def about(folder: Path) -> str | None:
+    """What a study asks: the `about:` of the study file kept beside its results (equal to its config)."""
+    from omegaconf import OmegaConf
+
+    path = folder / "study.yaml"
+    return OmegaConf.load(path).get("about") if path.is_file() else None
+
+
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
@@ -184,7 +308,7 @@ def index(results: Path) -> str:
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
         page = "decision.md" if r.get("decided_from") else "report.md"
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
-        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {r.get('about') or r['name']} "
+        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
                      f"({size}{claims}{again})")
         lines += [f"  - {line}" for line in claim_lines(path)]
         lines += [f"  - trend: {line}" for line in trend_lines(path)]
@@ -195,19 +319,22 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- results|claims|trends|headline|bench: PATH --> ... "
+        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
                          f"<!-- /KIND -->)")
     for m in reversed(blocks):
-        path = Path(os.path.abspath(readme.parent / m.group("path")))  # not resolved: links stay page-relative
-        if not path.exists():
+        path = Path(os.path.abspath(readme.parent / m.group("path").split(",")[0]))  # not resolved: links stay
+        if not path.exists():  # page-relative
             raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
         kind = m.group("kind")
-        if kind == "headline":
-            body = headline(path, Path(os.path.abspath(readme.parent)))
+        if kind == "replication":
+            body = replication(",".join(str(Path(os.path.abspath(readme.parent / p))) for p in
+                                        m.group("path").split(",")))
+        elif kind == "found":
+            body = found(path, m.group("path").rstrip("/"))
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))
         else:
-            body = {"results": block, "claims": claims, "bench": bench}[kind](path)
+            body = {"claims": claims, "bench": bench}[kind](path)
         text = text[: m.start("body")] + body + text[m.end("body"):]
     readme.write_text(text)
     return len(blocks)

@@ -3,10 +3,11 @@
 
     python scripts/redecide.py docs/results/norms [more result folders ...]
 
-For each folder: the study file in configs/ with the same name gives the grid (to read the run names), the claims
-and the margin; the runs were made before the protocol, so the lowest 40% of their seeds choose each arm's LR and
-the rest test it. Writes decision.md (the report, rendered from the archived runs: no figures, which need curves)
-and report.json (what the README and the index read), and prints one line per claim: old verdict -> new.
+For each folder: its study file configs/studies/<name>.yaml gives the grid (to read the run names), the failure
+rule, the claims and the margins; runs made under the study protocol (a runs.json from a study file with a
+protocol) keep its seeds' roles, older ones choose each arm's LR on the lowest 40% of their seeds and test on the
+rest. Writes decision.md (the report rendered from the archived runs, without figures) and report.json (what the
+README and the index read), and prints one line per claim: old verdict -> new.
 """
 
 from __future__ import annotations
@@ -17,35 +18,42 @@ import sys
 from pathlib import Path
 
 from study.archive import archived_runs
-from study.grid import read_study_file
 from study.report import as_json, render
 from study.result import compute_runs
+from study.studyfile import read_study_file
 
 REPO = Path(__file__).resolve().parent.parent
-NOTE = ("Re-decided under the study protocol from the archived runs of [report.md](report.md) (its Runs table: "
-        "status, final loss and L0 per run; no curves, so no figures here). The runs predate the protocol: no "
-        "bracketing, the lowest 40% of the seeds choose each arm's LR and the rest test it, and an archived `plateau` "
-        "above the lowest LR where its arm trained counts as `collapsed` (study/archive.py).")
+NOTE_TABLE = ("Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final and "
+              "best loss and L0 per run; no curves, so no figures here), by the study file's failure rule: "
+              "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only (a "
+              "spike it recovered from cannot be seen). The runs predate the protocol: no bracketing, the lowest 40% "
+              "of the seeds choose each arm's LR and the rest test it.")
+NOTE_JSON = ("Decided again from the archived runs of [report.md](report.md) (runs.json: every run's config, outcome "
+             "and val curve; the figures are the report's), by the study file's failure rule and the current "
+             "statistics.")
 
 
 def study_for(folder: Path) -> Path:
-    for path in sorted((REPO / "configs").glob("study*.yaml")):
-        if read_study_file(path).name == folder.name:
-            return path
-    raise ValueError(f"no study file in configs/ is named {folder.name!r}")
+    """The study file of a result folder: configs/studies/<folder name>.yaml."""
+    path = REPO / "configs" / "studies" / f"{folder.name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no study file configs/studies/{folder.name}.yaml")
+    return path
 
 
 def redecide(folder: Path) -> list[str]:
     path = study_for(folder)
     file = read_study_file(path)
-    file.protocol = None  # the archived runs were not made under it: split their seeds instead
+    from_json = (folder / "runs.json").is_file()
+    if not from_json:
+        file.protocol = None  # the table-only archives were not made under it: split their seeds instead
     res = compute_runs(archived_runs(folder, path), file)
     old_path = folder / "report.json"
     old = json.loads(old_path.read_text()) if old_path.exists() else {}
     metric = {"sensitivity": "lr50"}  # the claims that were about LR sensitivity are now about LR50
     before = {(c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
               for c in old.get("claims", [])}
-    text = render(res, []).replace("\n\n", f"\n\n{NOTE}\n\n", 1)
+    text = render(res, []).replace("\n\n", f"\n\n{NOTE_JSON if from_json else NOTE_TABLE}\n\n", 1)
     (folder / "decision.md").write_text(text)
     new = as_json(res)
     new["about"] = old.get("about") or new["about"]

@@ -1,11 +1,8 @@
-"""The study: a grid of training runs and the report that compares them.
+"""A study is a pipeline; its modules, stage by stage (tests/test_layout.py keeps this map true):
 
-    grid.py     the study file and its grid -> runs (name, overrides), validated up front
-    runner.py   workers, one train.py --resume process per run, sweep.json, skip / resume, clean stop
-    runs.py     run directories -> Run (config, summary, metrics) -> arms
-    stats.py    per-arm numbers (best LR, LR sensitivity, max LR that trains, outcomes)
-    figures.py  one figure per function
-    report.py   report.md from the numbers
-
-scripts/sweep.py and scripts/compare.py are its command lines.
+    define    studyfile                                  the study file: schema, claims, protocol settings
+    run       protocol, runner, cli                      the runs each stage makes; workers; the commands
+    read      runs, archive                              run directories, or a committed study's runs.json
+    analyse   arms, failure, sensitivity, paired, compare, trend, result  LR50, LR sensitivity, claims, trends
+    render    text, findings, figures, report            numbers, sentences, plots, report.md and .json
 """

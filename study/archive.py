@@ -1,11 +1,12 @@
-"""Runs of a committed study whose run directories are gone, read back from its report.md ("## Runs": name,
-status, final and best val loss, L0 per run) and the study file beside it, so that its claims can be decided
-again when the protocol changes (scripts/redecide.py).
+"""Runs of a committed study whose run directories are gone, read back so that its claims can be decided again
+when the protocol changes (scripts/redecide.py): from its runs.json (configs, outcomes and val curves) where the
+report wrote one, else from report.md's Runs table (name, status, final and best val loss, L0 per run) and the
+study file.
 
-What an archived run lacks: its curves. Reports written before `collapsed` existed called every run that never
-got below the unigram level `plateau`, whether it was still falling (LR too low) or stuck (LR too high). Read
-back, such a run counts as `collapsed` (a failure) when its LR lies above the lowest LR at which its arm has an
-`ok` run, and as `plateau` otherwise: the reading the curves gave wherever both labels were recorded.
+The study's failure rule judges them as it judges live runs (study/runs.py failure). What a table-only run lacks is
+its curve: the rule's any-eval criteria then read its final eval (a spike it recovered from cannot be seen), while
+"did not learn" reads its best eval exactly; the unigram entropy comes from the study's prepared data. No label is
+changed by hand: a verdict rests only on what the committed data show.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import json
 import re
 from pathlib import Path
 
-from study.grid import expand, load_study
 from study.runs import Run, judged
+from study.studyfile import expand, flatten, load_study
 from training.config import Config, flat, to_dict
 
 ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<status>[a-z]+)[^|]* \| (?P<final>[^|]*) \| (?P<best>[^|]*) \| "
@@ -41,6 +42,7 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
             out.append(Run(e["name"], folder, config, summary, records))
         return out
     study = load_study(study_file)
+    unigram = _unigram(study)
     grid = {**study["grid"], "train.seed": list(seeds)}
     names = {}
     for spec in expand({**study, "grid": grid}):
@@ -57,10 +59,20 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
         config = names.get(m["name"])
         if config is None:
             raise ValueError(f"{folder}: run {m['name']!r} is not a run of {study_file}'s grid")
-        summary = {"status": m["status"], "final_val_loss": _number(m["final"]), "best_val_loss": _number(m["best"])}
+        summary = {"status": m["status"], "final_val_loss": _number(m["final"]), "best_val_loss": _number(m["best"]),
+                   "unigram_entropy": unigram}
         runs.append(Run(m["name"], folder, config, summary, [{"step": 0, "val/loss": _number(m["l0"])}]))
-    _split_plateaus(runs, [k for k in grid if k not in ("optim.lr", "train.seed")])
     return runs
+
+
+def _unigram(study: dict) -> float | None:
+    """The unigram entropy of the study's training data (its prepared data's meta.json; prepared if need be)."""
+    from data.prepare import prepare
+    from training.config import load_config
+
+    data = load_config(study["config"], flatten(study.get("overrides") or {})).data
+    meta = prepare(**{k: v for k, v in vars(data).items()}, verbose=False) / "meta.json"
+    return json.loads(meta.read_text()).get("unigram_entropy")
 
 
 def _parse(value: str):
@@ -70,15 +82,3 @@ def _parse(value: str):
         except ValueError:
             pass
     return {"True": True, "False": False}.get(value, value)
-
-
-def _split_plateaus(runs: list[Run], arm_keys: list[str]) -> None:
-    """Old `plateau` runs above the lowest LR where their arm has an `ok` run become `collapsed` (module doc)."""
-    arm = lambda r: tuple(str(r.config.get(k)) for k in arm_keys)  # noqa: E731
-    lowest_ok = {}
-    for r in runs:
-        if r.status == "ok":
-            lowest_ok[arm(r)] = min(lowest_ok.get(arm(r), r.lr), r.lr)
-    for r in runs:
-        if r.status == "plateau" and arm(r) in lowest_ok and r.lr > lowest_ok[arm(r)]:
-            r.summary["status"] = "collapsed"

@@ -9,21 +9,23 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.grid import expected_time, load_study, quick_study
 from study.protocol import first_runs, next_stage
 from study.report import write_report
 from study.runner import parse_shard, run_study, sbatch_script, shown, state
+from study.studyfile import expected_time, load_study, quick_study
 from training.config import ConfigError
 
 SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
 
-    python scripts/sweep.py configs/study.yaml [--workers N] [--out studies] [--dry-run] [--no-report] [--quick]
+    python scripts/sweep.py configs/studies/norm-placement-lr.yaml [--workers N] [--out studies] [--dry-run]
+        [--no-report] [--quick]
 
 A study file names a training config, overrides applied to every run, a grid and (for a study that decides
 claims) the protocol that picks the runs after the grid:
 
-    name: norm-placement-lr          # the study directory: <out>/<name>/
-    config: default.yaml             # training config, relative to this file
+    name: norm-placement-lr          # = the file's name; the study directory: <out>/<name>/
+    about: "Is RMSNorm more, ..."    # the question, one sentence (reports and the results index say it)
+    config: default.yaml             # training config: beside this file, else in configs/train/
     overrides: {train: {steps: 500}} # applied to every run
     grid:                            # one run per combination; any config field (dotted), or the
       norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed (no seed with a protocol)

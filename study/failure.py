@@ -7,64 +7,104 @@ fitted by logistic regression with Firth's penalty (the Jeffreys prior: 1/2 log 
 which keeps the estimate finite under complete separation (every seed ok below some LR, every seed failing above:
 the usual case on a coarse grid). The CI is the profile penalized likelihood interval: the x50 whose profile
 deviance is within the chi-square(1) 95% quantile of the maximum (Heinze & Schemper 2002; Venzon & Moolgavkar
-1988). Under separation the bracket (the last LR where every run was ok, the first where every run failed) is
-reported beside it, since the data say nothing finer than that.
+1988). A profile is a maximum over the nuisance parameters, taken on a grid (301 slopes, log-spaced from 1e-5 up to
+MAX_SLOPE; for two arms also 61 curve positions) and refined from the best grid point: a local optimizer alone
+lands on flat or singular regions and returns values far below the maximum, which opens false ends.
+
+Identified or bounded: an arm's LR50 is a number only where it has >= 2 failures and its edge is bracketed within
+the LRs tried (an LR where every run trained below one where every run failed); otherwise the data give a bound
+(`bounds`: LR50 above the largest all-trained LR, below the smallest all-failed one) and a reader gets that, never
+a number that Firth's penalty alone decides. A ratio of two LR50s needs both identified; otherwise a bound.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq, minimize_scalar
-from scipy.stats import chi2
+from scipy.optimize import brentq, minimize, minimize_scalar
+from scipy.stats import beta, chi2, norm
+
+from study.text import g, interval
 
 CHI2_95 = float(chi2.ppf(0.95, 1))
+CHI2_90 = float(chi2.ppf(0.90, 1))  # a one-sided 95% bound is an end of the two-sided 90% interval
 MAX_SLOPE = 200.0  # logit per decade of LR: steeper than this is a step, the penalty keeps the fit below it
+SLOPES = np.geomspace(1e-5, MAX_SLOPE, 301)  # the profile's grid over the slope
+REACH = 3.0  # decades beyond the estimate an interval is searched; an end not found within it is open
+
+
+def bounds(lrs, failed) -> tuple[float | None, float | None]:
+    """(the largest LR where every run trained, below the smallest where every run failed; that smallest LR):
+    LR50 lies between them whatever the curve's shape, so long as failure rises with the LR. None: no such LR."""
+    by_lr: dict[float, list[bool]] = {}
+    for lr, f in zip(lrs, failed, strict=True):
+        by_lr.setdefault(float(lr), []).append(bool(f))
+    all_failed = [lr for lr, fs in by_lr.items() if all(fs)]
+    hi = min(all_failed) if all_failed else None
+    trained = [lr for lr, fs in by_lr.items() if not any(fs) and (hi is None or lr < hi)]
+    return (max(trained) if trained else None), hi
+
+
+def bound_text(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"between {g(lo)} and {g(hi)}"
+    if lo is not None:
+        return f"> {g(lo)}"
+    return f"< {g(hi)}" if hi is not None else "not bounded"
 
 
 @dataclass
 class FailureFit:
     """One arm's failure curve over its runs (one run = one LR and one seed)."""
 
-    lr50: float | None  # None: no failures, or all failures, or failure does not rise with the LR
-    ci: tuple[float | None, float | None] | None  # 95% CI of LR50; a None end lies beyond the LRs tried (x 10^3)
+    lr50: float | None  # the fitted LR50 (None: no failures, or all failures, or failure does not rise with the LR)
+    ci: tuple[float | None, float | None] | None  # 95% profile CI of LR50; a None end: open (beyond 3 decades)
     slope: float | None  # b: logit per decade of LR
-    separated: bool  # every run below some LR ok, every run above it failed
-    bracket: tuple[float, float] | None  # (largest LR where all ok, smallest LR where all failed), if any
+    bounds: tuple[float | None, float | None]  # what the data alone say (bounds())
     n: int  # runs
     failed: int  # of which failed
     top: float | None = None  # the highest LR tried
 
+    @property
+    def identified(self) -> bool:
+        """>= 2 failures and an edge bracketed within the LRs tried: LR50 is a number the data set."""
+        return self.lr50 is not None and self.failed >= 2 and None not in self.bounds
+
     def describe(self) -> str:
-        """The fit in one phrase, with its n."""
-        if self.lr50 is None and self.failed == 0 and self.top is not None:
-            return f"no run failed up to lr {_g(self.top)} ({self.n} runs): LR50 above it"
-        if self.lr50 is None:
-            return f"no LR50 ({self.failed} of {self.n} runs failed)"
-        lo, hi = self.ci if self.ci else (None, None)
-        ci = f"95% CI {_g(lo) if lo else '<' + _g(self.lr50 / 1000)}..{_g(hi) if hi else '>' + _g(self.lr50 * 1000)}"
-        sep = f"; complete separation between lr {_g(self.bracket[0])} and {_g(self.bracket[1])}" \
-            if self.separated and self.bracket else ""
-        return f"LR50 {_g(self.lr50)} ({ci}, {self.failed} of {self.n} runs failed{sep})"
+        """The fit in one phrase, with its n: a number where identified, else the bound the data give."""
+        if self.failed == 0:
+            return f"LR50 > {g(self.top)}: no run of {self.n} failed"
+        if self.identified:
+            return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
+        why = "fewer than 2 failures" if self.failed < 2 else "no LR where every run " + (
+            "failed" if self.bounds[1] is None else "trained")
+        return (f"LR50 {bound_text(*self.bounds)}: {self.failed} of {self.n} runs failed ({why}: a bound, not an "
+                f"estimate)")
 
 
-def _g(x: float) -> str:
-    return f"{x:.3g}"
+def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
+    cols = [np.ones_like(x), x] + ([arm] if arm is not None else [])
+    return np.stack(cols, 1)
 
 
-def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
-    """Firth-penalized log-likelihood of logit p = X beta: log L + 1/2 log det I(beta)."""
-    eta = X @ beta
-    ll = float(np.sum(y * eta - np.logaddexp(0.0, eta)))
+def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Firth-penalized log-likelihood log L + 1/2 log det I(beta) of logit p = X beta, for one beta (p,) or many
+    (m, p) at once; -inf where the information is singular (never the maximum)."""
+    B = np.atleast_2d(beta)
+    eta = B @ X.T  # (m, n)
+    ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
     w = np.exp(eta - 2 * np.logaddexp(0.0, eta))  # p (1 - p), computed stably
-    sign, logdet = np.linalg.slogdet(X.T @ (X * w[:, None]))
-    return ll + 0.5 * logdet if sign > 0 else -1e300  # a singular information: never the maximum
+    info = np.einsum("mn,ni,nj->mij", w, X, X)
+    sign, logdet = np.linalg.slogdet(info)
+    out = np.where(sign > 0, ll + 0.5 * logdet, -np.inf)
+    return out if np.ndim(beta) == 2 else float(out[0])
 
 
 def _loglik(b0: float, b1: float, x: np.ndarray, y: np.ndarray) -> float:
     """Firth-penalized log-likelihood of logit p = b0 + b1 x (one arm)."""
-    return _penalized(np.array([b0, b1]), np.stack([np.ones_like(x), x], 1), y)
+    return _penalized(np.array([b0, b1]), _design(x), y)
 
 
 def _newton(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -93,30 +133,45 @@ def _newton(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(b0, b1) of one arm's curve logit p = b0 + b1 x."""
-    b0, b1 = _newton(np.stack([np.ones_like(x), x], 1), y)
+    b0, b1 = _newton(_design(x), y)
     return float(b0), float(b1)
+
+
+def _max_over_slope(beta_of, X: np.ndarray, y: np.ndarray) -> float:
+    """max over b in (0, MAX_SLOPE] of the penalized log-likelihood at beta_of(b) (an (m,) -> (m, p) map): the
+    best of a log-spaced grid, then refined between its neighbours."""
+    values = _penalized(beta_of(SLOPES), X, y)
+    i = int(np.argmax(values))
+    best = float(values[i])
+    lo, hi = math.log(SLOPES[max(i - 1, 0)]), math.log(SLOPES[min(i + 1, len(SLOPES) - 1)])
+    res = minimize_scalar(lambda t: -_penalized(beta_of(np.array([math.exp(t)])), X, y)[0], bounds=(lo, hi),
+                          method="bounded", options={"xatol": 1e-7})
+    return max(best, -float(res.fun)) if np.isfinite(res.fun) else best
 
 
 def _profile(x50: float, x: np.ndarray, y: np.ndarray) -> float:
     """Max over b > 0 of the penalized log-likelihood with the curve forced through (x50, 1/2)."""
-    res = minimize_scalar(lambda b: -_loglik(-b * x50, b, x, y), bounds=(1e-6, MAX_SLOPE), method="bounded",
-                          options={"xatol": 1e-6})
-    return -float(res.fun)
+    return _max_over_slope(lambda b: np.stack([-b * x50, b], 1), _design(x), y)
 
 
-def _interval(estimate: float, excess) -> tuple[float | None, float | None]:
-    """The ends of {t: excess(t) < 0} around `estimate` (excess < 0 there): searched outward half a decade at a
-    time up to 3 decades; None where the data do not bound it within that."""
+def _profile_at(e0: float, x0: float, x: np.ndarray, y: np.ndarray) -> float:
+    """Max over b > 0 of the penalized log-likelihood with logit P(fail) at x0 forced to e0."""
+    return _max_over_slope(lambda b: np.stack([e0 - b * x0, b], 1), _design(x), y)
+
+
+def _interval(estimate: float, excess, reach: float = REACH) -> tuple[float | None, float | None]:
+    """The ends of {t: excess(t) < 0} around `estimate` (excess < 0 there): each side scanned outward in 0.05-decade
+    steps up to `reach` decades, the first crossing refined by bisection; None where none is found."""
     ends = []
     for direction in (-1, 1):
-        near, far = estimate, estimate
-        for _ in range(6):
-            near, far = far, far + direction * 0.5
-            if excess(near) < 0 < excess(far):
-                ends.append(brentq(excess, *sorted((near, far)), xtol=1e-6))
+        near, found = estimate, None
+        for k in range(1, int(round(reach / 0.05)) + 1):
+            far = estimate + direction * 0.05 * k
+            if excess(far) > 0:
+                found = brentq(excess, *sorted((near, far)), xtol=1e-6) if excess(near) < 0 else near
                 break
-        else:
-            ends.append(None)
+            near = far
+        ends.append(found)
     return ends[0], ends[1]
 
 
@@ -124,26 +179,59 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
     """The logistic failure curve of one arm from its runs: lrs[i] and whether run i failed."""
     lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
     n, k = len(y), int(y.sum())
-    ok_lrs, fail_lrs = lrs[y == 0], lrs[y == 1]
-    separated = k > 0 and k < n and ok_lrs.max() < fail_lrs.min()
-    bracket = (float(ok_lrs.max()), float(fail_lrs.min())) if separated else None
+    edge = bounds(lrs, y)
     top = float(lrs.max()) if n else None
     if k == 0 or k == n or len(set(lrs.tolist())) < 2:
-        return FailureFit(None, None, None, False, None, n, k, top)
+        return FailureFit(None, None, None, edge, n, k, top)
     center = float(np.log10(lrs).mean())
     x = np.log10(lrs) - center  # centred: a well-conditioned fit
     b0, b1 = _fit(x, y)
-    if b1 <= 0:  # failure does not rise with the LR: no edge to speak of
-        return FailureFit(None, None, b1, separated, bracket, n, k, top)
+    if b1 <= SLOPES[0] or abs(b0 / b1) > 10:  # failure does not rise with the LR: no edge to speak of
+        return FailureFit(None, None, b1, edge, n, k, top)
     x50 = -b0 / b1
-    best = _loglik(b0, b1, x, y)
+    best = max(_loglik(b0, b1, x, y), _profile(x50, x, y))
 
     def excess(t: float) -> float:
         return 2 * (best - _profile(t, x, y)) - CHI2_95
 
     lo, hi = _interval(x50, excess)
     ci = tuple(None if e is None else 10 ** (center + e) for e in (lo, hi))
-    return FailureFit(10 ** (center + x50), ci, b1, separated, bracket, n, k, top)
+    return FailureFit(10 ** (center + x50), ci, b1, edge, n, k, top)
+
+
+def p_fail_upper(lrs, failed, lr: float) -> float:
+    """The one-sided upper 95% profile bound of P(fail) at `lr` from one arm's runs (1.0 where the data do not bound
+    it below 1 within the search)."""
+    lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
+    if len(y) == 0:
+        return 1.0
+    if len(set(lrs.tolist())) < 2:  # no slope to fit: the exact binomial bound of the runs at or above `lr`
+        at = y[lrs >= lr]
+        return 1.0 if len(at) == 0 else float(beta.ppf(0.95, at.sum() + 1, len(at) - at.sum())) \
+            if at.sum() < len(at) else 1.0
+    center = float(np.log10(lrs).mean())
+    x, x0 = np.log10(lrs) - center, math.log10(lr) - center
+    X = _design(x)
+    try:
+        b0, b1 = _newton(X, y)
+    except np.linalg.LinAlgError:
+        b0, b1 = 0.0, 0.0
+    e_hat = b0 + b1 * x0 if b1 > 0 else None
+    best = max(_penalized(np.array([b0, b1]), X, y) if b1 > 0 else -np.inf,
+               max(_profile_at(e, x0, x, y) for e in (-20.0, -10.0, -5.0, -2.0, 0.0)))
+    if e_hat is None:  # start from the best of a coarse scan
+        scan = np.linspace(-30, 10, 81)
+        e_hat = float(scan[int(np.argmax([_profile_at(e, x0, x, y) for e in scan]))])
+        best = max(best, _profile_at(e_hat, x0, x, y))
+
+    def excess(e: float) -> float:
+        return 2 * (best - _profile_at(e, x0, x, y)) - CHI2_90
+
+    for step in range(1, 401):  # logit steps of 0.1 up to +40
+        if excess(e_hat + 0.1 * step) > 0:
+            upper = brentq(excess, e_hat + 0.1 * (step - 1), e_hat + 0.1 * step, xtol=1e-6)
+            return float(1 / (1 + math.exp(-upper)))
+    return 1.0
 
 
 @dataclass
@@ -151,41 +239,62 @@ class RatioFit:
     """Two arms' failure curves fitted together with one slope: logit P(fail) = b0 + b1 (log10 lr - r [arm A]), so
     r = log10(LR50_A / LR50_B)."""
 
-    ratio: float | None  # LR50_A / LR50_B; None: no run of either arm failed, or failure does not rise with the LR
-    ci: tuple[float | None, float | None] | None  # 95% profile-likelihood CI; a None end: beyond x 10^3
+    ratio: float | None  # LR50_A / LR50_B, fitted; None: nothing to fit
+    ci: tuple[float | None, float | None] | None  # 95% profile-likelihood CI; a None end: open
     p: float | None  # likelihood-ratio test of ratio = 1 (chi-square, 1 df)
     n: int
     failed: int
+    identified: bool = False  # both arms' LR50 identified: the ratio is a number the data set
+    bounds: tuple[float | None, float | None] = (None, None)  # what the arms' bounds say of the ratio
+    profile: object = None  # r -> profile penalized log-likelihood (for equivalence tests)
+    best: float | None = None  # its maximum
 
     def describe(self) -> str:
-        if self.ratio is None and self.ci is not None:  # each arm had one outcome: the data give a bound only
-            lo, hi = self.ci
-            bound = f"below {_g(hi)} (A failed at every LR, B at none)" if hi else \
-                f"above {_g(lo)} (A failed at no LR, B at every one)"
-            return f"LR50 ratio {bound}; likelihood-ratio p = {self.p:.2g}, n = {self.n} runs, {self.failed} failed"
-        if self.ratio is None:
-            return f"no LR50 ratio ({self.failed} of {self.n} runs failed)"
-        lo, hi = self.ci
-        ci = (f"{_g(lo) if lo else '<' + _g(self.ratio / 1000)}.."
-              f"{_g(hi) if hi else '>' + _g(self.ratio * 1000)}")
-        return f"LR50 ratio {_g(self.ratio)} (95% CI {ci}, p = {self.p:.2g}, n = {self.n} runs, {self.failed} failed)"
+        if self.identified:
+            return (f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = {self.p:.2g}, "
+                    f"{self.n} runs, {self.failed} failed)")
+        test = f"likelihood-ratio p = {self.p:.2g}, " if self.p is not None else ""
+        return (f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bounded: no estimate; {test}"
+                f"{self.n} runs, {self.failed} failed)")
+
+    def signed_root(self, r0: float) -> float:
+        """sign(r_hat - r0) sqrt(profile deviance at r0): ~N(0, 1) at the true r (one-sided tests of r)."""
+        dev = max(0.0, 2 * (self.best - self.profile(r0)))
+        return math.copysign(math.sqrt(dev), math.log10(self.ratio) - r0)
+
+    def within(self, factor: float) -> tuple[float, float]:
+        """(p of TOST that the ratio lies within [1/factor, factor], p that it lies outside): one-sided signed-root
+        tests at both ends of the margin (1.0 when the ratio is not identified)."""
+        if not self.identified:
+            return 1.0, 1.0
+        m = math.log10(factor)
+        z_lo, z_hi = self.signed_root(-m), self.signed_root(m)
+        p_lo, p_hi = float(norm.sf(z_lo)), float(norm.cdf(z_hi))  # H0 r <= -m; H0 r >= m
+        return max(p_lo, p_hi), min(float(norm.cdf(z_lo)), float(norm.sf(z_hi)))
 
 
-def _profile_ratio(r: float, X: np.ndarray, y: np.ndarray, start: np.ndarray) -> float:
-    """Max over (b0, b1) of the penalized log-likelihood with the arm offset forced to c = -r b1."""
-    from scipy.optimize import minimize
+def _profile_ratio(r: float, X: np.ndarray, y: np.ndarray, z_range: tuple[float, float]) -> float:
+    """Max over (b0, b1 > 0) of the penalized log-likelihood with the arm offset forced to c = -r b1: on a grid of
+    slopes x curve positions z50 (b0 = -b1 z50), then Nelder-Mead from the best grid point."""
+    z50 = np.linspace(z_range[0], z_range[1], 61)
+    b1 = SLOPES[::4]
+    B1, Z = np.meshgrid(b1, z50, indexing="ij")
+    betas = np.stack([-(B1 * Z).ravel(), B1.ravel(), -r * B1.ravel()], 1)
+    values = _penalized(betas, X, y)
+    i = int(np.argmax(values))
+    best, start = float(values[i]), np.array([math.log(betas[i, 1]), -betas[i, 0] / betas[i, 1]])
 
     def neg(v):
-        return -_penalized(np.array([v[0], v[1], -r * v[1]]), X, y) if v[1] > 0 else 1e300
+        b = math.exp(v[0])
+        return -_penalized(np.array([-b * v[1], b, -r * b]), X, y) if b <= MAX_SLOPE else np.inf
 
-    res = minimize(neg, start, method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-9, "maxiter": 2000})
-    return -float(res.fun)
+    res = minimize(neg, start, method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-10, "maxiter": 2000})
+    return max(best, -float(res.fun)) if np.isfinite(res.fun) else best
 
 
 def _best(x: np.ndarray, arm: np.ndarray, y: np.ndarray) -> float:
     """The maximized penalized log-likelihood of logit p = b0 + b1 x (+ c arm where arm varies)."""
-    cols = [np.ones_like(x), x - x.mean()] + ([arm] if arm.any() else [])
-    X = np.stack(cols, 1)
+    X = _design(x - x.mean(), arm if arm.any() else None)
     return _penalized(_newton(X, y), X, y)
 
 
@@ -195,34 +304,34 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     y = np.concatenate([np.asarray(failed_a, float), np.asarray(failed_b, float)])
     arm = np.concatenate([np.ones(len(lrs_a)), np.zeros(len(lrs_b))])
     n, k = len(y), int(y.sum())
+    fa, fb = fit_failure_curve(lrs_a, failed_a), fit_failure_curve(lrs_b, failed_b)
+    (alo, ahi), (blo, bhi) = fa.bounds, fb.bounds
+    if fa.failed == 0:
+        alo = fa.top
+    if fb.failed == 0:
+        blo = fb.top
+    ratio_bounds = (alo / bhi if alo and bhi else None, ahi / blo if ahi and blo else None)
     if k == 0 or k == n or len(set(lrs)) < 2:  # nothing to fit: one outcome, or one LR (no slope)
-        return RatioFit(None, None, None, n, k)
-    ya, yb = y[arm == 1], y[arm == 0]
-    la, lb = lrs[arm == 1], lrs[arm == 0]
-    if ya.sum() in (0, len(ya)) and yb.sum() in (0, len(yb)):  # each arm one outcome: only a bound
-        p = float(chi2.sf(max(0.0, 2 * (_best(lrs, arm, y) - _best(lrs, 0 * arm, y))), 1))  # LR test of ratio 1
-        if ya.sum() == len(ya) and yb.sum() == 0:  # A failed everywhere, B nowhere
-            return RatioFit(None, (None, 10 ** (la.min() - lb.max())), p, n, k)
-        if ya.sum() == 0 and yb.sum() == len(yb):
-            return RatioFit(None, (10 ** (la.max() - lb.min()), None), p, n, k)
+        return RatioFit(None, None, None, n, k, False, ratio_bounds)
     x = lrs - lrs.mean()
-    X = np.stack([np.ones_like(x), x, arm], 1)
+    X = _design(x, arm)
     b0, b1, c = _newton(X, y)
-    if b1 <= 0:
-        return RatioFit(None, None, None, n, k)
+    if b1 <= SLOPES[0] or abs(c / b1) > 10:  # no rising edge to place the arms on: the LR test of one curve only
+        p = float(chi2.sf(max(0.0, 2 * (_best(lrs, arm, y) - _best(lrs, 0 * arm, y))), 1))
+        return RatioFit(None, None, p, n, k, False, ratio_bounds)
     r = -c / b1
-    best = _penalized(np.array([b0, b1, c]), X, y)
-    start = np.array([b0, b1])
+    z_range = (float(x.min()) - 2.0, float(x.max()) + 2.0)
+
+    def profile(t: float) -> float:
+        return _profile_ratio(t, X, y, z_range)
+
+    best = max(_penalized(np.array([b0, b1, c]), X, y), profile(r))
 
     def excess(t: float) -> float:
-        return 2 * (best - _profile_ratio(t, X, y, start)) - CHI2_95
+        return 2 * (best - profile(t)) - CHI2_95
 
     lo, hi = _interval(r, excess)
-    # an arm without failures (or without successes) bounds the ratio on one side only: Firth's penalty would
-    # close the other end, but at a distance the data do not set
-    if ya.sum() == 0 or yb.sum() == len(yb):
-        hi = None
-    if yb.sum() == 0 or ya.sum() == len(ya):
-        lo = None
-    p = float(chi2.sf(max(0.0, 2 * (best - _profile_ratio(0.0, X, y, start))), 1))  # LR test of ratio = 1
-    return RatioFit(10 ** r, tuple(None if e is None else 10 ** e for e in (lo, hi)), p, n, k)
+    p = float(chi2.sf(max(0.0, 2 * (best - profile(0.0))), 1))  # likelihood-ratio test of ratio = 1
+    identified = fa.identified and fb.identified
+    return RatioFit(10 ** r, tuple(None if e is None else 10 ** e for e in (lo, hi)), p, n, k, identified,
+                    ratio_bounds, profile, best)

@@ -7,8 +7,9 @@ import math
 import statistics
 from pathlib import Path
 
+from study.arms import max_series, mean_of
 from study.runs import Run
-from study.stats import _max_series, _mean, fmt
+from study.text import fmt
 from study.trend import fitted
 
 
@@ -54,7 +55,10 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     for draw in (loss_curves, grad_norm_curves, grad_heatmaps, act_rms_depth, attn_logit_max):
         draw(plt, arms, colors, out, made)
     stability_map(plt, res, colors, out, made)
+    log_z_curves(plt, res, colors, out, made)
+    dyt_saturation(plt, res, colors, out, made)
     final_losses(plt, res, colors, out, made)
+    loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
     return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
@@ -62,7 +66,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
 def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
     """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})
-    l0 = _mean([a.l0 for a in arms.values()])
+    l0 = mean_of([a.l0 for a in arms.values()])
     steps_total = max((len(r.records) for a in arms.values() for r in a.runs), default=1)
     fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
     lowest = math.inf
@@ -106,26 +110,68 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
     for i, (label, a) in enumerate(arms.items()):
         fit = res.failures[label]
         shift = 0.04 * (i - (len(arms) - 1) / 2)
-        for r in a.runs:
-            if r.status not in ("ok", "plateau", "collapsed", "unstable", "diverged"):
-                continue
+        for r in a.upper():
             marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(r.status, ".")
             y = (1.0 if r.failed else 0.0) + shift
             style = dict(facecolors="none", edgecolors=colors[label]) if marker in "os^" else dict(color=colors[label])
             ax.scatter([r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style)
-        if fit.lr50 is not None:
+        if fit.identified:
             p = 1 / (1 + np.exp(-fit.slope * (np.log10(grid) - np.log10(fit.lr50))))
             ax.plot(grid, p, color=colors[label], lw=1.4, label=f"{label}: {fit.describe().split(' (')[0]}")
             lo, hi = fit.ci
             ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.35)
-        else:
-            ax.plot([], [], color=colors[label], label=f"{label}: {fit.describe()}")
+        else:  # only a bound: no curve drawn, the bound's range shaded at 1/2
+            lo, hi = fit.bounds if fit.failed else (fit.top, None)
+            ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.2,
+                    ls="--", label=f"{label}: {fit.describe().split(':')[0]}")
     ax.axhline(0.5, color="gray", ls=":", lw=0.8)
     _axes(ax, "peak learning rate", "P(run fails)", "failure curves: every run at 0 (trained) or 1 (failed)",
           logx=True)
     _save(fig, out / "stability_map.png", made,
-          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar); every run a marker "
-          "(. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where the data identify "
+          "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 (failed under the "
+          "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+
+
+def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
+    """Wortsman et al. 2023 Fig. 1 style: final val loss vs LR, every run of every seed (a failed one where it
+    ended, capped at L0, hollow), one panel per group of arms that differ only in the norm (e.g. per placement),
+    with each arm's LR sensitivity in the legend."""
+    import math
+
+    groups: dict = {}
+    for label, a in res.arms.items():
+        rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != "model.norm")
+        groups.setdefault(rest, []).append((label, a))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
+    for ax, (rest, members) in zip(axes[0], groups.items(), strict=True):
+        for label, a in members:
+            pts = []
+            for r in a.runs:
+                v, l0 = r.summary.get("final_val_loss"), r.init_loss
+                if not r.finished or l0 is None:
+                    continue
+                pts.append((r.lr, l0 if v is None or not math.isfinite(v) else min(v, l0), r.failed))
+            sens = res.sensitivity.get(label)
+            tag = f" (S = {sens.mean:.2f})" if sens is not None and sens.mean is not None else ""
+            ok = [(x, y) for x, y, f in pts if not f]
+            bad = [(x, y) for x, y, f in pts if f]
+            if ok:
+                ax.scatter(*zip(*ok, strict=True), color=colors[label], s=14, label=label + tag)
+            if bad:
+                ax.scatter(*zip(*bad, strict=True), facecolors="none", edgecolors=colors[label], s=18,
+                           label=None if ok else label + tag)
+            means = {}
+            for x, y, _ in pts:
+                means.setdefault(x, []).append(y)
+            xs = sorted(means)
+            ax.plot(xs, [statistics.fmean(means[x]) for x in xs], color=colors[label], lw=0.8, alpha=0.6)
+        where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "all arms"
+        _axes(ax, "peak learning rate", "final val loss (failed: hollow, capped at L0)", where, logx=True)
+    _save(fig, out / "loss_vs_lr.png", made,
+          "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled trained, hollow "
+          "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR sensitivity over "
+          "the study's grid")
 
 
 def final_losses(plt, res, colors, out: Path, made: list) -> None:
@@ -140,7 +186,7 @@ def final_losses(plt, res, colors, out: Path, made: list) -> None:
         if a.best_lr is not None:
             best = list(a.losses(a.best_lr).values())
             ax.scatter([a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label])
-    entropy = _mean([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
+    entropy = mean_of([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
     if entropy:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
     _axes(ax, "peak learning rate", "final val loss (runs that trained)", "loss of every run that trained", logx=True)
@@ -201,7 +247,7 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
     for label, a in arms.items():
         xs, ys = [], []
         for lr in a.lrs:
-            v = _mean([_max_series(r, "attn/logit_max/") for r in a.at(lr)])
+            v = mean_of([max_series(r, "attn/logit_max/") for r in a.at(lr)])
             if v is not None:
                 xs.append(lr)
                 ys.append(v)
@@ -209,6 +255,66 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
     _axes(ax, "peak learning rate", "max attention logit over steps and layers",
           "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
     _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
+
+
+def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
+    """DyT's absorbing state: per DyT arm, the saturated fraction of its final norm (|alpha x| >= 9, where float32
+    tanh's gradient is exactly 0) and the largest gradient below it, vs step, for one run that trained (the arm's
+    best LR) and one that failed (its lowest LR where a run failed), seed by seed of the lowest seed; drawn when a
+    run logged dyt/saturated/final."""
+    def pick(a, failed: bool):
+        lrs = [lr for lr in a.lrs if any(r.failed == failed and r.finished for r in a.at(lr))]
+        if not lrs:
+            return None
+        lr = (a.best_lr if not failed and a.best_lr in lrs else min(lrs))
+        rs = sorted((r for r in a.at(lr) if r.failed == failed and r.finished), key=lambda r: str(r.seed))
+        return rs[0] if rs else None
+
+    shown = [(label, r) for label, a in res.arms.items() for r in (pick(a, False), pick(a, True))
+             if r is not None and any("dyt/saturated/final" in e for e in r.records)]
+    if not shown:
+        return
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True)
+    for label, r in shown:
+        steps = [e["step"] for e in r.records if "dyt/saturated/final" in e]
+        kind = "failed" if r.failed else "trained"
+        style = dict(color=colors[label], ls="--" if r.failed else "-")
+        top.plot(steps, [100 * e["dyt/saturated/final"] for e in r.records if "dyt/saturated/final" in e],
+                 label=f"{label} lr {r.lr:g} s{r.seed} ({kind})", **style)
+        g = [(e["step"], e["grad/absmax/trunk"]) for e in r.records if e.get("grad/absmax/trunk") is not None]
+        if g:
+            bottom.plot([s for s, _ in g], [max(v, 1e-12) for _, v in g], **style)
+    _axes(top, "", "final DyT saturated (%)", "DyT saturation: |alpha x| >= 9 (tanh's gradient exactly 0)")
+    _axes(bottom, "step", "largest gradient below the final norm", "", logy=True)
+    _save(fig, out / "dyt_saturation.png", made,
+          "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT arm; below, "
+          "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing state)")
+
+
+def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
+    """Output-logit divergence (Wortsman et al. 2023 Fig. 4): the mean log Z of the output logits (logits/log_z) vs
+    step, every seed of each arm at its highest LR and at its best, where the arms differ in z-loss or weight decay
+    (or the output soft-cap) and the runs logged log Z."""
+    fields = ("train.z_loss", "optim.weight_decay", "optim.weight_decay_mode", "model.logit_softcap")
+    if not any(k in res.keys for k in fields) or not any(
+            "logits/log_z" in rec for a in res.arms.values() for r in a.runs for rec in r.records):
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, squeeze=False)
+    for ax, which in zip(axes[0], ("highest", "best"), strict=True):
+        for label, a in res.arms.items():
+            lr = (max(a.lrs) if a.lrs else None) if which == "highest" else a.best_lr
+            named = False
+            for r in a.at(lr) if lr is not None else []:  # one line per seed: split outcomes stay visible
+                pts = [(rec["step"], rec["logits/log_z"]) for rec in r.records if rec.get("logits/log_z") is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=colors[label], lw=0.9, alpha=0.8, marker=".", ms=3,
+                            ls="--" if r.failed else "-", label=None if named else f"{label} (lr {lr:g})")
+                    named = True
+        ax.axhline(0, color="gray", ls=":", lw=0.8)
+        _axes(ax, "step", "mean log Z of the output logits", f"at each arm's {which} LR", legend=6)
+    _save(fig, out / "log_z.png", made,
+          "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output logits vs step at each "
+          "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss pulls log Z to 0")
 
 
 def _layer_matrix(run: Run, prefix: str):

@@ -4,9 +4,10 @@ only ever with its n, its CI and the test that decided it; failed runs as outcom
 from __future__ import annotations
 
 import math
+import statistics
 
+from study.arms import Arm, max_series, mean_of
 from study.result import StudyResult
-from study.stats import Arm, _max_series, _mean
 
 
 def findings(res: StudyResult) -> list[str]:
@@ -30,21 +31,22 @@ def findings(res: StudyResult) -> list[str]:
             side = "lowest" if a.best_lr == tried[0] else "highest"
             out.append(f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds tried: not "
                        f"bracketed, the loss at its true best may be lower (a protocol study extends the grid).")
-    for a in res.arms.values():
-        c = a.outcomes()
-        bad = {k: v for k, v in c.items() if k != "ok" and v}
-        if bad:
-            lrs = sorted({r.lr for r in a.runs if r.status != "ok"})
-            out.append(f"**{a.label}**: " + ", ".join(f"{v} {k}" for k, v in bad.items())
-                       + f" of {len(a.runs)} runs (at lr {', '.join(f'{x:g}' for x in lrs)}).")
+    for a in res.arms.values():  # failures under the study's rule, as outcomes
+        failed = [r for r in a.runs if r.failed]
+        if failed:
+            lrs = sorted({r.lr for r in failed})
+            slow = len(a.slow())
+            out.append(f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's rule (at lr "
+                       f"{', '.join(f'{x:g}' for x in lrs)})" + (f"; {slow} of them below its floor, too slow to "
+                                                                 f"learn within the budget" if slow else "") + ".")
     for a in res.arms.values():  # split outcomes at one LR: said seed by seed, never averaged
         for lr in a.lrs:
-            statuses = sorted({r.status for r in a.at(lr)})
-            if len(statuses) > 1:
+            rs = [r for r in a.at(lr) if r.finished]
+            if any(r.failed for r in rs) and any(r.trained for r in rs):
                 out.append(f"**{a.label}** at lr {lr:g} splits: " + ", ".join(
-                    f"seed {r.seed} {r.status}" + (f" {r.final:.3f}" if r.final is not None else "")
-                    for r in sorted(a.at(lr), key=lambda r: str(r.seed))) + "; no mean is taken across them.")
-    logit = {a.label: [_max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
+                    f"seed {r.seed} " + (f"trained {r.final:.3f}" if r.trained else f"failed ({r.why})")
+                    for r in sorted(rs, key=lambda r: str(r.seed))) + "; no mean is taken across them.")
+    logit = {a.label: [max_series(r, "attn/logit_max/") for r in a.at(max(a.lrs))] for a in res.arms.values()}
     logit = {k: [x for x in v if x is not None] for k, v in logit.items()}
     logit = {k: v for k, v in logit.items() if v}
     if len(logit) > 1:
@@ -53,10 +55,37 @@ def findings(res: StudyResult) -> list[str]:
     return out + norm_input_findings(res.arms, res.keys)
 
 
+def margin_in_steps(res: StudyResult) -> str | None:
+    """What the equivalence margin means in training: the steps it takes, at the end of the runs of each
+    common_loss claim's LR, for the val loss to fall by the margin (the slope between the last two evals, mean over
+    the runs that trained)."""
+    out = []
+    for c in res.claims:
+        if c.nested is None or c.claim["metric"] != "common_loss" or not c.nested.lrs:
+            continue
+        lr = c.nested.lrs[0]
+        slopes, at = [], None
+        for label in (c.a, c.b):
+            for r in res.arms[label].at(lr):
+                evals = [(e["step"], e["val/loss"]) for e in r.records if e.get("val/loss") is not None]
+                if r.trained and len(evals) >= 2 and evals[-1][0] > evals[-2][0]:
+                    (s0, v0), (s1, v1) = evals[-2], evals[-1]
+                    slopes.append((v1 - v0) / (s1 - s0))
+                    at = (s0, s1)
+        fall = -statistics.fmean(slopes) if slopes else 0.0
+        if fall > 0:
+            out.append(f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step between steps "
+                       f"{at[0]} and {at[1]}, so +-{res.margin:g} nats is ~{res.margin / fall:.0f} steps of training")
+    return "; ".join(out) or None
+
+
 def margin_sentence(res: StudyResult) -> str:
-    """The equivalence margin, why, and what it costs in seeds at the spread these runs show."""
+    """The equivalence margin, why, what it means in training, and what it costs in seeds at these spreads."""
     reason = f" ({res.file.margin_reason})" if res.file.margin_reason else \
         " (the default; the study file gives no reason)"
+    steps = margin_in_steps(res)
+    if steps:
+        reason += f". In training: {steps}"
     needed = [(c.a.label, c.b.label, c.loss.needed, c.loss.paired.n) for c in res.comparisons
               if c.loss.paired.ci is not None]
     text = f"Equivalence margin +-{res.margin:g} nats{reason}."
@@ -89,7 +118,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
                 if all(m is not None and r for m, r in ends):
                     pairs.append([m / r for m, r in ends])
         if pairs:
-            ratio.append(f"{a.label} {_mean([x[0] for x in pairs]):.2f} -> {_mean([x[1] for x in pairs]):.2f}")
+            ratio.append(f"{a.label} {mean_of([x[0] for x in pairs]):.2f} -> {mean_of([x[1] for x in pairs]):.2f}")
         m = _max_series_all(a.runs, "norm_in/absmax/")
         if m is not None:
             absmax.append(f"{a.label} {m:.1f}")
@@ -115,7 +144,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
 
 
 def _max_series_all(runs, prefix: str) -> float | None:
-    vals = [v for run in runs if (v := _max_series(run, prefix)) is not None]
+    vals = [v for run in runs if (v := max_series(run, prefix)) is not None]
     return max(vals) if vals else None
 
 

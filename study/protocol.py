@@ -10,6 +10,9 @@
     edge     the failure seeds at every LR from the last where every selection seed trained to the first where
              every one failed, so the failure curve has >= 5 seeds where it rises
     test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested selection)
+    common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR: the largest LR
+             of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound,
+             from the runs of the other seeds (so it never moves once the common seeds have run)
 
 Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same choices.
 """
@@ -19,55 +22,13 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
+from study.failure import p_fail_upper
 from study.runs import Run, find_runs, same
-from training.config import ConfigError
-from training.monitor import FAILED
+from study.studyfile import Protocol, excluded, expand
 
-TRAINED = ("ok", "plateau")  # learned (or is still learning): a loss to compare; every other outcome is not one
-
-
-@dataclass(frozen=True)
-class Protocol:
-    selection_seeds: tuple
-    test_seeds: tuple
-    failure_seeds: tuple
-    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
-    min_lr: float = 1e-5
-    max_lr: float = 10.0
-    steps: int = 3  # at most this many LRs beyond each end of the grid
-    refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
-
-
-KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "bracket", "refine"}
-BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
-
-
-def parse(section, where: str) -> Protocol:
-    """The study file's `protocol:` section; ConfigError on anything else."""
-    if not isinstance(section, dict) or set(section) - KEYS or not {"selection_seeds", "test_seeds"} <= set(section):
-        raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
-                          f"optionally failure_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, refine")
-    seeds = {}
-    for key in ("selection_seeds", "test_seeds", "failure_seeds"):
-        value = section.get(key, section["test_seeds"])
-        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
-            raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
-        seeds[key] = tuple(value)
-    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])):
-        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test or failure seeds (an LR "
-                          f"is chosen on some seeds and tested on others)")
-    bracket = section.get("bracket") or {}
-    if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
-        raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
-    out = Protocol(**seeds, **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
-                   refine=float(section.get("refine", Protocol.refine)))
-    if out.factor <= 1 or not 0 < out.min_lr < out.max_lr or out.steps < 0 or (out.refine and out.refine <= 1):
-        raise ConfigError(f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
-                          f"refine > 1 (or 0 for none)")
-    return out
+SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
 
 def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
@@ -93,11 +54,50 @@ def table(runs: list[Run], seeds) -> dict[float, list[Run]]:
 
 
 def trained(rs: list[Run]) -> bool:
-    return all(r.status in TRAINED for r in rs)
+    return all(r.trained for r in rs)
 
 
 def all_failed(rs: list[Run]) -> bool:
-    return all(r.status in FAILED for r in rs)
+    return all(r.failed for r in rs)
+
+
+def floor(runs: list[Run], seeds) -> float | None:
+    """The lowest LR at which every one of these seeds trained: below it a run that failed was too slow to learn
+    within its budget, not unstable, so the failure curve (the upper edge) starts here."""
+    ok = [lr for lr, rs in table(runs, seeds).items() if trained(rs)]
+    return min(ok) if ok else None
+
+
+def upper(runs: list[Run], seeds) -> list[Run]:
+    """The finished runs from the floor up: what the failure curve and LR50 are fitted to."""
+    low = floor(runs, seeds)
+    return [r for r in runs if r.finished and (low is None or r.lr >= low)]
+
+
+def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[float | None, str]:
+    """(the common safe LR of two arms, how it was chosen), from their runs on seeds other than `exclude` (the
+    common seeds: an LR is never chosen on the seeds that compare at it, and it does not move once they have run):
+    the largest LR of the grid, at or above both arms' floors, at which both arms' fitted P(fail) is below SAFE at
+    its upper one-sided 95% bound; where no grid LR meets that (few runs bound P(fail) loosely), the largest grid LR
+    at which every such run of both arms trained, said so. None where neither exists."""
+    a = [r for r in a if r.seed not in exclude]
+    b = [r for r in b if r.seed not in exclude]
+    ua, ub = upper(a, seeds), upper(b, seeds)
+    lows = [floor(a, seeds), floor(b, seeds)]
+    if not ua or not ub or None in lows:
+        return None, "an arm has no LR where every selection seed trained"
+    candidates = sorted((lr for lr in grid if lr >= max(lows)), reverse=True)
+    for lr in candidates:
+        bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
+        if max(bounds) < SAFE:
+            return lr, f"P(fail) upper 95% bounds {bounds[0]:.3f} and {bounds[1]:.3f} < {SAFE:g}"
+    for lr in candidates:
+        at = [r for r in (*a, *b) if r.lr == lr and r.finished]
+        if at and all(r.trained for r in at):
+            bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
+            return lr, (f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every run of "
+                        f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})")
+    return None, "no grid LR where every run of both arms trained"
 
 
 def select_lr(runs: list[Run], seeds) -> float | None:
@@ -160,7 +160,7 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
     failed (to the highest tried when no LR failed for every seed but some runs failed)."""
     t = table(runs, seeds)
     ok, fail = edge(runs, seeds)
-    if ok is None or not any(r.status in FAILED for rs in t.values() for r in rs):
+    if ok is None or not any(r.failed for rs in t.values() for r in rs):
         return []
     return [lr for lr in t if ok <= lr and (fail is None or lr <= fail)]
 
@@ -168,9 +168,11 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
 # --- the stages ------------------------------------------------------------------------------------------------
 
 def arms_of(study: dict) -> list[dict]:
-    """Every combination of the grid's values other than the LR and the seed: {field: value}."""
+    """Every combination of the grid's values other than the LR and the seed that the study does not exclude:
+    {field: value}."""
     axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
-    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    arms = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    return [arm for arm in arms if not excluded(study, arm)]
 
 
 def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
@@ -179,14 +181,38 @@ def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
 
 def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid names them."""
-    from study.grid import expand
-
     grid = {k: ([arm[k]] if k in arm else v) for k, v in study["grid"].items()}
     grid["optim.lr"], grid["train.seed"] = list(lrs), list(seeds)
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
 
 
-STAGES = ("grid", "bracket", "refine", "edge", "test")
+STAGES = ("grid", "bracket", "refine", "edge", "test", "common")
+
+
+def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
+    """The arm pairs (as {field: value}) a claim compares: A has claim.a's values, B claim.b's; a field named on one
+    side only takes the same value on the other; the fields named on neither side are equal in A and B."""
+    sides = {"a": {**claim["b"], **claim["a"]}, "b": {**claim["a"], **claim["b"]}}
+    arms = arms_of(study)
+    fits = lambda arm, side: all(same(arm.get(k), v) for k, v in sides[side].items())  # noqa: E731
+    free = [k for k in (arms[0] if arms else {}) if k not in sides["a"]]
+    return [(A, B) for A in arms if fits(A, "a") for B in arms
+            if B is not A and fits(B, "b") and all(same(A.get(k), B.get(k)) for k in free)]
+
+
+def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
+    """The common stage's run specs: each common_loss claim's pair at its common LR, on the common seeds."""
+    p: Protocol = study["protocol"]
+    out = []
+    for claim in study.get("claims", []):
+        if claim["metric"] != "common_loss":
+            continue
+        for A, B in arm_pairs(study, claim):
+            lr, _ = common_lr(runs_of(A, runs), runs_of(B, runs), study["grid"]["optim.lr"], p.selection_seeds,
+                              p.common_seeds)
+            if lr is not None:
+                out += specs(study, A, [lr], p.common_seeds, extra) + specs(study, B, [lr], p.common_seeds, extra)
+    return out
 
 
 def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
@@ -200,20 +226,29 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
         return specs(study, arm, refine_lrs(runs, sel, p), sel, extra)
     if stage == "edge":
         return specs(study, arm, edge_lrs(runs, sel), p.failure_seeds, extra)
-    best = select_lr(runs, sel)
-    return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
+    if stage == "test":
+        best = select_lr(runs, sel)
+        return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
+    return []  # common: for pairs of arms (common_runs)
+
+
+def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]:
+    """Every run spec a stage wants, given the finished runs (all arms)."""
+    if stage == "common":
+        return common_runs(study, runs, extra)
+    return [s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)]
 
 
 def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tuple[str, list[dict]] | None:
     """(the stage, its runs not yet made) for the first stage that still wants runs, given the finished runs in
     study_dir; None when the study is complete. `made`: the run specs launched so far (none is asked for twice)."""
-    runs = find_runs([study_dir]) if (study_dir / "runs").is_dir() else []
+    runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
     for stage in STAGES:
-        more = []
-        for arm in arms_of(study):
-            more += [s for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
-                     if s["name"] not in names and s["name"] not in {m["name"] for m in more}]
+        more: list[dict] = []
+        for s in stage_runs(study, stage, runs, extra):
+            if s["name"] not in names and s["name"] not in {m["name"] for m in more}:
+                more.append(s)
         if more:
             return stage, more
     return None
@@ -221,8 +256,6 @@ def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tupl
 
 def first_runs(study: dict, extra=()) -> list[dict]:
     """The runs a sweep starts with: the grid (on the selection seeds, with a protocol)."""
-    from study.grid import expand
-
     if study.get("protocol") is None:
         return expand(study, extra)
-    return [s for arm in arms_of(study) for s in wanted(study, "grid", arm, [], extra)]
+    return stage_runs(study, "grid", [], extra)

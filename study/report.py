@@ -5,43 +5,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.claims import claim_sentence
+from study.compare import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.result import StudyResult, compute
-from study.stats import fmt
-
-PROTOCOL = ("Outcomes, judged on each run's own curves: `ok` learned and kept it; `plateau` no eval got "
-            "`log.plateau_margin` nats below the unigram entropy (learned token frequencies only) but still falling; "
-            "`collapsed` the same and stuck (at its last evals' slope it would not get that far below within "
-            "`log.flat_horizon` x its steps again); "
-            "`unstable` learned, then ended `log.blowup_margin` above its best or above L0; `diverged` non-finite "
-            "loss or gradient. `collapsed`, `unstable` and `diverged` are failures: they enter the failure curve and "
-            "never a loss average; `ok` and `plateau` runs trained and their final val loss is compared. "
-            "Stability: per arm P(fail | lr) is a logistic curve in log10 lr fitted with Firth's penalty, LR50 the LR "
-            "where it crosses 1/2, with a 95% profile-likelihood CI; two arms are compared by LR50_A / LR50_B from "
-            "both arms' runs fitted with one slope (likelihood-ratio p). Loss: each arm's best LR is chosen on the "
-            "selection seeds (lowest mean final val loss among LRs where every selection seed trained) and compared "
-            "on the test seeds, paired by seed (same init and batches), over the seeds where both runs trained: "
-            "mean difference with its 95% t CI, TOST at the margin, the minimum detectable difference at 80% power "
-            "(noncentral t). The claims' primary tests are Holm-adjusted within the study. Spike score = % of "
-            "judged steps whose value jumps above the median of the previous `log.spike_window` by at least "
-            "`log.spike_k` robust std of the jumps so far (training/monitor.py).")
+from study.text import fmt, interval
 
 
-def _ci(ci, spec: str = "+.3f") -> str:
-    return "no CI" if ci is None else f"{format(ci[0], spec)}..{format(ci[1], spec)}"
-
-
-def _ends(ci) -> str:
-    if not ci:
-        return "-"
-    lo, hi = ci
-    return f"{'open' if lo is None else format(lo, '.3g')}..{'open' if hi is None else format(hi, '.3g')}"
+def protocol_text(res: StudyResult) -> str:
+    """How this report judged and compared, in one paragraph (METHODS.md has the whole)."""
+    f = res.file
+    return (f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
+            "A run that failed is an outcome, never a loss; train.py's own labels (ok, plateau, collapsed, unstable, "
+            "diverged) describe single runs and decide nothing here. Stability: per arm, P(fail | lr) from the "
+            "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
+            "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where the arm has >= 2 "
+            "failures and a bracketed edge, else the bound its runs give; two arms' LR50 ratio is fitted with one "
+            "slope (likelihood-ratio p). LR sensitivity (Wortsman et al. 2023): the mean over the study's LR grid of "
+            "min(L, L0) - L*, per seed, bootstrap CI. Loss: each arm's best LR chosen on the selection seeds and "
+            "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
+            "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
+            "are the study file's, each decided by one primary test, Holm-adjusted over all of them; every other "
+            "table is exploratory.")
 
 
 def _seed_values(values: dict) -> str:
     return ", ".join(f"{v:.3f}" for _, v in sorted(values.items(), key=lambda t: str(t[0]))) or "-"
+
+
+def lr50_cell(fit) -> str:
+    """An arm's LR50 as a table states it: the number and CI where identified, else the bound."""
+    if fit.identified:
+        return f"{fmt(fit.lr50, '.3g')} ({interval(fit.ci)})"
+    return fit.describe().split(":")[0].replace("LR50 ", "") + f" ({fit.failed}/{fit.n} failed)"
 
 
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
@@ -49,58 +45,69 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     lrs = sorted({r.lr for r in runs})
     steps = runs[0].config.get("train.steps")
     how = "the study's protocol" if res.file.protocol else "the lowest 40% of the seeds (these runs had no protocol)"
-    lines = [f"# Stability report: {res.file.name}", "",
+    common = f", common seeds {', '.join(map(str, res.common_seeds))}" if res.common_seeds else ""
+    lines = [f"# Stability report: {res.file.name}", "", *([res.file.about, ""] if res.file.about else []),
              (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
              + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
-             f"rates {', '.join(f'{x:g}' for x in lrs)}; {steps} steps per run. Selection seeds "
+             f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
              f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
-             f"{', '.join(map(str, res.test_seeds)) or 'none'} ({how}).", "", PROTOCOL, "",
-             "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (95% CI) | "
-             "max LR with all seeds ok | ok / plateau / collapsed / unstable / diverged / crashed | "
-             "spike score loss / grad norm (%) | tokens/s |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).", "", protocol_text(res), ""]
+    if res.claims or res.file.withdrawn:
+        lines += ["## Claims (pre-registered)", "",
+                  f"The study file's claims, each decided by its primary test alone, Holm-adjusted over the family of "
+                  f"all {len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / `disagrees` "
+                  "need an adjusted p < 0.05; anything else is `cannot tell`.", ""]
+        lines += [f"- {claim_sentence(c)}" for c in res.claims]
+    if res.file.withdrawn:
+        lines += ["", "Claims withdrawn: what these runs cannot test as the paper states it.", ""]
+        lines += [f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}" for w in res.file.withdrawn]
+    alt = list(res.alternatives)
+    lines += ["", "## Arms", "",
+              "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (main rule) | "
+              + "".join(f"LR50 ({name}) | " for name in alt) + "LR sensitivity (nats, 95% CI) | failed below the "
+              "floor (too slow) | train.py labels ok / plateau / collapsed / unstable / diverged / crashed | "
+              "spike score loss / grad norm (%) | tokens/s |",
+              "|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|"]
     for label, a in arms.items():
         fit, c = res.failures[label], a.outcomes()
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
-        beyond = f"; above the largest LR tried, {fit.top:g}: extrapolated" if fit.lr50 and fit.lr50 > fit.top else ""
-        lr50 = f"{fmt(fit.lr50, '.3g')} ({_ends(fit.ci)}{beyond})" if fit.lr50 else (
-            f"> {fit.top:g} (none failed)" if fit.failed == 0 and fit.top else "-")
-        lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | {lr50} | "
-                     f"{fmt(a.max_lr_ok, 'g')} | {c['ok']} / {c['plateau']} / {c['collapsed']} / {c['unstable']} / "
-                     f"{c['diverged']} / {c['failed'] + c['interrupted']} | "
+        sens = res.sensitivity.get(label)
+        sens_text = "-" if sens is None or sens.mean is None else (
+            f"{sens.mean:.3f}" + (f" ({sens.ci[0]:.3f}..{sens.ci[1]:.3f})" if sens.ci else "") + f", n = "
+            f"{len(sens.per_seed)}")
+        lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | "
+                     f"{lr50_cell(fit)} | " + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
+                     + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
+                     f"{c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
                      f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
                      f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | {fmt(a.tokens_per_s(), ',.0f')} |")
+    if alt:
+        lines += ["", "Alternative failure rules (the study file's; the same runs judged again): "
+                  + "; ".join(f"{r.name}: {r.describe()}" for r in res.file.alternatives) + ".",
+                  rule_sensitivity(res)]
     if res.comparisons:
-        lines += ["", "## Arms compared", "",
-                  "Pairs of arms that differ in one field. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
+        lines += ["", "## Arms compared (exploratory)", "",
+                  "Pairs of arms that differ in one field, every such pair: not the study's claims, not corrected for "
+                  "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
                   "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the test seeds "
                   "where both trained (nested, paired).", "",
                   "| A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | TOST p | "
                   "MDE | left out |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in res.comparisons:
             r, p = c.ratio, c.loss.paired
-            lines.append(f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {_ends(r.ci)} | "
-                         f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | {p.n} | {p.verdict} | "
+            lines.append(f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} | "
+                         f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
+                         f"{p.verdict} | "
                          f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |")
         lines += ["", margin_sentence(res)]
-    if res.claims or res.file.withdrawn:
-        lines += ["", "## What it shows", "",
-                  "Each claim of the literature named in the study file, decided by its primary test alone, "
-                  f"Holm-adjusted over the {sum(c.p is not None for c in res.claims)} tests of this study: `agrees` / "
-                  "`disagrees` need an adjusted p < 0.05 (a `same` claim disagrees when its CI lies outside the "
-                  "margin); anything else is `cannot tell`.", ""]
-        lines += [f"- {claim_sentence(c, res.margin)}" for c in res.claims]
-    if res.file.withdrawn:
-        lines += ["", "Claims withdrawn: what these runs cannot test as the paper states it.", ""]
-        lines += [f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}" for w in res.file.withdrawn]
     if res.trends:
-        lines += ["", "## Trends", "",
+        lines += ["", "## Trends (exploratory)", "",
                   "Each comparison along a numeric axis of the arms: the estimate and its 95% CI at each value, and a "
-                  "random-effects weighted fit of them (DerSimonian-Laird: points scattered beyond their CIs "
-                  "weigh alike) with the slope's 95% CI (study/trend.py); nothing beyond the values measured.", ""] \
+                  "random-effects weighted fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI "
+                  "(study/trend.py); nothing beyond the values measured.", ""] \
             + [f"- {t.describe()}." for t in res.trends]
-    lines += ["", "## What the numbers show", ""] + [f"- {s}" for s in findings(res)]
+    lines += ["", "## What the numbers show (exploratory)", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:
         lines += ["", "## Per-LR paired differences (exploratory)", "",
                   "Every LR both arms ran, over every seed where both runs trained; not corrected for multiplicity "
@@ -108,18 +115,42 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
                   "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for a, b, key, lr, p in res.per_lr:
-            lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | {_ci(p.ci)} | "
+            lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
+                         f"{interval(p.ci, '+.3f')} | "
                          f"{p.verdict} | {fmt(p.p_diff, '.3g')} |")
     lines += ["", "## Figures", ""]
     for fname, caption in made:
         lines += [f"**{caption}**", "", f"![{caption}]({fname})", ""]
-    lines += ["## Runs", "", "| run | status | final val loss | best val loss | diverged at | L0 | tokens/s |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["## Runs", "", "| run | status | final val loss | best val loss | diverged at | L0 | tokens/s | study "
+              "rule |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: r.name):
         s = r.summary
+        verdict = "-" if not r.finished else ("trained" if r.trained else f"failed: {r.why}")
         lines.append(f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | {fmt(s.get('best_val_loss'))} | "
-                     f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} |")
+                     f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} | "
+                     f"{verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def rule_sensitivity(res: StudyResult) -> str:
+    """Whether a verdict would change with the rule: for each arm whose LR50 is identified under one rule and not
+    under another, or whose identified LR50s differ by more than their CIs allow, say so."""
+    def differ(a, b) -> bool:
+        if a.identified != b.identified:
+            return True
+        if a.identified:
+            return max(a.lr50, b.lr50) / min(a.lr50, b.lr50) > 1.25
+        return a.bounds != b.bounds
+
+    moved = []
+    for label, fit in res.failures.items():
+        others = [fits[label] for fits in res.alternatives.values()]
+        if any(differ(fit, o) for o in others):
+            moved.append(f"{label} ({'; '.join(lr50_cell(f) for f in [fit, *others])})")
+    if not moved:
+        return "Every arm's LR50 reads the same under every rule."
+    return ("LR50 depends on the rule for: " + ", ".join(moved) + " (main; then the alternatives, in the order above)."
+            " A verdict resting on these arms' LR50s depends on the rule.")
 
 
 def failed_entries(paths: list[Path]) -> list[str]:
@@ -133,6 +164,12 @@ def failed_entries(paths: list[Path]) -> list[str]:
     return rows
 
 
+def fit_json(f) -> dict:
+    return {"lr50": f.lr50 if f.identified else None, "ci": list(f.ci) if f.identified and f.ci else None,
+            "bounds": list(f.bounds), "identified": f.identified, "failed": f.failed, "finished": f.n, "top_lr": f.top,
+            "text": lr50_cell(f)}
+
+
 def as_json(res: StudyResult) -> dict:
     """report.json: what readme_results.py and the index read."""
     def pj(p):
@@ -140,27 +177,34 @@ def as_json(res: StudyResult) -> dict:
                 "p": p.p_diff, "p_tost": p.p_tost}
 
     def rj(r):
-        return {"ratio": r.ratio, "ci": list(r.ci) if r.ci else None, "p": r.p, "n": r.n, "failed": r.failed}
+        return {"ratio": r.ratio if r.identified else None, "ci": list(r.ci) if r.identified and r.ci else None,
+                "bounds": list(r.bounds), "identified": r.identified, "p": r.p, "n": r.n, "failed": r.failed,
+                "text": r.describe()}
+
+    def sj(s):
+        return {"mean": s.mean, "ci": list(s.ci) if s.ci else None, "n": len(s.per_seed), "lrs": list(s.lrs),
+                "l_star": s.l_star}
 
     return {
         "name": res.file.name, "about": res.file.about, "runs": len(res.runs), "arms": len(res.arms),
         "arm_keys": res.keys, "steps": res.runs[0].config.get("train.steps"),
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None, "margin": res.margin,
-        "selection_seeds": res.selection_seeds, "test_seeds": res.test_seeds,
+        "ratio_margin": res.file.ratio_margin, "sensitivity_margin": res.file.sensitivity_margin,
+        "rule": res.file.rule.describe(), "alternatives": [r.name for r in res.file.alternatives],
+        "selection_seeds": res.selection_seeds, "test_seeds": res.test_seeds, "common_seeds": res.common_seeds,
         "per_arm": {label: {"config": {k: a.runs[0].config.get(k) for k in res.keys}, "best_lr": a.best_lr,
-                            "lr50": res.failures[label].lr50,
-                            "lr50_ci": list(res.failures[label].ci) if res.failures[label].ci else None,
-                            "failed": res.failures[label].failed, "finished": res.failures[label].n,
-                            "top_lr": res.failures[label].top, "max_lr_ok": a.max_lr_ok}
+                            **fit_json(res.failures[label]), "max_lr_ok": a.max_lr_ok,
+                            "alternatives": {n: fit_json(f[label]) for n, f in res.alternatives.items()},
+                            "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None}
                     for label, a in res.arms.items()},
         "comparisons": [{"A": c.a.label, "B": c.b.label, "key": c.key, "lr50_ratio": rj(c.ratio),
                          "lrs": list(c.loss.lrs) if c.loss.lrs else None, "loss": pj(c.loss.paired),
                          "dropped": c.loss.dropped, "tost_needs": c.loss.needed} for c in res.comparisons],
         "claims": [{**{k: c.claim[k] for k in ("paper", "says", "metric", "expect")}, "A": c.a, "B": c.b,
-                    "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement,
+                    "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement, "note": c.note,
                     **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
-                    **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired)}
-                       if c.nested else {})} for c in res.claims],
+                    **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired),
+                        "how": c.nested.how} if c.nested else {})} for c in res.claims],
         "withdrawn": res.file.withdrawn,
         "trends": [{"what": t.what, "pair": t.pair, "axis": t.axis, "per_doubling": t.log2,
                     "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points], "slope": t.slope,
@@ -183,7 +227,8 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
 
 
 KEPT = ("optim.lr", "train.seed", "train.steps", "log.plateau_margin", "log.blowup_margin", "log.flat_horizon")
-SUMMARY = ("status", "final_val_loss", "best_val_loss", "unigram_entropy", "diverged_at", "tokens_per_s")
+SUMMARY = ("status", "final_val_loss", "best_val_loss", "unigram_entropy", "diverged_at", "dead_gradients_at",
+           "tokens_per_s")
 
 
 def runs_json(res: StudyResult) -> list[dict]:

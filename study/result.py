@@ -9,13 +9,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from study.claims import Checked, Nested, check_claims, nested, ratio
+from study.arms import Arm
+from study.compare import Checked, Context, Nested, check_claims, nested, ratio
 from study.failure import FailureFit, RatioFit
-from study.grid import StudyFile, study_file
 from study.paired import Paired, paired
-from study.protocol import select_lr, split_seeds
-from study.runs import Run, find_runs, group_arms
-from study.stats import Arm
+from study.protocol import floor, select_lr, split_seeds
+from study.runs import Run, arm_bests, failure, find_runs, group_arms, judge
+from study.sensitivity import Sensitivity, sensitivities
+from study.studyfile import StudyFile, study_file
 from study.trend import trends
 
 
@@ -44,6 +45,9 @@ class StudyResult:
     per_lr: list[tuple[Arm, Arm, str, float, Paired]]  # exploratory: every shared LR, seeds where both trained
     wall_s: float | None
     trends: list = field(default_factory=list)  # study/trend.py: comparisons along a numeric axis
+    alternatives: dict = field(default_factory=dict)  # {rule name: {arm label: FailureFit}}: the same runs, judged
+    sensitivity: dict[str, Sensitivity] = field(default_factory=dict)  # {arm label: its LR sensitivity}
+    common_seeds: list = field(default_factory=list)
 
     @property
     def margin(self) -> float:
@@ -86,30 +90,42 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
     """The result of the runs under `paths`; ValueError when there are none (or the study file is invalid)."""
     from training.config import ConfigError
 
-    runs = find_runs(paths)
-    if not runs:
-        raise ValueError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
     try:
         file = study_file(paths)
     except ConfigError as e:
         raise ValueError(str(e)) from None
+    runs = find_runs(paths, file.rule)
+    if not runs:
+        raise ValueError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
     if margin is not None:
         file.margin = margin
     return compute_runs(runs, file)
 
 
 def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
-    """The result of these runs under this study file (its claims, margin and protocol)."""
+    """The result of these runs under this study file (its failure rule, claims, margins and protocol)."""
+    judge(runs, file.rule)  # every run, live or archived, judged by the study file's rule
     keys, grouped = group_arms(runs)
     selection, test = split_seeds({r.seed for r in runs}, file.protocol)
+    common_seeds = [s for s in file.protocol.common_seeds if s in {r.seed for r in runs}] if file.protocol else []
     arms = {label: Arm(label, rs) for label, rs in grouped.items()}
     for a in arms.values():
         a.best_lr = select_lr(a.runs, selection)
+        a.floor = floor(a.runs, selection)
+    grid = file.grid_lrs or tuple(sorted({r.lr for r in runs}))
+    sens = sensitivities(arms, grid)
     comparisons = [Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
                    for a, b, key in one_field_pairs(arms, keys)]
     per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
               for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
+    ctx = Context(keys, test, selection, common_seeds, grid, file.margin, file.sensitivity_margin,
+                  file.ratio_margin, sens)
     res = StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
-                      comparisons, check_claims(file.claims, arms, keys, test, file.margin), per_lr, wall_span(runs))
+                      comparisons, check_claims(file.claims, arms, ctx), per_lr, wall_span(runs),
+                      sensitivity=sens, common_seeds=common_seeds)
+    best = arm_bests(runs)
+    for rule in file.alternatives:  # the same runs under each alternative rule: does a verdict depend on it?
+        res.alternatives[rule.name] = {k: a.failure(lambda r, rule=rule: r.finished and failure(r, rule, best.get(
+            id(r))) is not None, selection) for k, a in arms.items()}
     res.trends = trends(res)
     return res

@@ -1,14 +1,18 @@
 """Reading run directories into runs and arms: a run is what train.py wrote (config.yaml, summary.json,
-metrics.jsonl); arms group runs by every config field that differs, except the learning rate and the seed."""
+metrics.jsonl); arms group runs by every config field that differs, except the learning rate and the seed. Each
+finished run is judged by the study's failure rule (studyfile.Rule): one function, `failure`, for live runs,
+reruns and archived runs alike; train.py's own label (`status`) stays for a single run's message."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from study.studyfile import Rule
 from training import monitor
 from training.config import Config, flat, to_dict
 from training.rundir import RunDir, series
@@ -30,6 +34,8 @@ class Run:
     config: dict  # flattened: {"model.norm": "rmsnorm", ...}
     summary: dict
     records: list[dict]
+    why: str | None = field(default=None, compare=False)  # the study rule's reason it failed; None: it trained
+    judged_by: str | None = field(default=None, compare=False)  # the rule that judged it (None: not yet)
 
     @property
     def lr(self) -> float:
@@ -64,14 +70,26 @@ class Run:
         return self.config.get("train.seed")
 
     @property
+    def finished(self) -> bool:
+        return self.status in monitor.FINISHED
+
+    @property
     def trained(self) -> bool:
-        """Learned (`ok`) or still learning (`plateau`): its final loss is a result to compare."""
-        return self.status in ("ok", "plateau")
+        """Finished and not failed under the study's rule: its final loss is a result to compare."""
+        return self.finished and not self.failed
 
     @property
     def failed(self) -> bool:
-        """Collapsed, unstable or diverged: an outcome for the failure curve, never a loss to average."""
-        return self.status in monitor.FAILED
+        """Failed under the study's rule (or, before a rule judged it, train.py's failed labels): an outcome for
+        the failure curve, never a loss to average."""
+        if self.judged_by is None:
+            return self.status in monitor.FAILED or self.status == "plateau"
+        return self.why is not None
+
+    @property
+    def evals(self) -> list[float]:
+        """The val losses after step 0, in order (the run's curve)."""
+        return [r["val/loss"] for r in self.records if r.get("val/loss") is not None and r.get("step", 0) > 0]
 
     @property
     def loss(self) -> float | None:
@@ -85,8 +103,58 @@ def same(x, y) -> bool:
     return float(x) == float(y) if numbers else x == y
 
 
-def find_runs(paths: list[Path]) -> list[Run]:
-    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder."""
+def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
+    """Why `run` failed under `rule` (one phrase), or None if it trained. Where the run has no curve (an archive
+    that kept only its final and best losses) the any-eval criteria read the final eval, and its best."""
+    s = run.summary
+    final, best = s.get("final_val_loss"), s.get("best_val_loss")
+    if run.status == "diverged" or final is None or not math.isfinite(final):
+        return "non-finite loss" if run.status == "diverged" else "no final loss"
+    evals = run.evals or [final]
+    best = min([*evals, *([best] if best is not None and math.isfinite(best) else [])])
+    unigram = s.get("unigram_entropy")
+    if rule.learn_margin is not None and unigram is not None and best > unigram - rule.learn_margin:
+        return f"did not learn: best {best:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"
+    if rule.blowup_margin is not None:
+        low = math.inf
+        for v in evals:
+            if v > low + rule.blowup_margin:
+                return f"blew up: {v:.2f} after {low:.2f}"
+            low = min(low, v)
+        if final > best + rule.blowup_margin:
+            return f"blew up: final {final:.2f}, best {best:.2f}"
+    l0 = run.init_loss if run.init_kind == "val" else None
+    if rule.above_l0 and l0 is not None and max(evals) > l0:
+        return f"rose above L0: {max(evals):.2f} > {l0:.2f}"
+    if rule.arm_gap is not None and arm_best is not None and final > arm_best + rule.arm_gap:
+        return f"final {final:.2f} > its arm's best {arm_best:.2f} + {rule.arm_gap:g}"
+    return None
+
+
+def arm_bests(runs: list[Run]) -> dict[int, float | None]:
+    """{id(run): the best finite final val loss of any run of its arm}."""
+    out = {}
+    for rs in group_arms(runs)[1].values():
+        finals = [r.summary.get("final_val_loss") for r in rs if r.finished]
+        finite = [v for v in finals if v is not None and math.isfinite(v)]
+        for r in rs:
+            out[id(r)] = min(finite) if finite else None
+    return out
+
+
+def judge(runs: list[Run], rule: Rule) -> list[Run]:
+    """Judge every finished run by `rule` (Run.why, Run.judged_by); unfinished runs are neither trained nor
+    failed. Returns the runs."""
+    best = arm_bests(runs) if rule.arm_gap is not None else {}
+    for r in runs:
+        r.judged_by = rule.name
+        r.why = failure(r, rule, best.get(id(r))) if r.finished else None
+    return runs
+
+
+def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
+    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder, judged by
+    `rule` (the default Rule where no study file gives one)."""
     dirs = []
     for p in paths:
         if RunDir(p).config.is_file():
@@ -105,7 +173,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
         records = run.records()
         summary["status"] = judged(config, summary, records)
         runs.append(Run(d.name, d, config, summary, records))
-    return runs
+    return judge(runs, rule or Rule())
 
 
 def judged(config: dict, summary: dict, records: list[dict]) -> str:
@@ -119,7 +187,8 @@ def judged(config: dict, summary: dict, records: list[dict]) -> str:
         return status
     init = next((r["val/loss"] for r in records if r.get("step") == 0 and r.get("val/loss") is not None), None)
     return monitor.classify([v for _, v in evals], summary["unigram_entropy"], config["log.plateau_margin"], init,
-                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"])
+                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"],
+                            summary.get("dead_gradients_at"))
 
 
 def arm_label(config: dict, keys: list[str]) -> str:

@@ -3,14 +3,16 @@ differ in one field (the norm, say) and agree on everything else but the axis, t
 difference at each value of the axis, and a fitted slope with its 95% CI.
 
 The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of the LR50 ratio,
-or the loss difference in nats) with the standard error read off its own 95% CI (half-width / z_0.975; t-based
-CIs of small n make this conservative), against log2 of the axis (per doubling) when every value is positive,
-else the axis itself. The points' scatter about the weighted line beyond their own CIs is a between-point
-variance tau^2 (method of moments: Q_E - (k - 2) over its expectation's slope, at least 0), and each point is
-weighted by 1 / (se^2 + tau^2): where the points agree with a line (tau^2 = 0) this is the fixed-effect fit, where
-they do not, one precise point can no longer carry the slope. SE of the slope = sqrt(1 / sum w (x - x_w)^2); the
-CI is normal. Points without a two-sided CI (an open end, one seed) are left out and counted. Nothing is said
-beyond the largest value measured.
+or the loss difference in nats) with the standard error read off its own 95% CI by the quantile that made it
+(half-width / t_{n-1} for a paired loss difference of n seeds, / z for a profile-likelihood LR50 ratio), against
+log2 of the axis (per doubling) when every value is positive, else the axis itself. The points' scatter about the
+weighted line beyond their own CIs is a between-point variance tau^2 (method of moments: Q_E - (k - 2) over its
+expectation's slope, at least 0), and each point is weighted by 1 / (se^2 + tau^2): where the points agree with a
+line (tau^2 = 0) this is the fixed-effect fit, where they do not, one precise point can no longer carry the slope.
+The slope's CI is Knapp-Hartung's: its variance 1 / sum w (x - x_w)^2 scaled by the weighted residual mean square
+(at least 1) and a t quantile with k - 2 degrees of freedom, so a slope from 3 points is as uncertain as 3 points
+are; 2 points give a slope without a CI. Points without a two-sided CI (an open end, one seed, an LR50 that is only
+bounded) are left out and counted. Nothing is said beyond the largest value measured.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ import math
 from dataclasses import dataclass
 
 from scipy.stats import norm as normal
+from scipy.stats import t as student
 
 Z = float(normal.ppf(0.975))
+
+
+def quantile(df: int | None) -> float:
+    """The 97.5% quantile a 95% CI was made with: t with df degrees of freedom, or z (df None)."""
+    return Z if df is None else float(student.ppf(0.975, df))
 
 
 @dataclass
@@ -33,6 +41,7 @@ class Trend:
     slope: float | None
     ci: tuple[float, float] | None
     used: int  # points with a two-sided CI, the ones the slope is fitted to
+    dfs: tuple = ()  # each point's CI's degrees of freedom (None: a z interval); () = all z
 
     def describe(self) -> str:
         unit = "log10 ratio" if self.what == "LR50 ratio" else "nats"
@@ -41,19 +50,21 @@ class Trend:
             f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "") for x, e, ci in self.points)
         head = f"{self.what} {self.pair}, in {unit}, by {self.axis}: {pts}"
         if any(e is None for _, e, _ in self.points):
-            head += " ('-': no estimate: " + ("no run of either arm failed, or only a bound)" if
+            head += " ('-': no estimate: " + ("an arm's LR50 is only bounded)" if
                                                self.what == "LR50 ratio" else "no seed where both arms trained)")
         if self.slope is None:
             return f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
-        return (f"{head}; slope {self.slope:+.3f} {per} (95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}, from "
-                f"{self.used} of {len(self.points)} points; {self.axis} {min(p[0] for p in self.points):g}.."
-                f"{max(p[0] for p in self.points):g} only)")
+        ci = f"Knapp-Hartung 95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}" if self.ci else "no CI from 2 points"
+        return (f"{head}; slope {self.slope:+.3f} {per} ({ci}, from {self.used} of {len(self.points)} points; "
+                f"{self.axis} {min(p[0] for p in self.points):g}..{max(p[0] for p in self.points):g} only)")
 
 
-def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0):
+def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0, dfs=()):
     """The points with a two-sided CI as (x, estimate, se), x on the fit's scale, their weights 1 / (se^2 + tau2),
     and the weighted centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
-    usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * Z)) for x, e, ci in points
+    dfs = list(dfs) or [None] * len(points)
+    usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * quantile(df)))
+              for (x, e, ci), df in zip(points, dfs, strict=True)
               if e is not None and ci is not None and ci[0] is not None and ci[1] is not None and ci[1] > ci[0]]
     w = [1 / (se ** 2 + tau2) for _, _, se in usable]
     if not usable:
@@ -69,11 +80,11 @@ def _line(usable, w, centre) -> tuple[float, float]:
     return sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx, 1 / sxx
 
 
-def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> float:
+def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()) -> float:
     """Between-point variance about the line (DerSimonian-Laird for a meta-regression on one covariate):
     max(0, (Q_E - (k - 2)) / (sum w - tr((X'WX)^-1 X'W^2X))), Q_E the fixed-effect fit's weighted residual sum of
     squares; 0 with fewer than 3 points (no residual degree of freedom)."""
-    usable, w, centre = _weighted(points, log2)
+    usable, w, centre = _weighted(points, log2, 0.0, dfs)
     k = len(usable)
     if k < 3 or len({x for x, _, _ in usable}) < 2:
         return 0.0
@@ -90,17 +101,24 @@ def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> 
 
 def fitted(t: Trend, x: float) -> float:
     """The fitted line's value at axis value x (it passes through the weighted centre of the points)."""
-    _, _, (xw, yw) = _weighted(t.points, t.log2, tau2(t.points, t.log2))
+    _, _, (xw, yw) = _weighted(t.points, t.log2, tau2(t.points, t.log2, t.dfs), t.dfs)
     return yw + t.slope * ((math.log2(x) if t.log2 else x) - xw)
 
 
-def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool) -> tuple[float | None, tuple | None, int]:
-    """(slope, 95% CI, points used) of the estimates against the axis (see the module doc)."""
-    usable, w, centre = _weighted(points, log2, tau2(points, log2))
+def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()
+        ) -> tuple[float | None, tuple | None, int]:
+    """(slope, its Knapp-Hartung 95% CI (None from 2 points), points used) of the estimates against the axis."""
+    usable, w, centre = _weighted(points, log2, tau2(points, log2, dfs), dfs)
+    k = len(usable)
     if len({x for x, _, _ in usable}) < 2:
-        return None, None, len(usable)
+        return None, None, k
     slope, var = _line(usable, w, centre)
-    return slope, (slope - Z * math.sqrt(var), slope + Z * math.sqrt(var)), len(usable)
+    if k < 3:
+        return slope, None, k
+    xw, yw = centre
+    q = sum(wi * (y - yw - slope * (x - xw)) ** 2 for wi, (x, y, _) in zip(w, usable, strict=True)) / (k - 2)
+    half = float(student.ppf(0.975, k - 2)) * math.sqrt(max(1.0, q) * var)
+    return slope, (slope - half, slope + half), k
 
 
 def numeric_axes(res) -> list[str]:
@@ -133,11 +151,13 @@ def trends(res) -> list[Trend]:
             a, b = (comps[0].a.runs[0].config.get(key), comps[0].b.runs[0].config.get(key))
             where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest)
             at = f" at {where}" if where else ""
-            ratio_pts = [(x, None if c.ratio.ratio is None else math.log10(c.ratio.ratio),
-                          None if not c.ratio.ci or None in c.ratio.ci else tuple(math.log10(v) for v in c.ratio.ci))
-                         for x, c in zip(xs, comps, strict=True)]
+            ratio_pts = [(x, None if not c.ratio.identified else math.log10(c.ratio.ratio),
+                          None if not c.ratio.identified or not c.ratio.ci or None in c.ratio.ci
+                          else tuple(math.log10(v) for v in c.ratio.ci)) for x, c in zip(xs, comps, strict=True)]
             loss_pts = [(x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)]
-            for what, op, pts in (("LR50 ratio", "/", ratio_pts), ("loss difference", "-", loss_pts)):
+            loss_dfs = tuple(max(c.loss.paired.n - 1, 1) for c in comps)
+            for what, op, pts, dfs in (("LR50 ratio", "/", ratio_pts, ()), ("loss difference", "-", loss_pts,
+                                                                              loss_dfs)):
                 if what == "LR50 ratio" or any(e is not None for _, e, _ in pts):  # an LR50 without failures
-                    out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2)))
+                    out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2, dfs), dfs))
     return out

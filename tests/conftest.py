@@ -18,7 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = str(REPO / "configs" / "tiny.yaml")
+TINY = str(REPO / "configs" / "train" / "tiny.yaml")
+# subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout an editable
+# install points at (two checkouts side by side would otherwise test each other's code)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0"))
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
@@ -75,6 +78,14 @@ def prepared(corpus_file, tmp_path_factory):
                    root=tmp_path_factory.mktemp("prepared"), verbose=False)
 
 
+@pytest.fixture(scope="session")
+def pydocs_1024(tmp_path_factory):
+    """The embedded corpus (pydocs) prepared at vocab 1024, as the DyT and default studies use it (~5 s, once)."""
+    from data.prepare import prepare
+
+    return prepare("pydocs", vocab_size=1024, root=tmp_path_factory.mktemp("pydocs"), verbose=False)
+
+
 @pytest.fixture
 def data_args(prepared):
     """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
@@ -86,7 +97,7 @@ def data_args(prepared):
 
 @pytest.fixture
 def run_tiny(tmp_path, data_args):
-    """run_tiny(*args) -> exit code: train.py in-process on configs/tiny.yaml and the session's corpus, writing
+    """run_tiny(*args) -> exit code: train.py in-process on configs/train/tiny.yaml and the session's corpus, writing
     under tmp_path (so a run named N is tmp_path / N)."""
     import train
 
@@ -122,6 +133,6 @@ def write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: st
                  "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (d / "summary.json").write_text(json.dumps({
-        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 2.6,
+        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 4.0,
         "spike_score/loss": 1.0, "spike_score/grad_norm": 3.0, "tokens_per_s": 1000.0 * (1 + seed),
         "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))

@@ -11,7 +11,7 @@ from training.config import ConfigError, load_config, to_yaml
 
 def test_precedence_defaults_yaml_cli(tmp_path):
     path = tmp_path / "exp.yaml"
-    path.write_text("base: ../../../configs/tiny.yaml\noptim: {lr: 1.0e-2, beta2: 0.99}\n".replace(
+    path.write_text("base: ../../../configs/train/tiny.yaml\noptim: {lr: 1.0e-2, beta2: 0.99}\n".replace(
         "../../../configs", str(train.REPO / "configs")))
     cfg = load_config(path, ["optim.lr=5e-3", "train.steps=7"])
     assert cfg.optim.lr == 5e-3  # CLI beats YAML
@@ -33,6 +33,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
     ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
     ("optim.lr", "expected key=value overrides"),
     ("model.n_heads=0", "model.n_heads must be positive"),
+    ("model.init_scale=fan_in", "unknown init_scale 'fan_in'; valid: absolute, width"),
     ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
 ])
 def test_bad_values_raise_one_clear_line(override, message):
@@ -51,13 +52,13 @@ def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys):
 
 
 def test_norm_and_placement_flags_change_the_model():
-    cfg, _, name = train.parse_cli(["--config", str(train.REPO / "configs/tiny.yaml"), "--norm", "layernorm",
+    cfg, _, name = train.parse_cli(["--config", str(train.REPO / "configs/train/tiny.yaml"), "--norm", "layernorm",
                                     "--placement", "post"])
     model = Llama(cfg.model)
     assert name == "tiny-layernorm-post"
     assert all(isinstance(b, PostNormBlock) for b in model.layers)
     assert isinstance(model.layers[0].attention_norm, LayerNorm)
-    cfg, _, _ = train.parse_cli(["--config", str(train.REPO / "configs/tiny.yaml")])
+    cfg, _, _ = train.parse_cli(["--config", str(train.REPO / "configs/train/tiny.yaml")])
     model = Llama(cfg.model)
     assert isinstance(model.layers[0], PreNormBlock) and isinstance(model.layers[0].ffn_norm, RMSNorm)
 
@@ -65,7 +66,7 @@ def test_norm_and_placement_flags_change_the_model():
 def test_resume_may_change_length_not_what_is_trained(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
-    (run / "config.yaml").write_text(to_yaml(load_config(train.REPO / "configs/tiny.yaml")))
+    (run / "config.yaml").write_text(to_yaml(load_config(train.REPO / "configs/train/tiny.yaml")))
     base = ["--name", "r", "--resume", f"log.out_dir={tmp_path}"]
     cfg, resume, _ = train.parse_cli([*base, "train.steps=50"])
     assert resume and cfg.train.steps == 50 and cfg.model.dim == 32

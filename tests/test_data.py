@@ -178,7 +178,7 @@ def _run_prepare(args, tmp_path):
     ("vocab", "cannot train the tokenizer"),
     ("tiny_vocab", "data.vocab_size must be >= 300"),
     ("hf", "could not load Hugging Face dataset"),
-    ("kind", "unknown data source 'ftp:x'; valid: pydocs, text:"),
+    ("kind", "unknown data source 'ftp:x'; valid: pydocs, pystdlib, text:"),
 ])
 def test_bad_input_one_clear_line(case, match, tmp_path):
     empty = tmp_path / "empty.txt"
@@ -195,3 +195,70 @@ def test_bad_input_one_clear_line(case, match, tmp_path):
     assert last.startswith("error: ") and match in last and "Traceback" not in r.stderr
     out = tmp_path / "out"
     assert not out.exists() or not [p for p in out.iterdir() if p.is_dir()]
+
+
+def test_pystdlib_is_the_standard_librarys_source_one_unique_document_per_file():
+    from data.sources import pystdlib_documents, stdlib_files
+
+    docs = pystdlib_documents()
+    assert docs == pystdlib_documents() and len(set(docs)) == len(docs)  # deterministic, deduplicated
+    assert len(docs) > 400 and sum(len(d.encode()) for d in docs) > 5_000_000  # ~9.7 MB on CPython 3.11
+    with open(stdlib_files()[0][0], encoding="utf-8") as f:
+        first = f.read()
+    assert first in docs  # a document is a whole file, as it is on disk: the split by document splits files
+
+
+def test_token_bytes_sum_to_the_texts_utf8_length(prepared):
+    """Bits per byte divides by the bytes the tokens encode: summed over an encoding, exactly the text's UTF-8
+    length (byte-fallback pieces are 1 byte each, as the rare characters show; no dummy prefix is added)."""
+    tok = Tokenizer(prepared / "tokenizer.model")
+    nbytes = tok.token_bytes()
+    assert nbytes.shape == (tok.vocab_size,) and nbytes[tok.eos_id] == 0
+    for text in ["The norm of the residual stream grows.", "unseen: naïve façade — 数字 ✓ {x: 1e-5}",
+                 "tabs\tand\nlines\n\nand  two  spaces"]:
+        ids = tok.encode(text)
+        assert int(nbytes[ids].sum()) == len(text.encode("utf-8")), text
+
+
+def test_bits_per_byte_on_a_constructed_tokenizer_known_by_hand():
+    """A model that predicts every one of V = 64 tokens alike (loss ln 64 per token) over tokens that each stand
+    for 2 bytes of text: bpb = log2(64) / 2 = 3 bits per byte, exactly; and the formula on its own."""
+    from training import distributed
+    from training.config import load_config
+    from training.evaluate import bits_per_byte, evaluate
+
+    class Uniform(torch.nn.Module):
+        def forward(self, x, y):
+            logits = torch.zeros(*x.shape, 64)
+            return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    cfg = load_config(None, ["train.seq_len=8", "train.eval_tokens=0"])
+    d = distributed.Dist()
+    tokens = np.arange(200, dtype=np.uint16) % 64
+    out = evaluate(Uniform(), tokens, cfg, d, torch.autocast("cpu", enabled=False), 4,
+                   torch.full((64,), 2, dtype=torch.int64))
+    assert out["val/loss"] == pytest.approx(np.log(64)) and out["val/bpb"] == pytest.approx(3.0)
+    assert bits_per_byte(100 * np.log(2), 50) == pytest.approx(2.0)
+
+
+def test_a_hub_source_at_a_revision_streams_and_is_capped_offline(tmp_path):
+    """The hf: form with a pinned revision and a token budget, on a local dataset saved in the hub's layout (a
+    folder of parquet data files, loaded offline): streamed until the budget's bytes, the train split cut at it."""
+    import datasets
+
+    folder = tmp_path / "stories" / "data"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "home", "quickly", "dog"]
+    texts = [" ".join(rng.choice(words, 40)) + "." for _ in range(3000)]
+    datasets.Dataset.from_dict({"text": texts, "id": list(range(len(texts)))}).to_parquet(
+        folder / "train-00000-of-00001.parquet")
+    source = f"hf:{tmp_path / 'stories'}@train#0123456789abcdef0123456789abcdef01234567"
+    out = prep.prepare(source, vocab_size=320, root=tmp_path / "prepared", max_tokens=5000, verbose=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["train_tokens"] == 5000 and len(load_tokens(out, "train")) == 5000
+    assert meta["train_documents"] + meta["val_documents"] < 3000  # streamed: read only up to the budget
+    assert "0123456789abcdef" in json.dumps(meta["key"])  # the revision is in the cache key
+    again = prep.prepare(source.replace("#0123", "#9123"), vocab_size=320, root=tmp_path / "prepared",
+                         max_tokens=5000, verbose=False)
+    assert again != out  # another revision is another prepared dataset

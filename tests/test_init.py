@@ -34,6 +34,60 @@ def test_residual_scaling_and_embedding_std():
         ModelArgs(**base, init_residual="xavier").check()
 
 
+@pytest.mark.parametrize("dim", [64, 256])
+def test_width_init_scale_draws_c_over_sqrt_d_everywhere_the_std_defaults_to_init_std(dim):
+    """init_scale=width: init_std = 0.02 is the std at d = 4096, so at d every default std is c / sqrt(d) with
+    c = 0.02 x sqrt(4096) = 1.28 (0.16 at d = 64, 0.08 at d = 256): the embedding, every matrix, the head; the
+    residual projections divided by sqrt(2 n_layers) on top. A std from n draws has relative sd 1 / sqrt(2n): <= 1.6%
+    here (n >= 2048), so 5% is > 3 sd."""
+    c = 0.02 * math.sqrt(4096)
+    base = dict(dim=dim, n_layers=4, n_heads=4, vocab_size=512, max_seq_len=16, init_scale="width")
+    torch.manual_seed(0)
+    m = Llama(ModelArgs(**base))
+    want = c / math.sqrt(dim)
+    assert m.args.matrix_std == pytest.approx(want, rel=1e-12)
+    for name, t, std in [("embedding", m.tok_embeddings.weight, want), ("wq", m.layers[2].attention.wq.weight, want),
+                         ("w1", m.layers[2].feed_forward.w1.weight, want), ("head", m.output.weight, want),
+                         ("wo", m.layers[2].attention.wo.weight, want / math.sqrt(8)),
+                         ("w2", m.layers[2].feed_forward.w2.weight, want / math.sqrt(8))]:
+        assert _std(t) == pytest.approx(std, rel=0.05), name
+    # explicit stds are absolute under either scale; the head's own std
+    torch.manual_seed(0)
+    m = Llama(ModelArgs(**base, init_embedding_std=1.0, init_head_std=0.3))
+    assert _std(m.tok_embeddings.weight) == pytest.approx(1.0, rel=0.05)
+    assert _std(m.output.weight) == pytest.approx(0.3, rel=0.05)
+    assert _std(m.layers[0].attention.wq.weight) == pytest.approx(want, rel=0.05)
+    # DeepNorm's beta multiplies the width-scaled std as it multiplies init_std
+    torch.manual_seed(0)
+    m = Llama(ModelArgs(**base, placement="deepnorm", norm="layernorm"))
+    assert _std(m.layers[1].attention.wv.weight) == pytest.approx(want * (8 * 4) ** -0.25, rel=0.05)
+    assert _std(m.layers[1].attention.wq.weight) == pytest.approx(want, rel=0.05)
+
+
+def test_init_head_std_alone_and_the_reference_width_and_bad_values():
+    base = dict(dim=64, n_layers=2, n_heads=4, vocab_size=1024, max_seq_len=16)
+    torch.manual_seed(0)
+    plain = Llama(ModelArgs(**base))
+    torch.manual_seed(0)
+    head = Llama(ModelArgs(**base, init_head_std=0.16))
+    assert _std(head.output.weight) == pytest.approx(0.16, rel=0.05)
+    # only the head changes: the same draws, scaled by 0.16 / 0.02 = 8
+    torch.testing.assert_close(head.output.weight, plain.output.weight * 8, rtol=1e-6, atol=0)
+    for (name, p), q in zip(plain.named_parameters(), head.parameters(), strict=True):
+        if name != "output.weight":
+            assert torch.equal(p, q), name
+    # d = 4096 is where both scales agree; absolute leaves init_std as written at every width
+    assert ModelArgs(dim=4096, init_scale="width").matrix_std == 0.02
+    assert ModelArgs(dim=64, init_scale="absolute").matrix_std == 0.02
+    assert ModelArgs(dim=64, init_scale="width").head_std == ModelArgs(dim=64, init_scale="width").embedding_std == 0.16
+    with pytest.raises(ValueError, match="unknown init_scale 'xavier'; valid: absolute, width"):
+        ModelArgs(**base, init_scale="xavier").check()
+    with pytest.raises(ValueError, match="model.init_head_std must be >= 0 or null, got -1"):
+        ModelArgs(**base, init_head_std=-1).check()
+    with pytest.raises(ValueError, match="init_head_std needs an untied head"):
+        ModelArgs(**base, init_head_std=0.1, tie_embeddings=True).check()
+
+
 def _init_grads():
     sys.path.insert(0, str(REPO / "scripts"))
     try:
@@ -122,7 +176,8 @@ def test_trend_interval_covers_the_true_slope_at_its_level():
 def test_jacobian_gain_of_an_identity_block_is_one():
     ig = _init_grads()
     torch.manual_seed(0)
-    model = Llama(ModelArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=8))
+    model = Llama(ModelArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=8,
+                           norm_impl="reference", ops_impl="reference"))  # JVP: torch ops
     block = model.layers[0]
     with torch.no_grad():  # no residual branch output: h = x + 0 + 0
         block.attention.wo.weight.zero_()
@@ -148,7 +203,7 @@ def test_jacobian_gain_of_a_block_matches_its_full_jacobian():
     ig = _init_grads()
     torch.manual_seed(0)
     args = ModelArgs(dim=8, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=3, placement="post",
-                     ffn="relu", init_std=8 ** -0.5, init_residual="plain")
+                     ffn="relu", init_std=8 ** -0.5, init_residual="plain", norm_impl="reference", ops_impl="reference")
     model = Llama(args)
     rope = (model.rope_cos, model.rope_sin)
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1))

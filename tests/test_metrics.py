@@ -9,8 +9,8 @@ from conftest import tiny_args
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import Llama
-from training.metrics import StabilityProbe, group_parameters
-from training.monitor import SpikeDetector, classify, spike_score
+from training.metrics import DYT_SATURATION, StabilityProbe, group_parameters
+from training.monitor import SpikeDetector, classify, dead_gradients_at, spike_score
 
 
 def tiny(**kw):
@@ -93,7 +93,8 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
 
 def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monkeypatch):
     """Past MAX_SCORES scores per sequence the probe takes query rows in blocks (it held whole seq_len^2 score
-    matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run at 20 GB); the same maximum."""
+    matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run at 20 GB); the same maximum and
+    attention entropy."""
     from training import metrics
 
     torch.manual_seed(0)
@@ -103,11 +104,12 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
     with torch.no_grad():
         q, k = attention.qk(x, (model.rope_cos, model.rope_sin))
         scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).abs().tril() / math.sqrt(q.shape[-1])
-        whole = metrics.attention_logit_max(attention, x, (model.rope_cos, model.rope_sin))
+        whole, whole_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
         monkeypatch.setattr(metrics, "MAX_SCORES", 4 * 512 * 100)  # blocks of 100 query rows, the last one shorter
         with _Largest() as seen:
-            blocks = metrics.attention_logit_max(attention, x, (model.rope_cos, model.rope_sin))
+            blocks, blocks_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
     assert whole == blocks == scores.amax()
+    assert blocks_entropy.item() == pytest.approx(whole_entropy.item(), rel=1e-6)  # row blocks: the same entropy
     assert seen.most <= metrics.MAX_SCORES  # no tensor of the probe held more (a whole sequence is 4 x 512^2)
 
 
@@ -267,3 +269,120 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     # not stuck, though at that slope it would not reach the line within 20 more steps
     assert classify([4.96, 4.58], 3.38, 0.25, 6.9, 0.5, [10, 20]) == "plateau"
     assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"  # one eval: no slope to call it stuck
+
+
+def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
+    """DyT's units saturate for good: float32 tanh(z) rounds to exactly 1.0 once 1 - tanh(z) ~ 2 e^(-2z) is below half
+    an ulp of 1 (2^-25), i.e. from z = 13 ln 2 = 9.0109 on, and 1 - tanh^2 is then exactly 0. Checked on torch's own
+    kernels (a vectorized 8192-element grid and a one-element tensor) through DyT's forward, for x and alpha: zero
+    gradient from a z* in [9.0, 9.1] on (here 9.0110; a correctly rounded tanh gives 13 ln 2 to float32 spacing), at
+    most one ulp's 2^-23 just below it. So the count's threshold, DYT_SATURATION = 9, is at most 0.1 below the point
+    where the gradient vanishes, and every unit beyond 9.1 passes none."""
+    from model.norms import DyT
+
+    assert DYT_SATURATION == 9.0 and 13 * math.log(2) == pytest.approx(9.0109, abs=1e-4)
+    z = torch.arange(8.0, 10.0, 2 ** -12, dtype=torch.float32)  # float32-exact, 2^-12 apart
+    for x in (z, *[z[i:i + 1] for i in range(0, len(z), 64)]):  # the vectorized kernel, then one value at a time
+        norm = DyT(1, bias=False, alpha0=1.0)
+        x = x.clone().view(-1, 1).requires_grad_(True)
+        norm(x).sum().backward()
+        zero = x.grad.view(-1) == 0
+        if len(x) > 1:  # the grid: one threshold, nothing nonzero beyond it
+            first = z[zero][0].item()
+            assert 9.0 <= first <= 9.1 and bool(zero[z >= first].all()), first
+            assert 0 < x.grad.view(-1)[~zero].min().item() <= 2 ** -23 + 1e-12  # just below z*: one ulp's worth
+        else:
+            assert bool(zero.item()) == (x.item() >= first), x.item()
+    beyond = torch.linspace(9.1, 40.0, 1000).view(-1, 1)
+    norm = DyT(1, bias=False, alpha0=1.0)
+    norm(beyond).sum().backward()
+    assert norm.alpha.grad.item() == 0.0 and norm.weight.grad.item() == len(beyond)  # the gain still learns
+
+
+def _dyt_inputs(model):
+    """Record what every DyT of the model receives (independent of the probe's hooks)."""
+    seen, handles = {}, []
+    for name, m in model.named_modules():
+        if type(m).__name__ == "DyT":
+            handles.append(m.register_forward_pre_hook(lambda mod, a, name=name: seen.__setitem__(name, a[0].detach())))
+    return seen, handles
+
+
+def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_norm_layer_and_final():
+    torch.manual_seed(4)
+    model = Llama(tiny(norm="dyt", dyt_bias=False))
+    with torch.no_grad():  # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
+        for i, block in enumerate(model.layers):
+            block.attention_norm.alpha.fill_(300.0 + 100 * i)
+            block.ffn_norm.alpha.fill_(-600.0)  # |alpha x|: a negative alpha saturates alike
+        model.norm.alpha.fill_(1000.0)
+    seen, handles = _dyt_inputs(model)
+    x = torch.randint(0, 50, (3, 12))
+    probe = StabilityProbe(model)
+    probe.attach()
+    model(x)
+    m = probe.finish()
+    for h in handles:
+        h.remove()
+
+    def frac(name):
+        return ((seen[name] * model.get_submodule(name).alpha).abs() >= 9).float().mean().item()
+
+    for i in range(3):
+        a, f = frac(f"layers.{i}.attention_norm"), frac(f"layers.{i}.ffn_norm")
+        assert 0.02 < a < 0.98 and 0.02 < f < 0.98  # neither none nor all: the count is really tested
+        assert m[f"dyt/saturated/layer_{i}/attention_norm"] == pytest.approx(a)
+        assert m[f"dyt/saturated/layer_{i}/ffn_norm"] == pytest.approx(f)
+        assert m[f"dyt/saturated/layer_{i}"] == pytest.approx((a + f) / 2)  # both norms' units together
+    assert m["dyt/saturated/final"] == pytest.approx(frac("norm"))
+    # only where the model's norm is DyT; no final norm in post-norm, so no final fraction
+    probe = StabilityProbe(Llama(tiny()))
+    probe.attach()
+    probe.model(x)
+    assert not any(k.startswith("dyt/") for k in probe.finish())
+    post = Llama(tiny(norm="dyt", placement="post"))
+    probe = StabilityProbe(post)
+    probe.attach()
+    post(x)
+    keys = {k for k in probe.finish() if k.startswith("dyt/")}
+    assert "dyt/saturated/layer_2" in keys and "dyt/saturated/final" not in keys
+
+
+def test_trunk_gradient_max_is_exactly_zero_when_no_gradient_passes_the_final_norm():
+    """A final DyT whose every unit is saturated (alpha 1e9 on a stream of RMS ~0.02) passes no gradient: the
+    largest |gradient| below it is exactly 0.0 while the head and the final gain still learn. With a normal alpha
+    the metric is the largest |gradient| of every parameter but those three."""
+    x, y = torch.randint(0, 50, (2, 3, 12), generator=torch.Generator().manual_seed(0))
+    for alpha, dead in ((1e9, True), (0.5, False)):
+        torch.manual_seed(5)
+        model = Llama(tiny(norm="dyt", dyt_bias=False, dyt_alpha_final=alpha))
+        probe = StabilityProbe(model)
+        _step(model, x, y, probe)
+        m = probe.finish()
+        readout = ("output.weight", "norm.weight")
+        trunk = max(p.grad.abs().max().item() for n, p in model.named_parameters() if n not in readout)
+        assert m["grad/absmax/trunk"] == trunk
+        assert (trunk == 0.0) == dead and m["grad/norm/head"] > 0 and model.norm.weight.grad.abs().max() > 0
+        assert (m["grad/norm/layer_0"] == 0.0) == dead
+
+
+def test_dead_gradients_at_is_the_start_of_the_last_dead_stretch():
+    def records(values):
+        return [{"step": s, "grad/absmax/trunk": v} if v is not None else {"step": s, "val/loss": 6.0}
+                for s, v in values]
+
+    assert dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 0.1), (30, 0.0), (35, None), (40, 0.0)])) == 30
+    assert dead_gradients_at(records([(1, 0.0), (10, 0.0)])) == 1
+    assert dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 1e-30)])) is None  # it revived: not absorbing
+    assert dead_gradients_at(records([(0, None), (5, None)])) is None  # not measured (log.stats_every=0)
+
+
+def test_dead_gradients_make_a_run_that_never_learned_collapsed_whatever_its_slope():
+    steps = [100, 200, 300]
+    falling = [6.6, 6.2, 5.95]  # still falling toward the unigram level: a plateau by its slope
+    assert classify(falling, 5.88, 0.25, 8.3, 0.5, steps) == "plateau"
+    assert classify(falling, 5.88, 0.25, 8.3, 0.5, steps, dead_at=40) == "collapsed"
+    assert classify([6.6], 5.88, 0.25, 8.3, 0.5, [100], dead_at=40) == "collapsed"
+    # a run that learned keeps its label: the rule is about runs that never left the unigram level
+    assert classify([6.0, 5.0, 4.0], 5.88, 0.25, 8.3, 0.5, steps, dead_at=40) == "ok"
+    assert classify([6.0, 3.5, 5.9], 5.88, 0.25, 8.3, 0.5, steps, dead_at=250) == "unstable"

@@ -136,6 +136,16 @@ def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it
     assert len(built) == len(SOURCES) + 1 and {p: p.stat().st_mtime_ns for p in outputs} == built
 
 
+def test_kernel_builds_are_native_where_the_cpu_is_known():
+    """-march=native where the CPU's flags can be read (build_name keys such a build by them: a node with other
+    instructions never loads it from a shared home), portable where they cannot or NORMLAB_PORTABLE is set."""
+    from fused import build_target, cpu_features
+
+    assert build_target("avx avx2 fma sse4_2", portable=False) == ["-march=native"]
+    assert build_target(None, portable=False) == build_target("avx2", portable=True) == []
+    assert cpu_features() is None or len(cpu_features()) > 0
+
+
 def test_fallbacks_are_named():
     from fused import kernel_paths
 

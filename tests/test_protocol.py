@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from study import protocol
-from study.grid import load_study
+from study.studyfile import load_study
 from training.config import ConfigError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
 
 
 @dataclass
@@ -23,8 +23,20 @@ class FakeRun:
     final: float | None
 
     @property
+    def trained(self):
+        return self.status == "ok"
+
+    @property
+    def failed(self):
+        return self.status == "collapsed"
+
+    @property
+    def finished(self):
+        return True
+
+    @property
     def loss(self):
-        return self.final if self.status in protocol.TRAINED else None
+        return self.final if self.trained else None
 
 
 def outcome(lr: float, seed: int, best: float, edge: float) -> FakeRun:

@@ -37,11 +37,11 @@ SLOW = {
     "torchrun --standalone --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes "
     "(minutes); tests/test_sharded.py runs it on the tiny config",
     MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
-    "python scripts/sweep.py configs/study.yaml --slurm study.sbatch": "writes a file into the checkout; "
-    "tests/test_study.py runs such an array's tasks locally",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch":
+        "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
-    "python scripts/sweep.py configs/study.yaml": "97 runs on the study protocol (24 min)",
-    "python scripts/compare.py studies/norm-placement-lr": "needs the 97-run study above",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "176 runs on the study protocol (77 min)",
+    "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
     "python scripts/bench_norms.py --save docs/results/bench/norms.md": "a benchmark (minutes) that rewrites the "
     "committed result; tests/test_bench.py runs it small",
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
@@ -81,7 +81,7 @@ def shape(line: str) -> str:
 
 def test_every_documented_command_is_run_or_listed_as_slow():
     commands = readme_commands()
-    assert len(commands) >= 10 and "python train.py --config configs/tiny.yaml" in commands
+    assert len(commands) >= 10 and "python train.py --config configs/train/tiny.yaml" in commands
     assert set(SLOW) <= set(commands), f"SLOW lists commands the docs no longer have: {set(SLOW) - set(commands)}"
     assert set(shown_outputs()) <= set(commands) | {"python train.py --norm groupnorm"}
 
@@ -131,7 +131,7 @@ def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
         for line in shown.get(command, []):
             assert any(re.search(shape(line), p) for p in printed), f"{command!r} no longer prints {line!r}"
         ran.append(command)
-    smoke = {"python train.py --config configs/tiny.yaml", "python scripts/sweep.py configs/study-quick.yaml"}
+    smoke = {"python train.py --config configs/train/tiny.yaml", "python scripts/sweep.py configs/studies/quick.yaml"}
     assert smoke <= set(ran)
     # the smoke study shows a newcomer at least one run that learns
     runs = json.loads((fresh_clone / "studies" / "quick" / "sweep.json").read_text())["runs"]

@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TINY, write_run
+import numpy as np
+from conftest import TINY, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,25 +41,9 @@ def _run(readme, results=None):
                            str(results)], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
-def test_results_block_is_generated_from_the_report(tmp_path):
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "report.md").write_text(REPORT)
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n## Results\n\n<!-- results: results/report.md -->\nstale text\n"
-                      "<!-- /results -->\n\nafter\n")
-    r = _run(readme)
-    assert r.returncode == 0, r.stderr
-    text = readme.read_text()
-    assert "stale text" not in text and text.endswith("<!-- /results -->\n\nafter\n")
-    assert "Wall time: 1.5 min" in text and "| rmsnorm | 0.003 | 3.000, 3.100 | 0.01 |" in text
-    assert "- layernorm - rmsnorm (differ in model.norm) at lr 0.003:" in text and "| A | B |" not in text
-    before = text
-    assert _run(readme).returncode == 0 and readme.read_text() == before  # idempotent
-
-
 def test_a_missing_report_is_one_line(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("<!-- results: nope/report.md -->\n<!-- /results -->\n")
+    readme.write_text("<!-- claims: nope -->\n<!-- /claims -->\n")
     r = _run(readme)
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
@@ -86,11 +71,12 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
 
 
 def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
-    (tmp_path / "README.md").write_text("<!-- results: results/a/report.md -->\n<!-- /results -->\n")
+    (tmp_path / "README.md").write_text("<!-- claims: results -->\n<!-- /claims -->\n")
     loss = {"n": 5, "mean": 0.1, "ci": [0.05, 0.15], "verdict": "different"}
     for name, claims in (("a", ["agrees", "cannot tell", "agrees"]), ("b", [])):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "report.md").write_text(REPORT)
+        (tmp_path / "results" / name / "study.yaml").write_text(f"name: {name}\nabout: does {name} matter\n")
         (tmp_path / "results" / name / "report.json").write_text(json.dumps(
             {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
              "claims": [{"agreement": c, "paper": "P", "says": "S", "metric": "best_loss", "A": "x", "B": "y",
@@ -106,45 +92,6 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
     assert _run(readme).returncode == 0
     assert readme.read_text().splitlines()[2:5] == [line[2:] for line in lines[-4:-1]]
-
-
-def test_the_headline_states_the_norm_comparisons_of_the_report(tmp_path):
-    """A report made from constructed runs (4 arms, 3 LRs, seeds 0-1 choose, 2-3 test): post-norm fails at 0.1
-    in both norms, pre-norm nowhere; LayerNorm's loss is RMSNorm's + 0.05 on every seed. The headline states the
-    LR50 ratio and the nested loss difference of each norm pair, from report.json, and every arm's LR50."""
-    from study.report import write_report
-
-    root = tmp_path / "r"
-    for norm, extra in (("rmsnorm", 0.0), ("layernorm", 0.05)):
-        for placement in ("pre", "post"):
-            for lr in (1e-3, 1e-2, 1e-1):
-                for seed in range(4):
-                    fails = placement == "post" and lr == 1e-1
-                    write_run(root, f"{norm}-{placement}-{lr}-{seed}", norm, lr, seed,
-                              "collapsed" if fails else "ok", 5.9 if fails else 3.0 + extra + seed / 10
-                              + (0 if lr == 1e-2 else 0.3), placement=placement)
-    (root / "study.yaml").write_text(f"name: r\nconfig: {TINY}\ngrid: {{norm: [rmsnorm, layernorm], placement: "
-                                     "[pre, post], lr: [0.001, 0.01, 0.1]}\nprotocol: {selection_seeds: [0, 1], "
-                                     "test_seeds: [2, 3]}\n")
-    write_report([root], root)
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n<!-- headline: r/report.md -->\nold\n<!-- /headline -->\n")
-    assert _run(readme).returncode == 0
-    text = readme.read_text()
-    post = next(line for line in text.splitlines() if line.startswith("- **post-norm**"))
-    pre = next(line for line in text.splitlines() if line.startswith("- **pre-norm**"))
-    assert "stability, LR50 of layernorm/post / rmsnorm/post = 1 (95% CI" in post  # the same edge in both norms
-    assert "at each one's best LR (0.01, 0.01, chosen on seeds 0, 1) on the test seeds = +0.050 nats" in post
-    assert "n = 2 seeds" in post and "not estimable (0 of 24 runs failed)" in pre
-    arms = next(line for line in text.splitlines() if line.startswith("- **LR50 per arm**"))
-    assert "layernorm/pre above 0.1 (no run failed)" in arms and "rmsnorm/post 0.0" in arms
-    assert "![stability map](r/stability_map.png)\n<!-- /headline -->" in text
-    assert "differ in model.placement" not in text and "layernorm - layernorm" not in text  # norm pairs only
-    report = json.loads((root / "report.json").read_text())
-    report["comparisons"] = [c for c in report["comparisons"] if c["key"] != "model.norm"]
-    (root / "report.json").write_text(json.dumps(report))
-    r = _run(readme)
-    assert r.returncode == 2 and "compares no arms that differ in the norm alone" in r.stderr
 
 
 def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):
@@ -178,8 +125,101 @@ def test_a_trends_block_states_each_fitted_slope_with_its_ci_and_links_the_figur
     assert lines[0] == ("- **w** ([figure](results/w/trend.png)): loss difference layernorm - rmsnorm at "
                         "placement=post, in nats, by model.dim: 64: +0.010 (-0.030..+0.050); 128: +0.020 "
                         "(-0.020..+0.060); 256: +0.030 (-0.010..+0.070); slope +0.010 per doubling of model.dim "
-                        "(95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)")
-    assert lines[1].endswith("64: -; 128: +0.300 ('-': no estimate: no run of either arm failed, or only a "
-                             "bound); no slope (0 of 2 points have a two-sided CI)")
+                        "(Knapp-Hartung 95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)")
+    assert lines[1].endswith("64: -; 128: +0.300 ('-': no estimate: an arm's LR50 is only bounded); no slope (0 "
+                             "of 2 points have a two-sided CI)")
     index = (tmp_path / "results" / "README.md").read_text()
     assert "  - trend: " + lines[0].split("): ", 1)[1] in index
+
+
+def _claim(metric, a, b, agreement, expect="same", **numbers):
+    c = {"paper": "P", "says": "S", "metric": metric, "expect": expect, "A": a, "B": b, "agreement": agreement,
+         "p": 0.01, "p_holm": 0.04}
+    if metric == "lr50":
+        c["lr50_ratio"] = {"ratio": numbers.get("ratio"), "ci": numbers.get("ci"), "bounds": numbers.get("bounds",
+                           [None, None]), "identified": numbers.get("ratio") is not None, "p": 0.01, "n": 40,
+                           "failed": 10}
+    else:
+        c["loss"] = {"n": 12, "mean": numbers.get("mean", 0.01), "ci": [-0.01, 0.03], "verdict": "equivalent"}
+    return c
+
+
+def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
+    """Constructed report.json files: the placement sentence states each norm's LR50 ratio (a bound where only a
+    bound is identified); the norm sentence says per placement what its claims' verdicts say, in plain words; the
+    count covers every report; the table has one row per question with its verdicts and numbers."""
+    default = {"name": "norm-placement-lr", "runs": 100, "claims": [
+        _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03]),
+        _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05]),
+        _claim("lr50", "rmsnorm/post", "layernorm/post", "agrees", ratio=1.1, ci=[0.8, 1.5]),
+        _claim("lr_sensitivity", "rmsnorm/post", "layernorm/post", "agrees"),
+        _claim("common_loss", "rmsnorm/post", "layernorm/post", "agrees"),
+        _claim("lr50", "rmsnorm/pre", "layernorm/pre", "cannot tell", bounds=[0.3, None]),
+        _claim("lr_sensitivity", "rmsnorm/pre", "layernorm/pre", "agrees"),
+        _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)],
+        "withdrawn": [{"paper": "W", "says": "X", "why": "Y"}]}
+    other = {"name": "other", "runs": 10, "claims": [_claim("best_loss", "a", "b", "cannot tell", "higher")]}
+    for name, r in (("norm-placement-lr", default), ("other", other)):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "report.json").write_text(json.dumps(r))
+    (tmp_path / "results" / "questions.yaml").write_text(
+        "- {question: Q1?, study: norm-placement-lr, claims: {metric: lr50, expect: lower}}\n"
+        "- {question: Q2?, study: other, claims: {metric: best_loss}}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
+    assert _run(readme).returncode == 0, _run(readme).stderr
+    text = readme.read_text()
+    assert ("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at (layernorm: "
+            "LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: LR50 ratio 0.01 (0.002..0.05), Holm p = 0.04)."
+            ) in text
+    assert ("Which norm sits there: RMSNorm and LayerNorm have the same final loss at a learning rate safe for "
+            "both (within 0.02 nats, post-norm) and the same stability (LR50 within x2, post-norm) and the same "
+            "sensitivity to the learning rate (within 0.1 nats, both placements); they do not have the same final "
+            "loss at a learning rate safe for both (within 0.02 nats, pre-norm); whether they have the same "
+            "stability (LR50 within x2, pre-norm), these runs cannot tell.") in text
+    assert "2 studies check 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
+    assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: " in text
+    assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
+        "report.md) |" in text
+
+
+def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):
+    """Two constructed report.json files of one study on two corpora (two local text files): the common-LR loss
+    difference is converted to bits per byte by each study's eval-set factor (tokens / bytes / ln 2, computed here
+    by hand from the prepared data), and the sentence sorts the claims into both / one only."""
+    import math
+
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+
+    other = tmp_path / "other.txt"
+    write_corpus(other, seed=7)
+    claim = {"paper": "P", "says": "S", "A": "rmsnorm/post", "B": "layernorm/post", "p": 0.01, "p_holm": 0.02}
+    folders = []
+    for name, corpus, agreement, mean in (("a", corpus_file, "agrees", 0.01), ("b", other, "cannot tell", 0.05)):
+        f = tmp_path / "results" / name
+        f.mkdir(parents=True)
+        (f / "study.yaml").write_text(f"name: {name}\nconfig: {TINY}\noverrides: {{data: {{source: 'text:{corpus}', "
+                                      f"vocab_size: 320, root: '{tmp_path / 'prepared'}'}}, train: {{seq_len: 16, "
+                                      f"eval_tokens: 1024}}}}\ngrid: {{lr: [0.01]}}\n")
+        (f / "report.json").write_text(json.dumps({"name": name, "runs": 1, "per_arm": {}, "claims": [
+            {**claim, "metric": "common_loss", "expect": "same", "agreement": agreement, "lrs": [0.01, 0.01],
+             "loss": {"n": 12, "mean": mean, "ci": [mean - 0.01, mean + 0.01], "verdict": "x"}},
+            {**claim, "metric": "lr50", "expect": "same", "agreement": "agrees", "says": "T",
+             "lr50_ratio": {"ratio": 1.2, "ci": [0.8, 1.6], "identified": True, "p": 0.01, "n": 30, "failed": 9,
+                            "bounds": [None, None]}}]}))
+        folders.append(f)
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- replication: results/a,results/b -->\nold\n<!-- /replication -->\n")
+    r = _run(readme)
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    prepared = prepare(f"text:{other}", vocab_size=320, root=tmp_path / "prepared", verbose=False)
+    tokens = np.fromfile(prepared / "val.bin", dtype=np.uint16)
+    n = min(1024 // 16, (len(tokens) - 1) // 16)
+    targets = tokens[1: n * 16 + 1].astype(np.int64)
+    k = len(targets) / int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum()) / math.log(2)
+    assert f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr 0.01" in text
+    assert text.splitlines()[2].startswith("Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
+                                           "On one only: rmsnorm/post vs layernorm/post (loss at a common safe LR: "
+                                           "agrees / cannot tell).")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 from model.sharded_norms import shard_sizes
 from training.checkpoint import load_sharded, save_sharded
@@ -68,11 +69,11 @@ def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path
 @pytest.mark.slow
 def test_tensor_parallel_matches_one_process_for_every_placement(tmp_path):
     """tp = 2 with sequence-parallel norms and qk-norm, all five placements, both norms, fused kernels on (they
-    step aside for DTensors): first-step gradient norms within 1e-5 relative, losses and parameters after 4 SGD
-    steps within float32 noise."""
+    step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post), and with both logit soft-caps: first-step
+    gradient norms within 1e-5 relative, losses and parameters after 4 SGD steps within float32 noise."""
     torchrun("tp_check.py", str(tmp_path / "tp.json"))
     out = json.loads((tmp_path / "tp.json").read_text())
-    assert len(out) == 10
+    assert len(out) == 13 and "pre/rmsnorm/qk_norm=layernorm/attn_softcap=1.0/logit_softcap=0.1" in out
     for case, d in out.items():
         assert d["loss"] < 1e-5 and d["grad_norm_rel"] < 1e-5 and d["param"] < 1e-4, (case, d)
 
@@ -88,7 +89,7 @@ def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, d
     one process: losses and the per-layer metrics equal a one-process run's (float32 noise)."""
     import train
 
-    common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args,
               "train.steps=8", "train.batch_size=8", "train.sample_tokens=0", "train.eval_every=4",
               "log.stats_every=4", "train.checkpoint_every=4"]
     micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []  # fsdp: each rank 4 sequences; tp: all 8
@@ -115,7 +116,7 @@ def test_the_readme_multinode_recipe_runs_as_two_nodes_on_loopback(tmp_path, dat
     import train
 
     assert MULTINODE in readme_commands()
-    tiny = ["--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args, "train.steps=5",
+    tiny = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=5",
             "train.batch_size=8", "train.sample_tokens=0"]
     port = _free_port()
     command = MULTINODE.replace("29500", str(port)) + " " + " ".join([*tiny, "--name", "two"])
@@ -150,15 +151,16 @@ def _torchrun_train(nproc: int, *args: str, env: dict | None = None, timeout: in
 
 @pytest.mark.slow
 def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_path, data_args):
-    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with qk-norm,
-    clipping, the stability probe, sampling at the end (30 steps at lr 1e-2 learn: val 2.90 vs the plateau
-    line 3.45) and eval over the whole val split: losses, grad norms, per-layer metrics and every eval equal one
-    process's within float32 noise, and the run exits 0."""
+    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with qk-LayerNorm
+    under RMSNorm blocks, z-loss (its terms logged), clipping, the stability probe (attention entropy included),
+    sampling at the end (30 steps at lr 1e-2 learn) and eval over the whole val split: losses, grad norms, per-layer
+    metrics and every eval equal one process's within float32 noise, and the run exits 0."""
     import train
 
-    common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args,
               "train.steps=30", "train.batch_size=8", "train.eval_every=10", "train.eval_tokens=0",
-              "train.checkpoint_every=10", "log.stats_every=5", "model.qk_norm=true", "optim.lr=1e-2"]
+              "train.checkpoint_every=10", "log.stats_every=5", "model.qk_norm=layernorm", "train.z_loss=1e-4",
+              "optim.lr=1e-2"]
     assert train.main([*common, "--name", "one", "train.micro_batch_size=4"]) == 0  # a data share: 4 sequences
     r = _torchrun_train(4, *common, "--name", "four", "train.parallel=tp", "train.tp_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -193,7 +195,7 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
     """`torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny
     config, so it takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the
     sample printed once."""
-    r = _torchrun_train(2, "--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
+    r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
                         "--name", "r", "optim.lr=1e-2", "train.steps=30", f"train.parallel={parallel}",
                         *(["model.qk_norm=true"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
     assert r.returncode == 0, r.stderr[-3000:]
@@ -202,20 +204,35 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["fsdp"])  # tp replicates the scalars: it ran with 0-dim ones too
+@pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel):
     """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones ("fully_shard
-    doesn't support scalar parameters", the error DyT runs hit before)."""
-    r = _torchrun_train(2, "--config", str(REPO / "configs" / "tiny.yaml"), f"log.out_dir={tmp_path}", *data_args,
-                        "--name", "d", "train.steps=4", "train.eval_every=2", "train.sample_tokens=0",
-                        f"train.parallel={parallel}", "model.norm=dyt", "model.embed_scale=sqrt_dim",
-                        "model.dyt_bias=false", "model.dyt_alpha_attn=0.8")
+    doesn't support scalar parameters", the error DyT runs hit before; tp replicates them). The saturated fractions
+    (alpha0 100 before attention saturates ~40% of those units) and the trunk's largest gradient, combined over the
+    ranks, equal one process's: each rank's fraction is of an equal share (fsdp: half the sequences, tp: half the
+    positions), the gradient maximum is over every shard. A unit within float32 noise of |alpha x| = 9 may count on
+    one side in one run and the other in the other: 1e-3 is 8 of the 8192 units of a norm at a step."""
+    import train
+
+    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=4", "train.eval_every=2",
+              "train.sample_tokens=0", "log.stats_every=2", "model.norm=dyt", "model.embed_scale=sqrt_dim",
+              "model.dyt_bias=false", "model.dyt_alpha_attn=100"]
+    r = _torchrun_train(2, *common, "--name", "d", f"train.parallel={parallel}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps"] == 4
+    micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []  # fsdp: a rank's share is 4 sequences
+    assert train.main([*common, "--name", "one", *micro]) == 0
+    one, par = _records(tmp_path / "one"), _records(tmp_path / "d")
+    for step in (1, 2, 4):
+        keys = [k for k in one[step] if k.startswith("dyt/saturated/")]
+        assert len(keys) == 2 * 3 + 1 and 0.1 < one[step]["dyt/saturated/layer_0/attention_norm"] < 0.9
+        for key in keys:
+            assert par[step][key] == pytest.approx(one[step][key], abs=1e-3), (step, key)
+        assert par[step]["grad/absmax/trunk"] == pytest.approx(one[step]["grad/absmax/trunk"], rel=1e-4)
 
 
 # -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export ----------------------------------
-LIFE = ["--config", str(REPO / "configs" / "tiny.yaml"), "train.steps=6", "train.batch_size=8", "train.eval_every=2",
+LIFE = ["--config", TINY, "train.steps=6", "train.batch_size=8", "train.eval_every=2",
         "train.checkpoint_every=2", "train.sample_tokens=0", "optim.lr=1e-2"]
 
 

@@ -11,38 +11,96 @@ import pytest
 from conftest import write_run
 
 import train
-from study import cli, grid, protocol, runner, stats
+from study import arms, cli, protocol, runner, studyfile
 from study import runs as study_runs
 from study.report import write_report
 from study.result import wall_span
 from training.config import ConfigError, load_config, to_yaml
 
-CONFIGS = train.REPO / "configs"
+CONFIGS = train.REPO / "configs" / "train"
+STUDIES = train.REPO / "configs" / "studies"
 
 
 def test_default_study_grid_expands_as_specified():
-    study = grid.load_study(CONFIGS / "study.yaml")
+    study = studyfile.load_study(STUDIES / "norm-placement-lr.yaml")
     runs = protocol.first_runs(study)
     combos = set()
     for r in runs:
         cfg = load_config(study["config"], r["overrides"])
         combos.add((cfg.model.norm, cfg.model.placement, cfg.optim.lr, cfg.train.seed))
-        assert cfg.model.dim == 64 and cfg.train.steps == 500  # the study's overrides reach every run
+        assert cfg.model.dim == 64 and cfg.train.steps == 300  # the study's overrides reach every run
     lrs = {c[2] for c in combos}
-    assert len(runs) == len(combos) == 40 and len({r["name"] for r in runs}) == 40  # the grid: selection seeds
+    assert len(runs) == len(combos) == 84 and len({r["name"] for r in runs}) == 84  # the grid: selection seeds
     assert {c[0] for c in combos} == {"rmsnorm", "layernorm"} and {c[1] for c in combos} == {"pre", "post"}
-    assert len(lrs) >= 5 and min(lrs) == 1e-3 and max(lrs) == 1e-1 and {c[3] for c in combos} == {0, 1}
+    assert len(lrs) == 7 and min(lrs) == 1e-3 and max(lrs) == 1.0 and {c[3] for c in combos} == {0, 1, 2}
     p = study["protocol"]
-    assert p.selection_seeds == (0, 1) and set(p.test_seeds).isdisjoint(p.selection_seeds) and len(p.test_seeds) >= 4
+    assert p.selection_seeds == (0, 1, 2) and set(p.test_seeds).isdisjoint(p.selection_seeds)
+    assert len(p.common_seeds) >= 12 and set(p.common_seeds).isdisjoint(p.selection_seeds)
+    assert {c["metric"] for c in study["claims"]} == {"lr50", "lr_sensitivity", "common_loss"}
+    assert study["rule"].learn_margin == 0.25 and len(study["alternatives"]) == 2
     assert study["equivalence_margin"] == 0.02 and study["margin_reason"]
     assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
+
+
+def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
+    """Arms whose fields go together (DyT with its recipe's scalar, RMSNorm without) are a grid less exclusions: the
+    runs, the protocol's arms and a claim's arm pairs leave them out; an exclusion names grid values only."""
+    path = tmp_path / "s.yaml"
+    head = (f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, dyt], model.embed_scale: [none, sqrt_dim], "
+            "lr: [0.001, 0.01]}\n")
+    path.write_text(head + "exclude: [{norm: dyt, model.embed_scale: none}, {norm: rmsnorm, "
+                           "model.embed_scale: sqrt_dim}]\nprotocol: {selection_seeds: [0], test_seeds: [1]}\n"
+                           "claims: [{paper: p, says: s, a: {norm: dyt, model.embed_scale: sqrt_dim}, b: {norm: "
+                           "rmsnorm, model.embed_scale: none}, metric: best_loss, expect: same}, {paper: p, says: s, "
+                           "a: {norm: dyt}, b: {norm: rmsnorm}, metric: best_loss, expect: same}]\n")
+    study = studyfile.load_study(path)
+    assert [r["name"] for r in studyfile.expand({**study, "grid": {**study["grid"], "train.seed": [0]}})] == [
+        "rmsnorm-embed_scalenone-lr0.001-s0", "rmsnorm-embed_scalenone-lr0.01-s0",
+        "dyt-embed_scalesqrt_dim-lr0.001-s0", "dyt-embed_scalesqrt_dim-lr0.01-s0"]
+    arms = [{"model.norm": "rmsnorm", "model.embed_scale": "none"},
+            {"model.norm": "dyt", "model.embed_scale": "sqrt_dim"}]
+    assert protocol.arms_of(study) == arms
+    assert len(protocol.first_runs(study)) == 4  # the grid on the selection seed, the two arms only
+    assert protocol.arm_pairs(study, study["claims"][0]) == [(arms[1], arms[0])]  # dyt/sqrt_dim vs rmsnorm/none
+    # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions tie pairs none
+    assert protocol.arm_pairs(study, study["claims"][1]) == []
+    for bad, says in [("exclude: [{norm: layernorm}]\n", "model.norm='layernorm' is not a value of the grid"),
+                      ("exclude: [{lr: 0.01}]\n", "optim.lr=0.01 is not a value of the grid"),
+                      ("exclude: {norm: dyt}\n", "exclude is a list of mappings")]:
+        path.write_text(head + bad)
+        with pytest.raises(ConfigError, match=says):
+            studyfile.load_study(path)
+
+
+def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
+    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init scale transposed to
+    d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2 and 1e-1; the claim on both loss
+    metrics between the two paper-scale arms; the first study's verdict withdrawn; a quick version of 4 runs."""
+    study = studyfile.load_study(STUDIES / "dyt.yaml")
+    arms = {(a["model.norm"], a["model.embed_scale"], a["model.init_scale"]) for a in protocol.arms_of(study)}
+    assert arms == {("dyt", "sqrt_dim", "width"), ("rmsnorm", "none", "width"), ("rmsnorm", "none", "absolute")}
+    runs = protocol.first_runs(study)
+    assert len(runs) == 30  # 3 arms x 5 LRs x 2 selection seeds: --dry-run's count
+    cfg = load_config(study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-")))
+    assert (cfg.model.dim, cfg.model.dyt_alpha_attn, cfg.model.dyt_alpha_ffn, cfg.model.dyt_alpha_final) == (
+        64, 0.8, 0.2, 0.2) and not cfg.model.dyt_bias and cfg.train.steps == 300
+    assert cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)  # 0.02 x sqrt(4096 / 64)
+    lrs = study["grid"]["optim.lr"]
+    assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1 and study["protocol"].common_seeds
+    paper = ({"model.norm": "dyt", "model.embed_scale": "sqrt_dim", "model.init_scale": "width"},
+             {"model.norm": "rmsnorm", "model.embed_scale": "none", "model.init_scale": "width"})
+    assert {c["metric"] for c in study["claims"]} == {"common_loss", "best_loss"}
+    assert all(protocol.arm_pairs(study, c) == [paper] and c["expect"] == "same" for c in study["claims"])
+    assert study["withdrawn"] and "absorbing" in study["withdrawn"][0]["why"]
+    assert "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()  # not only alpha0 depends on the width
+    assert len(studyfile.expand(studyfile.quick_study(study))) == 4
 
 
 def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n")
     with pytest.raises(ConfigError, match="model.norm='groupnorm' is not one of"):
-        grid.expand(grid.load_study(bad))
+        studyfile.expand(studyfile.load_study(bad))
     assert cli.sweep([str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "error: model.norm='groupnorm'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
@@ -68,7 +126,7 @@ def data_set(prepared):
 def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, capsys):
     out = tmp_path / "studies"
     data_set = [*data_set, "train.steps=30", "train.eval_every=15"]  # the synthetic corpus needs fewer steps
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set]) == 0
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set]) == 0
     study = out / "quick"
     index = json.loads((study / "sweep.json").read_text())["runs"]
     assert len(index) == 8 and all(e["status"] in ("ok", "plateau") for e in index)
@@ -80,7 +138,7 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
         assert f"| {arm} |" in report
     stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
     capsys.readouterr()
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
     assert "8 already finished, 0 to run" in capsys.readouterr().err
     assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
 
@@ -104,14 +162,15 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
 
 def _arms(root):
     keys, grouped = study_runs.group_arms(study_runs.find_runs([root]))
-    return keys, {label: stats.Arm(label, runs) for label, runs in grouped.items()}
+    return keys, {label: arms.Arm(label, runs) for label, runs in grouped.items()}
 
 
 def test_compare_computes_hand_checkable_numbers(tmp_path):
     rows = [  # arm rmsnorm trains at 1e-3 and 1e-2 (best), diverges at 1e-1
         ("rmsnorm", 1e-3, [(3.0, "ok"), (3.2, "ok")]), ("rmsnorm", 1e-2, [(2.0, "ok"), (2.2, "ok")]),
         ("rmsnorm", 1e-1, [(None, "diverged"), (None, "diverged")]),
-        # arm layernorm: 3.0, 2.5 (plateau: trained, still falling), then unstable (a failure, not a loss)
+        # arm layernorm: 3.0, 2.5 (train.py's plateau label; 1.5 nats below the unigram entropy, so trained under
+        # the study's rule), then above L0 (a failure, not a loss)
         ("layernorm", 1e-3, [(3.0, "ok"), (3.0, "ok")]), ("layernorm", 1e-2, [(2.5, "plateau"), (2.5, "plateau")]),
         ("layernorm", 1e-1, [(6.0, "unstable"), (6.0, "unstable")])]
     for norm, lr, seeds in rows:
@@ -123,11 +182,11 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     assert rms.l0 == pytest.approx(5.0)  # the step-0 val loss
     assert rms.losses(1e-1) == {} and ln.losses(1e-1) == {} and ln.losses(1e-2) == {0: 2.5, 1: 2.5}
     assert protocol.select_lr(rms.runs, [0]) == 1e-2 and protocol.select_lr(ln.runs, [0]) == 1e-2
-    assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-3
+    assert rms.max_lr_ok == 1e-2 and ln.max_lr_ok == 1e-2
     assert rms.outcomes() == {"ok": 4, "plateau": 0, "collapsed": 0, "unstable": 0, "diverged": 2, "interrupted": 0,
                               "failed": 0}
     fit = rms.failure()
-    assert fit.separated and fit.bracket == (1e-2, 1e-1) and 1e-2 < fit.lr50 < 1e-1 and fit.failed == 2
+    assert fit.identified and fit.bounds == (1e-2, 1e-1) and 1e-2 < fit.lr50 < 1e-1 and fit.failed == 2
     assert ln.outcomes()["plateau"] == 2 and ln.tokens_per_s() == 1500.0
     text = write_report([tmp_path], tmp_path / "out", margin=0.02).read_text()
     # two seeds and no protocol: seed 0 chooses the LR, seed 1 tests it
@@ -135,9 +194,10 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     assert "| rmsnorm | 0.01 | 2.000 / 2.200 |" in text  # per-seed values, never a mean +- std
     assert "| layernorm | rmsnorm | model.norm | 0.01 | 2 | +0.400 |" in text  # exploratory, paired seed by seed
     assert "| layernorm | rmsnorm | model.norm | 0.1 | 0 | - |" in text  # both failed: no loss to compare
-    assert "**rmsnorm**: 2 diverged of 6 runs (at lr 0.1)." in text
+    assert "**rmsnorm**: 2 of 6 runs failed under the study's rule (at lr 0.1)." in text
+    assert "| rmsnorm-0.1-0 | diverged | - | - | 2 | 5.000 | 1,000 | failed: non-finite loss |" in text
     for fig in ("loss_curves", "grad_norm_curves", "stability_map", "final_loss", "grad_heatmaps", "act_rms_depth",
-                "attn_logit_max"):
+                "attn_logit_max", "loss_vs_lr"):
         assert (tmp_path / "out" / f"{fig}.png").stat().st_size > 1000
 
 
@@ -175,17 +235,19 @@ def test_report_on_split_failed_and_one_seed(tmp_path):
     text = _two_arms(tmp_path / "bi", [3.3, 5.9], [3.4, 5.8], status_a=["ok", "collapsed"],
                      status_b=["ok", "collapsed"])
     split = _sentence(text, "**rmsnorm** at lr 0.01 splits:")
-    assert "seed 0 ok 3.300" in split and "seed 1 collapsed 5.900" in split and "no mean is taken" in split
+    assert "seed 0 trained 3.300" in split and "seed 1 failed (did not learn: best 5.90 > unigram 4.00 - 0.25)" in \
+        split and "no mean is taken" in split
     assert "+-" not in text.split("## Arms compared")[0].split("| arm |")[1]  # the table has no mean +- std
     # a test seed where one arm failed is left out of the loss comparison and named
     text = _two_arms(tmp_path / "drop", [3.0, 3.1, 3.2, 3.0], [3.1, 3.2, 5.9, 3.1],
                      status_b=["ok", "ok", "collapsed", "ok"])
     line = _sentence(text, "layernorm - rmsnorm, each at its best LR")
-    assert "n = 2 seeds" in line and "left out (a run failed): seed 2: layernorm collapsed" in line
+    assert "n = 2 seeds" in line and "left out (a run failed): seed 2: layernorm failed (did not learn" in line
     # all diverged: no loss to compare, no failure curve to fit
     text = _two_arms(tmp_path / "div", [None, None], [None, None], status_a=["diverged"] * 2,
                      status_b=["diverged"] * 2)
-    assert "2 diverged of 2 runs" in text and "no loss comparison" in text and "no LR50 ratio (4 of 4" in text
+    assert "2 of 2 runs failed under the study's rule" in text and "no loss comparison" in text
+    assert "LR50 ratio not bounded (an arm's LR50 is only bounded: no estimate; 4 runs, 4 failed)" in text
     # one seed: it chooses; nothing is left to test on
     text = _two_arms(tmp_path / "one", [3.0], [3.1])
     assert "no seed where both runs trained" in _sentence(text, "layernorm - rmsnorm, each at its best LR")
@@ -226,22 +288,20 @@ NOISY = [0.3, -0.25, 0.1, -0.4, 0.2]
 def test_claims_are_decided_by_their_primary_test_alone(tmp_path, diffs, expect, agreement):
     """Seed 0 chooses, seeds 1-4 test. `higher` is decided by the paired t test (a shown equivalence does not
     make it `disagrees`: that would be a second test); `same` by TOST, or `disagrees` when the CI lies outside
-    the margin; NOISY would need far more seeds than 4 for TOST, so it is an estimate (`cannot tell`)."""
+    the margin (its mirror test, through Holm); NOISY decides nothing (`cannot tell`)."""
     results, text = _claims_study(tmp_path, CLAIM.format(extra=", placement: pre", expect=expect), diffs)
     assert [(r["A"], r["B"], r["agreement"], r["loss"]["n"]) for r in results] == [
         ("layernorm", "rmsnorm", agreement, 4)]
     line = _sentence(text, "**P et al.**: S")
     assert f"**{agreement}**" in line and "95% CI" in line and "n = 4 seeds" in line
-    assert ("Holm-adjusted" in line) == (results[0]["p"] is not None)
-    if diffs is NOISY and expect == "same":  # TOST would need more seeds at this spread than the study has
-        assert "an estimate only" in line
+    assert "Holm-adjusted" in line  # every claim is in the family
 
 
 def test_a_claim_ranges_over_the_fields_it_does_not_name(tmp_path):
     results, text = _claims_study(tmp_path, CLAIM.format(extra="", expect="higher"), WORSE, post_diffs=SAME)
     assert sorted((r["A"], r["B"], r["agreement"]) for r in results) == [
         ("layernorm/post", "rmsnorm/post", "cannot tell"), ("layernorm/pre", "rmsnorm/pre", "agrees")]
-    assert "## What it shows" in text
+    assert "## Claims (pre-registered)" in text and "Holm-adjusted over the family of all 2" in text
 
 
 def test_a_claim_no_run_matches_says_not_run(tmp_path):
@@ -256,7 +316,7 @@ def test_a_claim_no_run_matches_says_not_run(tmp_path):
     ("{paper: P, says: S, a: {lr: 0.01}, b: {lr: 0.1}, metric: best_loss, expect: same}", "is not a value of the grid"),
     ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: speed, expect: same}", "metric is one"),
     ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: rmsnorm}, metric: best_loss, expect: same}", "the same arm"),
-    ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: lr50, expect: same}", "higher or lower")])
+    ("{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: lr50, expect: more}", "expect one of")])
 def test_bad_claims_are_one_line_before_anything_runs(tmp_path, capsys, claim, message):
     bad = tmp_path / "s.yaml"
     bad.write_text(f"name: s\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01, 0.1], seed: [0]}}\nclaims:\n  - {claim}\n")
@@ -287,18 +347,18 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("study-*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
-    study = grid.load_study(path)
+    study = studyfile.load_study(path)
     if study["quick"] is None:
-        assert path.stem == "study-quick"  # the smoke study is already quick
+        assert path.stem == "quick"  # the smoke study is already quick
         return
     assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
     out = tmp_path / f"{study['name']}-quick"
     report = json.loads((out / "report.json").read_text())
-    assert report["runs"] == len(grid.expand(grid.quick_study(study)))
+    assert report["runs"] == len(studyfile.expand(studyfile.quick_study(study)))
     assert all(r["agreement"] in ("agrees", "disagrees", "cannot tell", "not run") for r in report["claims"])
-    assert len(report["claims"]) >= len(grid.quick_study(study)["claims"])
+    assert len(report["claims"]) >= len(studyfile.quick_study(study)["claims"])
     assert "## What the numbers show" in (out / "report.md").read_text()
 
 
@@ -344,7 +404,7 @@ def test_a_slurm_array_run_as_local_processes_reports_what_a_local_sweep_does(tm
 
 
 def test_bad_shard_is_one_line(tmp_path, capsys):
-    assert cli.sweep([str(CONFIGS / "study-quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
+    assert cli.sweep([str(STUDIES / "quick.yaml"), "--out", str(tmp_path), "--shard", "2/2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --shard 2/2: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)"
 
@@ -394,20 +454,21 @@ def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys
     """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters; per token
     6 N + 12 x 12 x 768 x 1024 = 855,244,800 FLOPs; x 512 x 1024 x 2000 tokens x 24 runs = 2.15e19; over 8 H100s
     at 40% of 989 TFLOP/s: 6,800 s = 1.9 h."""
-    assert cli.sweep([str(CONFIGS / "study-gpu.yaml"), "--dry-run"]) == 0
+    assert cli.sweep([str(STUDIES / "gpu-norm-placement-lr.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h per run)" in out
 
 
 def test_a_report_says_what_its_study_asks_in_one_sentence(tmp_path):
-    (tmp_path / "study.yaml").write_text("# Depth x placement: does Post-LN get worse (Xiong et al. 2020)? Under\n"
-                                         "# the init they use. More.\nname: x\ngrid: {lr: [0.1]}\n")
-    assert grid.study_file([tmp_path]).about == "Depth x placement: does Post-LN get worse (Xiong et al. 2020)?"
+    (tmp_path / "study.yaml").write_text("# A comment is not what it asks.\nname: x\n"
+                                         "about: Does Post-LN get worse with depth?\ngrid: {lr: [0.1]}\n")
+    assert studyfile.study_file([tmp_path]).about == "Does Post-LN get worse with depth?"
 
 
 def test_a_report_judges_every_run_again_with_the_current_rules(tmp_path):
-    """A run that ended `plateau` under an older rule but whose val curve sits at the unigram level (the default
-    study's stuck Post-LN runs) is read as `collapsed`, a failure; one still falling stays a plateau."""
+    """train.py's label is judged again from the curve (a `plateau` stuck at the unigram level reads `collapsed`;
+    one still falling stays `plateau`), but the study's rule decides: neither got 0.25 nats below the unigram
+    entropy within its budget, so both failed, whatever their last slope."""
     for name, curve in (("stuck", [5.914, 5.927, 5.904, 5.884, 5.879]), ("falling", [6.5, 6.1, 6.0, 5.8, 5.7])):
         write_run(tmp_path, name, "rmsnorm", 1e-2, 0, "plateau", curve[-1], l0=6.9)
         path = tmp_path / "runs" / name
@@ -417,7 +478,8 @@ def test_a_report_judges_every_run_again_with_the_current_rules(tmp_path):
         (path / "summary.json").write_text(json.dumps({**summary, "unigram_entropy": 5.88}))
     runs = {r.name: r for r in study_runs.find_runs([tmp_path])}
     assert runs["stuck"].status == "collapsed" and runs["stuck"].failed and runs["stuck"].loss is None
-    assert runs["falling"].status == "plateau" and runs["falling"].loss == 5.7
+    assert runs["falling"].status == "plateau" and runs["falling"].failed and runs["falling"].loss is None
+    assert runs["falling"].why == "did not learn: best 5.70 > unigram 5.88 - 0.25"
 
 
 def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
@@ -441,8 +503,13 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
         assert len(runs) == 12 and by_name["layernorm-lr0.1-s2"].loss == pytest.approx(3.32)
         assert by_name["layernorm-lr0.1-s2"].config["model.norm"] == "layernorm"
         assert by_name["rmsnorm-lr0.1-s1"].lr == 0.1
-    # an old `plateau` above the lowest LR where its arm trained reads as collapsed (no curve to judge it by)
-    assert {r.status for r in from_md if r.name.startswith("rmsnorm-lr0.1")} == {"collapsed"}
+    # no label is changed by hand: an archived `plateau` stays one, and the study's rule judges it from what the
+    # table shows (its best eval, 5.9, never got 0.25 below the unigram entropy of the study's data)
+    from study.runs import judge
+    from study.studyfile import Rule
+
+    stuck = [r for r in judge(from_md, Rule()) if r.name.startswith("rmsnorm-lr0.1")]
+    assert {r.status for r in stuck} == {"plateau"} and all(r.why.startswith("did not learn") for r in stuck)
 
 
 def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_refused(tmp_path):
@@ -457,7 +524,7 @@ def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_re
         {"paper": "P 2020", "says": "S", "why": "needs 1000 layers"}]
     (tmp_path / "study.yaml").write_text(head + "withdrawn:\n  - {paper: P, says: S}\n")
     with pytest.raises(ConfigError, match="withdrawn is a list of"):
-        grid.load_study(tmp_path / "study.yaml")
+        studyfile.load_study(tmp_path / "study.yaml")
 
 
 def test_a_best_lr_at_the_edge_of_the_grid_is_flagged(tmp_path):
@@ -470,7 +537,10 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_flagged(tmp_path):
 
 def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     """study/trend.py's fit on constructed points: estimates exactly on a line in log2(x) give that slope; the CI
-    is the fixed-effect one, sqrt(1 / sum w (x - xw)^2) x 1.96; points without a CI are left out."""
+    is Knapp-Hartung's, sqrt(max(1, q) / sum w (x - xw)^2) x t(k - 2) (q = 0 on a line: t_1 = 12.7); points
+    without a CI are left out; a point's se is its half-width over the quantile its CI was made with."""
+    from scipy.stats import t as student
+
     from study.trend import Z, fit
 
     se = 0.1
@@ -478,8 +548,12 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     pts = [(64, 0.1, ci(0.1)), (128, 0.3, ci(0.3)), (256, 0.5, ci(0.5)), (512, 0.9, None)]
     slope, (lo, hi), used = fit(pts, log2=True)
     assert used == 3 and slope == pytest.approx(0.2)
-    half = Z * (1 / (sum((x - 7) ** 2 for x in (6, 7, 8)) / se ** 2)) ** 0.5  # log2 64, 128, 256; mean 7
-    assert (hi - lo) / 2 == pytest.approx(half)
+    var = 1 / (sum((x - 7) ** 2 for x in (6, 7, 8)) / se ** 2)  # log2 64, 128, 256; mean 7
+    assert (hi - lo) / 2 == pytest.approx(student.ppf(0.975, 1) * var ** 0.5)
+    assert fit(pts[:2], log2=True)[1] is None  # two points: a slope, no CI
+    # a t interval of 3 seeds (df 2) is wider than a z one of the same se: read back with t, the se is the same
+    t_pts = [(x, e, (e - student.ppf(0.975, 2) * se, e + student.ppf(0.975, 2) * se)) for x, e, _ in pts[:3]]
+    assert fit(t_pts, log2=True, dfs=(2, 2, 2))[1] == pytest.approx((lo, hi))
     assert fit(pts[:1], log2=True)[0] is None  # one point: no slope
     # unequal weights: the line drawn passes through the weighted centre, not the plain mean of the points
     from study.trend import Trend, fitted
@@ -499,6 +573,7 @@ def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_vari
     differences (6, 12, 24 layers: one precise point off the others' line) get tau^2 > 0 and a slope CI that no
     longer excludes 0, where the fixed-effect one did (+0.081, +0.037..+0.125)."""
     import numpy as np
+    from scipy.stats import t as student
 
     from study.trend import Z, fit, tau2
 
@@ -515,7 +590,10 @@ def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_vari
     cov = np.linalg.inv(X.T @ Ws @ X)
     slope_re = float((cov @ X.T @ Ws @ y)[1])
     slope, (lo, hi), used = fit(pts, log2=True)
-    assert slope == pytest.approx(slope_re) and (hi - lo) / 2 == pytest.approx(Z * cov[1, 1] ** 0.5)
+    resid = y - X @ (cov @ X.T @ Ws @ y)
+    q = float(resid @ Ws @ resid)  # Knapp-Hartung's scale, k - 2 = 1 df
+    assert slope == pytest.approx(slope_re)
+    assert (hi - lo) / 2 == pytest.approx(student.ppf(0.975, 1) * (max(1.0, q) * cov[1, 1]) ** 0.5)
     assert lo < 0 < hi
     on_a_line = [(64, 0.1, (0.0, 0.2)), (128, 0.2, (0.1, 0.3)), (256, 0.3, (0.2, 0.4))]
     assert tau2(on_a_line, log2=True) == 0.0
@@ -540,5 +618,125 @@ def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
     line = next(line for line in text.splitlines() if line.startswith("- loss difference layernorm - rmsnorm"))
     assert "by model.dim" in line and "slope +0.010 per doubling of model.dim" in line and "32..128 only" in line
     assert ("- LR50 ratio layernorm / rmsnorm, in log10 ratio, by model.dim: 32: -; 64: -; 128: - ('-': no estimate: "
-            "no run of either arm failed, or only a bound); no slope (0 of 3 points") in text  # said, not dropped
+            "an arm's LR50 is only bounded); no slope (0 of 3 points") in text  # said, not dropped
     assert (tmp_path / "out" / "trend.png").stat().st_size > 1000
+
+
+def _curve_run(root, name, curve, l0=6.9, unigram=5.88, lr=1e-2, seed=0, norm="rmsnorm"):
+    """A run whose val curve (steps 100, 200, ...) is `curve`, L0 at step 0."""
+    write_run(root, name, norm, lr, seed, "ok", curve[-1], l0=l0)
+    path = root / "runs" / name
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/loss": v}) + "\n" for s, v in
+                                                zip(range(0, 100 * len(curve) + 1, 100), [l0, *curve], strict=True)))
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps({**summary, "unigram_entropy": unigram,
+                                                   "best_val_loss": min(curve)}))
+
+
+@pytest.mark.parametrize("curve,why", [
+    ([5.0, 4.5, 4.2, 4.1], None),  # learned and kept it
+    ([6.5, 6.1, 5.9, 5.7], "did not learn: best 5.70 > unigram 5.88 - 0.25"),  # still falling: failed at this budget
+    ([5.0, 7.45, 4.5, 4.4], "blew up: 7.45 after 5.00"),  # a spike above L0 that recovered is still a failure
+    ([4.5, 4.2, 4.6, 4.3], None),  # 0.4 above its best: within the 0.5 blow-up margin
+    ([4.5, 4.2, 4.9, 4.3], "blew up: 4.90 after 4.20"),
+])
+def test_the_study_rule_judges_the_whole_curve_whatever_its_last_slope(tmp_path, curve, why):
+    _curve_run(tmp_path, "r", curve)
+    (run,) = study_runs.find_runs([tmp_path])
+    assert run.why == why and run.failed == (why is not None) and run.loss == (None if why else curve[-1])
+
+
+def test_an_eval_above_l0_fails_and_the_alternative_rules_judge_the_same_runs(tmp_path):
+    from study.studyfile import Rule
+
+    _curve_run(tmp_path, "above", [5.0, 6.95, 6.5, 6.4], l0=6.9)  # never 0.5 above its best before it... but > L0
+    (run,) = study_runs.find_runs([tmp_path], Rule(blowup_margin=None))
+    assert run.why == "rose above L0: 6.95 > 6.90"
+    _curve_run(tmp_path, "good", [4.0, 3.8, 3.7, 3.6], seed=1)
+    runs = study_runs.find_runs([tmp_path], Rule("gap", None, None, False, 1.0))
+    assert {r.name: r.why for r in runs} == {"above": "final 6.40 > its arm's best 3.60 + 1", "good": None}
+
+
+def test_lr_sensitivity_is_wortsmans_mean_over_the_grid_by_hand(tmp_path):
+    """Two arms, 3 seeds, grid 1e-3, 1e-2, 1e-1: L* is the lowest mean final loss of any arm at any LR; a failed run
+    counts at its final loss capped at L0 (5.0); S per seed is the mean of min(L, L0) - L* over the grid."""
+    from study.arms import Arm
+    from study.sensitivity import sensitivities
+
+    finals = {"rmsnorm": {1e-3: [3.5, 3.7, 3.6], 1e-2: [3.0, 3.2, 3.1], 1e-1: [None] * 3},  # diverged: counts at L0
+              "layernorm": {1e-3: [3.6, 3.8, 3.7], 1e-2: [3.1, 3.1, 3.1], 1e-1: [6.0, 5.5, 5.2]}}  # capped at L0
+    for norm, by_lr in finals.items():
+        for lr, vals in by_lr.items():
+            for seed, v in enumerate(vals):
+                write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, "diverged" if v is None else "ok", v)
+    keys, grouped = study_runs.group_arms(study_runs.find_runs([tmp_path]))
+    sens = sensitivities({k: Arm(k, rs) for k, rs in grouped.items()}, (1e-3, 1e-2, 1e-1))
+    l_star = 3.1  # rmsnorm at 1e-2: mean(3.0, 3.2) = 3.1 = layernorm's mean(3.1, 3.1)
+    assert sens["rmsnorm"].l_star == pytest.approx(l_star)
+    assert sens["rmsnorm"].per_seed == pytest.approx({0: (3.5 + 3.0 + 5.0) / 3 - l_star, 1: (3.7 + 3.2 + 5.0) / 3
+                                                      - l_star, 2: (3.6 + 3.1 + 5.0) / 3 - l_star})
+    assert sens["layernorm"].per_seed == pytest.approx({0: (3.6 + 3.1 + 5.0) / 3 - l_star,
+                                                        1: (3.8 + 3.1 + 5.0) / 3 - l_star,
+                                                        2: (3.7 + 3.1 + 5.0) / 3 - l_star})
+    s = sens["rmsnorm"]
+    assert s.mean == pytest.approx(sum(s.per_seed.values()) / 3) and s.ci[0] <= s.mean <= s.ci[1]
+
+
+def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_the_upper_bound():
+    """Constructed runs (no training): both arms fail above 0.03 on every one of 6 seeds, train below; the upper
+    one-sided 95% bound of P(fail) falls below 5% two grid steps under the edge, and the common LR is the largest such
+    grid LR; with runs that bound nothing (one seed), the fallback says so."""
+    from dataclasses import dataclass as dc
+
+    @dc
+    class R:
+        lr: float
+        seed: int
+        failed: bool
+        finished: bool = True
+
+        @property
+        def trained(self):
+            return not self.failed
+
+    grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    arm = [R(lr, s, lr > 0.03) for lr in grid for s in range(6)]
+    lr, how = protocol.common_lr(arm, arm, grid, [0, 1, 2])
+    from study.failure import p_fail_upper
+
+    bounds = {x: p_fail_upper([r.lr for r in arm], [r.failed for r in arm], x) for x in grid}
+    assert lr == max(x for x in grid if bounds[x] < 0.05) and lr < 0.03 and "upper 95% bounds" in how
+    thin = [R(lr, 0, lr > 0.03) for lr in grid]
+    lr, how = protocol.common_lr(thin, thin, grid, [0])
+    assert lr == 0.03 and how.startswith("no grid LR has both P(fail) upper 95% bounds < 0.05")
+
+
+def test_every_claim_is_in_the_holm_family_whatever_its_data(tmp_path):
+    """A claim no run can test (no arm matches it: the runs have no post-norm) still counts: the other claim's
+    adjusted p is its raw p times the family's size."""
+    claims = CLAIM.format(extra=", placement: pre", expect="higher") + \
+        "  - {paper: Q, says: T, a: {norm: layernorm, placement: post}, b: {norm: rmsnorm, placement: post}, " \
+        "metric: common_loss, expect: same}\n"
+    results, text = _claims_study(tmp_path, claims, WORSE)
+    tested, untested = results
+    assert untested["p"] is None and untested["agreement"] == "not run"
+    assert tested["p_holm"] == pytest.approx(min(1.0, 2 * tested["p"]))
+    assert "Holm-adjusted over the family of all 2" in text and "in the Holm family with p = 1" in text
+
+
+def test_a_dyt_study_report_draws_the_saturation_of_a_trained_and_a_failed_run(tmp_path):
+    """Runs that logged dyt/saturated/final and grad/absmax/trunk (one trained, one stuck at the unigram level with
+    every trunk gradient 0): the report draws dyt_saturation.png; a study without them draws none."""
+    for name, lr, final, sat, grad in (("ok", 1e-3, 3.0, 0.0, 0.3), ("dead", 1e-2, 5.9, 1.0, 0.0)):
+        write_run(tmp_path / "s", name, "dyt", lr, 0, "ok", final)
+        path = tmp_path / "s" / "runs" / name / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records[1:]:
+            r.update({"dyt/saturated/final": sat * r["step"] / 3, "grad/absmax/trunk": grad})
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_report([tmp_path / "s"], tmp_path / "out")
+    assert (tmp_path / "out" / "dyt_saturation.png").stat().st_size > 1000
+    write_report([tmp_path / "s"], tmp_path / "out")
+    write_run(tmp_path / "plain", "r", "rmsnorm", 1e-3, 0, "ok", 3.0)
+    write_report([tmp_path / "plain"], tmp_path / "out2")
+    assert not (tmp_path / "out2" / "dyt_saturation.png").exists()

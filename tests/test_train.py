@@ -30,9 +30,9 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     assert [r["step"] for r in records] == list(range(0, 41))
     per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
                  "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm_in/absmax/layer_{i}", "norm/gain/layer_{i}",
-                 "attn/logit_max/layer_{i}"]
+                 "attn/logit_max/layer_{i}", "attn/entropy/layer_{i}"]
     design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "grad/norm",
-              "grad/clipped",
+              "grad/clipped", "grad/absmax/trunk",
               "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
     per_layer += [f"update/ratio/layer_{{i}}/{m}" for m in ("attention.wq", "attention.wk", "attention.wv",
                                                               "attention.wo", "feed_forward.w1", "feed_forward.w2",

@@ -23,32 +23,36 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    source: str = "pydocs"  # pydocs | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT]
+    source: str = "pydocs"  # pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]
     vocab_size: int = 4096  # SentencePiece vocabulary; also sets model.vocab_size
     val_fraction: float = 0.05  # share of documents held out for validation
     seed: int = 1337  # train/val document split
     text_field: str = "text"
     root: str = "data/prepared"
+    max_tokens: int = 0  # cap the training split at this many tokens (a hub source is streamed); 0 = all
 
 
 @dataclass
 class OptimConfig:
     lr: float = 3e-3  # peak learning rate
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     schedule_steps: int = 0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only, never on norm gains or biases
+    weight_decay_mode: str = "coupled"  # coupled: decay wd * lr(t) (torch's AdamW) | independent: wd * lr(t) / lr
+    parametrization: str = "sp"  # sp | mup_simple: every matrix's LR x mup_base_width / model.dim (training/optim.py)
+    mup_base_width: int = 64  # mup_simple's base width: the width whose LRs are the configured ones
     decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
     grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 600  # optimizer steps
+    steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per optimizer step, summed over all processes
     micro_batch_size: int = 0  # sequences per forward pass and process; 0 = no gradient accumulation
     seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
@@ -59,14 +63,14 @@ class TrainConfig:
     parallel: str = "ddp"  # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
     tp_size: int = 2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
-    eval_every: int = 100  # steps between validation evals (and always at the end)
-    eval_tokens: int = 32768  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
-    checkpoint_every: int = 200  # steps between checkpoints (and always at the end); 0 = only at the end
+    eval_every: int = 50  # steps between validation evals (and always at the end)
+    eval_tokens: int = 16384  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
+    checkpoint_every: int = 100  # steps between checkpoints (and always at the end); 0 = only at the end
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
     memory_check: bool = True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)
-    sample_tokens: int = 64  # tokens of text generated at the end (0 = none)
+    sample_tokens: int = 48  # tokens of text generated at the end (0 = none)
 
 
 @dataclass
@@ -167,11 +171,13 @@ def validate(cfg: Config) -> Config:
     from model.layers import FFNS
     from model.norms import NORM_IMPLS, NORM_PRECISIONS, NORMS
     from model.ops import OPS_IMPLS
+    from training.optim import PARAMETRIZATIONS, WEIGHT_DECAY_MODES
 
     choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
                "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
                "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS),
-               "model.ffn": tuple(FFNS)}
+               "model.ffn": tuple(FFNS), "optim.weight_decay_mode": tuple(WEIGHT_DECAY_MODES),
+               "optim.parametrization": tuple(PARAMETRIZATIONS)}
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:
@@ -185,7 +191,8 @@ def validate(cfg: Config) -> Config:
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
     positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
-                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size}
+                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size,
+                "optim.mup_base_width": cfg.optim.mup_base_width}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")

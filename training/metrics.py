@@ -1,5 +1,6 @@
 """Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation RMS,
-what each norm receives, attention-logit max and output-logit statistics.
+what each norm receives, DyT's saturated fraction, attention-logit max and attention entropy, and output-logit
+statistics.
 
 Used on logged steps only, in this order around one optimizer step:
 
@@ -22,7 +23,9 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from model.layers import softcap
 from model.llama import parameter_kinds
+from model.norms import DyT
 from training import distributed
 from training.parallel import full, local
 
@@ -31,6 +34,10 @@ from training.parallel import full, local
 # norm_in/* and norm/gain/* mean the same thing for every placement.
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
 MAX_SCORES = 1 << 24  # attention scores materialized at once by the logit-max probe (64 MB in float32)
+# |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01 on (1 - tanh(z)
+# ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is exactly 0 there: no gradient
+# reaches x, alpha or the gain through that unit (tests/test_metrics.py checks this on torch's own kernels).
+DYT_SATURATION = 9.0
 
 
 def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -53,6 +60,26 @@ def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([full(n) for n in torch._foreach_norm(tensors)]))
 
 
+def _absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest |entry| of a (non-empty) list of tensors, sharded ones over every rank's shard: each rank's own
+    maximum, then one all-reduce (MAX) where there are several processes. (An inf norm of a DTensor would raise on a
+    rank whose shard is empty, FSDP's share of a one-element alpha, and leave the others waiting.)"""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    # a Partial gradient (tensor parallel: a replicated parameter fed this rank's positions) is a sum over ranks:
+    # reduce it before taking its largest entry
+    shards = [local(full(t) if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements) else t).detach()
+              for t in tensors]
+    m = torch.zeros((), device=shards[0].device)
+    for s in shards:
+        if s.numel():
+            m = torch.maximum(m, s.abs().amax().float())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        m = distributed.all_reduce(m.reshape(1), dist.ReduceOp.MAX).reshape(())
+    return m
+
+
 def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, torch.Tensor]:
     """Per-rank statistics of equal shares of the data, combined over the processes as one process would have
     computed them: means averaged, maxima maxed (two collectives); unchanged in a single process."""
@@ -72,25 +99,44 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
     return out
 
 
-def attention_logit_max(attention: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
-    """max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, without keeping all scores: at most
-    MAX_SCORES of them at once, as many whole sequences as that holds, or else blocks of query positions of one
-    sequence (a 100k-token sequence's scores would be 40 GB per head; its causal mask alone 10 GB)."""
+def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
+    """The fraction of the units of x (this rank's) whose tanh argument |alpha x| is >= DYT_SATURATION, computed in
+    float32 as the norm computes it (a sharded alpha is gathered first)."""
+    alpha = full(norm.alpha).detach().float()
+    return ((local(x).detach().float() * alpha).abs() >= DYT_SATURATION).float().mean()
+
+
+def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy) of one attention
+    layer's input x, in one pass that holds at most MAX_SCORES scores at once: as many whole sequences as that holds,
+    or else blocks of query positions of one sequence (a 100k-token sequence's scores would be 40 GB per head)."""
     q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
+    return qk_stats(q, k, getattr(attention, "softcap", 0.0))
+
+
+def qk_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """From queries (B, H, T, hd) and keys (B, kv, T, hd): the largest |q.k| / sqrt(d_head) over heads and causal
+    pairs (Wortsman et al. 2023: the logits before any soft-capping, so the growth a cap hides still shows), and the
+    entropy -sum_j a_ij log a_ij (nats) of the causal attention distribution a_i = softmax_j<=i(softcap(logits_ij))
+    that the layer uses, averaged over batch, heads and query positions; float32."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
     B, H, T, hd = q.shape
     rows = max(1, min(T, MAX_SCORES // (H * T)))  # query positions at a time: all of them when a sequence fits
-    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1
-    keys = torch.arange(T, device=x.device)
-    best = torch.zeros((), device=x.device)
+    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1  # whole sequences at a time, or one
+    keys = torch.arange(T, device=q.device)
+    best = torch.zeros((), device=q.device)
+    entropy = torch.zeros((), device=q.device)
     for b in range(0, B, chunk):
         kb = k[b:b + chunk].float().transpose(-1, -2)
         for r in range(0, T, rows):
             causal = keys[r:r + rows, None] >= keys[None, :]  # (rows, T): key j <= query i
-            scores = (q[b:b + chunk, :, r:r + rows].float() @ kb).abs() / math.sqrt(hd)
-            best = torch.maximum(best, scores.masked_fill(~causal, 0).amax())
-            del scores  # before the next block's scores exist
-    return best
+            scores = (q[b:b + chunk, :, r:r + rows].float() @ kb) / math.sqrt(hd)
+            best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
+            weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
+            del scores  # before the weights' log terms exist
+            entropy = entropy - torch.special.xlogy(weights, weights).sum()  # 0 log 0 = 0: masked keys add nothing
+            del weights  # before the next block's scores exist
+    return best, entropy / (B * H * T)
 
 
 class StabilityProbe:
@@ -104,6 +150,11 @@ class StabilityProbe:
         self.groups = group_parameters(model)
         self.kinds = parameter_kinds(model)
         self.layer_params = {n: p for n, p in model.named_parameters() if n.startswith("layers.")}
+        # the trunk: every parameter whose gradient passes through the final norm's input, i.e. all but the readout
+        # after it (the output head, and the final norm's gain and bias, which still learn on a saturated tanh's
+        # +-1); a tied head is the embedding, listed as the embedding, so a tied model's trunk never goes dead
+        readout = {"norm.weight", "norm.bias"}
+        self.trunk = [p for n, p in model.named_parameters() if not n.startswith("output.") and n not in readout]
         self.handles: list = []
         self.values: dict[str, torch.Tensor] = {}
         self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
@@ -119,7 +170,12 @@ class StabilityProbe:
             self.handles.append(block.register_forward_hook(self._block_hook(i)))
             self.handles.append(block.attention.register_forward_hook(self._attention_hook(i)))
             for name in BLOCK_NORMS:
-                self.handles.append(getattr(block, name).register_forward_pre_hook(self._norm_hook(i)))
+                norm = getattr(block, name)
+                self.handles.append(norm.register_forward_pre_hook(self._norm_hook(i)))
+                if isinstance(norm, DyT):
+                    self.handles.append(norm.register_forward_pre_hook(self._dyt_hook(f"layer_{i}", name)))
+        if isinstance(self.model.norm, DyT):
+            self.handles.append(self.model.norm.register_forward_pre_hook(self._dyt_hook("final")))
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
@@ -134,10 +190,22 @@ class StabilityProbe:
             self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())  # float16: x^2 overflows above 256
         return hook
 
+    def _dyt_hook(self, where: str, name: str | None = None):
+        """dyt/saturated/{where}, and per norm dyt/saturated/{where}/{name}: a block's two norms see inputs of the
+        same shape, so the mean of their fractions (the layer's) is the fraction of both norms' units together."""
+        def hook(module, args):
+            fraction = saturated_fraction(module, args[0])
+            self.sums[f"dyt/saturated/{where}"].append(fraction)
+            if name is not None:
+                self.sums[f"dyt/saturated/{where}/{name}"].append(fraction)
+        return hook
+
     def _attention_hook(self, i: int):
         def hook(module, args, output):
             with torch.no_grad():
-                self.sums[f"attn/logit_max/layer_{i}"].append(attention_logit_max(module, *args))
+                logit_max, entropy = attention_stats(module, *args)
+                self.sums[f"attn/logit_max/layer_{i}"].append(logit_max)
+                self.sums[f"attn/entropy/layer_{i}"].append(entropy)  # a mean: averaged over passes and ranks
         return hook
 
     def record_logits(self, logits: torch.Tensor) -> None:
@@ -149,11 +217,18 @@ class StabilityProbe:
 
     # -- gradients and updates ------------------------------------------------------------------------
     def record_grads(self) -> None:
-        """Gradient norm of each block, the embedding and the head (call before clipping)."""
+        """Gradient norm of each block, the embedding and the head, and the largest |gradient| in the trunk (call
+        before clipping)."""
         for key, params in self.groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if key != "other" and grads:
                 self.values[f"grad/norm/{key}"] = _norm(grads)
+        # exactly 0.0 when no gradient gets past the final norm (every unit of a final DyT saturated: the
+        # dead-gradient state, training/monitor.py dead_gradients_at); a max, not a norm, whose squares could
+        # underflow to 0
+        grads = [p.grad for p in self.trunk if p.grad is not None]
+        if grads:
+            self.values["grad/absmax/trunk"] = _absmax(grads)
 
     def snapshot(self) -> None:
         """Copy each block's parameters before the optimizer step (logged steps only)."""
@@ -191,7 +266,7 @@ class StabilityProbe:
             h.remove()
         self.handles = []
         values = dict(self.values)
-        maxima = {k for k in self.sums if k.startswith(("attn/", "logits/max")) or "/absmax/" in k}
+        maxima = {k for k in self.sums if k.startswith(("attn/logit_max/", "logits/max")) or "/absmax/" in k}
         pooled = {k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
                   for k, parts in self.sums.items()}
         pooled = _over_ranks(pooled, maxima)  # each rank saw its share of the batch (and positions, under TP)

@@ -1,4 +1,5 @@
-"""AdamW with weight decay on matrices only, and the learning-rate schedule as a function of the step."""
+"""AdamW with weight decay on matrices only (coupled to the LR, as torch's, or independent of it), per-group LRs
+(the standard parametrization, or muParam (simple)), and the learning-rate schedule as a function of the step."""
 
 from __future__ import annotations
 
@@ -7,20 +8,66 @@ import math
 import torch
 from torch import nn
 
+from model.args import lookup
 from model.llama import parameter_kinds
 from training.config import OptimConfig
 
+# optim.weight_decay_mode: the per-group weight_decay handed to torch's AdamW, which multiplies each decayed parameter
+# by 1 - group lr(t) * group weight_decay every step, from wd (optim.weight_decay) and the group's peak LR
+WEIGHT_DECAY_MODES = {
+    # AdamW as torch and Optax implement it: the decay per step is wd * lr(t), so it moves with the LR
+    "coupled": lambda wd, peak: wd,
+    # independent (Loshchilov & Hutter's decoupled form; Wortsman et al. 2023 Sec. 3.2.2): wd * lr(t) / peak = wd * s_t,
+    # s_t the schedule in [0, 1]: the same decay whatever the peak LR (at the peak it is wd itself)
+    "independent": lambda wd, peak: wd / peak,
+}
+
+
+def _sp(kind: str, width: int, cfg: OptimConfig) -> float:
+    return 1.0
+
+
+def _mup_simple(kind: str, width: int, cfg: OptimConfig) -> float:
+    """Wortsman et al. 2023 Sec. 3.2.4's muParam (simple): "scale the LR for linear layers by base-fan-in / fan-in",
+    base-fan-in the fan-in of the same layer in the smallest model tested. Here every linear layer's weight (wq, wk,
+    wv, wo, w1, w2, w3 and an untied output head: the 'matrix' kind of model.llama.parameter_kinds) gets LR x
+    mup_base_width / model.dim: each one's fan-in is dim, or for w2 the feed-forward width, proportional to dim up
+    to LLaMA's rounding to multiple_of, which this ignores. The embedding (and a tied head, which is the embedding),
+    norm gains and biases keep the configured LR. Nothing else changes: no init change (the paper's simple variant
+    changes none; its baseline draws matrices with std 1/sqrt(fan-in), ours with model.init_std at every width, so
+    a width sweep here also changes the init's scale relative to 1/sqrt(fan-in)), and none of muParam (full)'s head
+    init sqrt(base-fan-in) / fan-in, 1/d_head attention scaling or zero query init."""
+    return cfg.mup_base_width / width if kind == "matrix" else 1.0
+
+
+# optim.parametrization: each parameter's LR multiplier, by its kind (model.llama.parameter_kinds)
+PARAMETRIZATIONS = {"sp": _sp, "mup_simple": _mup_simple}
+
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """Two groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings).
-    Kinds come from the owning module (model.llama.parameter_kinds), so a 2-d norm gain is never decayed."""
+    """AdamW groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings), split
+    further by LR multiplier (`lr_scale`: the step's LR times it is the group's LR; mup_simple only). Kinds come from
+    the owning module (model.llama.parameter_kinds), so a 2-d norm gain is never decayed. The standard
+    parametrization gives exactly the two groups [decayed, not decayed] (old checkpoints' optimizer states load)."""
     decayed = {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}  # a tied head is the embedding
-    decay, no_decay = [], []
+    scale = lookup(PARAMETRIZATIONS, cfg.parametrization, "optim.parametrization")
+    decay = lookup(WEIGHT_DECAY_MODES, cfg.weight_decay_mode, "optim.weight_decay_mode")
+    width = model.args.dim if cfg.parametrization != "sp" else 0
+    groups: dict[tuple[bool, float], list] = {(True, scale("matrix", width, cfg)): [], (False, 1.0): []}
     kinds = parameter_kinds(model)
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if kinds[name] in decayed else no_decay).append(p)
-    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            kind = kinds[name]
+            groups.setdefault((kind in decayed, scale(kind, width, cfg)), []).append(p)
+    return [{"params": groups[key], "lr_scale": key[1],
+             "weight_decay": decay(cfg.weight_decay, cfg.lr * key[1]) if key[0] else 0.0}
+            for key in sorted(groups, key=lambda key: not key[0])]  # decayed groups first (a stable sort)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's LR for a step whose scheduled LR is `lr`: lr times the group's lr_scale (param_groups)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # an optimizer state saved before lr_scale existed: 1
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

@@ -34,7 +34,7 @@ from training.checkpoint import (
     skipped,
 )
 from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
-from training.monitor import classify
+from training.monitor import classify, dead_gradients_at
 from training.optim import lr_at
 from training.parallel import is_sharded
 from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
@@ -308,10 +308,12 @@ def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy
     which reads the metrics it wrote, and broadcast (or its error): every rank exits with the same verdict."""
 
     def judge() -> str:
-        evals = [(r["step"], r.get("val/loss")) for r in run.records() if "val/loss" in r]
+        records = run.records()
+        evals = [(r["step"], r.get("val/loss")) for r in records if "val/loss" in r]
         init = next((v for s, v in evals if s == 0), None)
         later = [(s, v) for s, v in evals if s > 0]
         return classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
-                        cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon)
+                        cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon,
+                        dead_gradients_at(records))
 
     return distributed.on_master(judge)

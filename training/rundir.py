@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from training.monitor import spike_score
+from training.monitor import dead_gradients_at, spike_score
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,13 +111,16 @@ def summarize(records: list[dict], status: str, steps_done: int, total_steps: in
     """summary.json, derived from the run's metrics records."""
     val = series([r for r in records if r["step"] > 0], "val/loss")  # step 0 is L0, before any training
     val_se = series([r for r in records if r["step"] > 0], "val/loss_se")
+    bpb = series([r for r in records if r["step"] > 0], "val/bpb")
     init = [r.get("val/loss") for r in records if r["step"] == 0]
     tps = sorted(series(records, "train/tokens_per_s")[1:])  # the first step pays for warm-up / compilation
     return {
         "status": status, "steps": steps_done, "total_steps": total_steps, "diverged_at": diverged_at,
+        "dead_gradients_at": dead_gradients_at(records),  # every gradient below the final norm 0 from this step on
         "final_val_loss": val[-1] if val and status != "diverged" else None,
         "final_val_loss_se": val_se[-1] if val_se and status != "diverged" else None,
         "best_val_loss": min(val) if val else None,
+        "final_val_bpb": bpb[-1] if bpb and status != "diverged" else None,  # bits per byte (val/bpb)
         "init_val_loss": init[0] if init else None,
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,

@@ -11,6 +11,7 @@ import torch
 
 from training import distributed
 from training.monitor import is_finite
+from training.optim import set_lr
 from training.parallel import full, no_sync
 
 
@@ -98,12 +99,12 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     probe's hooks observe this step (its per-layer metrics join the record)."""
     t0 = time.perf_counter()
     scaler, scaling = p.scaler, p.scaler.is_enabled()
-    for group in p.opt.param_groups:
-        group["lr"] = lr
+    set_lr(p.opt, lr)  # times each group's multiplier (training/optim.py param_groups)
     x, y = batch
     probe.attach()
     forward = p.ddp if probe.eager else p.compiled  # hooks run eagerly, outside torch.compile
     loss_sum = torch.zeros((), device=p.device)
+    log_z2_sum = torch.zeros((), device=p.device)  # z-loss: mean log(Z)^2 of each micro-batch
     for i, (xm, ym) in enumerate(zip(x.split(p.micro), y.split(p.micro), strict=True)):
         # DDP all-reduces gradients only on the last micro-batch
         sync = nullcontext() if i == p.accum - 1 or p.world_size == 1 else no_sync(p.ddp)
@@ -112,16 +113,21 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
                 logits, loss = forward(xm.to(p.device), ym.to(p.device))
             probe.record_logits(logits)
             total = loss
-            if p.z_loss:
-                total = total + p.z_loss * torch.logsumexp(logits.float(), -1).pow(2).mean()
+            if p.z_loss:  # of the logits the loss saw (soft-capped, when model.logit_softcap is on)
+                log_z2 = torch.logsumexp(logits.float(), -1).pow(2).mean()
+                total = total + p.z_loss * log_z2
+                log_z2_sum += log_z2.detach()
             scaler.scale(total / p.accum).backward()
         loss_sum += loss.detach()
     scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     probe.record_grads()  # before clipping, like the global norm
     grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))  # sharded: the global norm
-    train_loss = distributed.all_reduce(loss_sum / p.accum) / p.world_size
-    loss_value, norm_value = torch.stack([train_loss.float(), grad_norm.float()]).tolist()  # one sync
+    train_loss, log_z2 = distributed.all_reduce(torch.stack([loss_sum, log_z2_sum]) / p.accum) / p.world_size
+    loss_value, norm_value, log_z2_value = torch.stack([train_loss.float(), grad_norm.float(), log_z2.float()]
+                                                       ).tolist()  # one sync
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
+    if p.z_loss:  # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
+        record.update({"train/log_z2": log_z2_value, "train/z_loss": p.z_loss * log_z2_value})
     # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient norm, the scale
     # still >= 1) are not a divergence: the step is skipped (GradScaler's step() sees the infs unscale_ found) and
     # the scale halves. float32 and bfloat16: a non-finite gradient is a divergence, never an overflow

@@ -1,5 +1,6 @@
 """Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU): tensor parallelism (tp = 2, sequence-
-parallel norms) against one process, for every placement; rank 0 writes the max differences to argv[1]."""
+parallel norms) against one process, for every placement, qk-LayerNorm under RMSNorm blocks and both logit soft-caps;
+rank 0 writes the max differences to argv[1]."""
 
 import json
 import sys
@@ -14,10 +15,11 @@ from training.parallel import full, shard_model
 STEPS = 4
 
 
-def train(placement: str, norm: str, how: str | None) -> tuple[list[float], dict, dict]:
+def train(placement: str, norm: str, how: str | None, **extra) -> tuple[list[float], dict, dict]:
     torch.manual_seed(0)
-    model = Llama(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16,
-                            norm=norm, placement=placement, norm_impl="fast", ops_impl="fast", qk_norm=True))
+    model = Llama(ModelArgs(**{**dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16,
+                                      norm=norm, placement=placement, norm_impl="fast", ops_impl="fast",
+                                      qk_norm=True), **extra}))
     if how:
         shard_model(model, how, tp_size=2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # linear in the gradients: float noise stays float noise
@@ -37,13 +39,20 @@ def train(placement: str, norm: str, how: str | None) -> tuple[list[float], dict
 def main() -> None:
     dist.init_process_group("gloo")
     out = {}
-    for placement in ("pre", "post", "peri", "reordered", "deepnorm"):
-        for norm in ("rmsnorm", "layernorm"):
-            ref, par = train(placement, norm, None), train(placement, norm, "tp")
-            out[f"{placement}/{norm}"] = {
-                "loss": max(abs(a - b) for a, b in zip(ref[0], par[0], strict=True)),
-                "grad_norm_rel": max(abs(ref[1][n] - par[1][n]) / max(ref[1][n], 1e-3) for n in ref[1]),
-                "param": max((ref[2][n] - par[2][n]).abs().max().item() for n in ref[2])}
+    # qk_norm=True (the old spelling: the block norm per head) for every placement and norm; qk-LayerNorm under
+    # RMSNorm blocks (its own gains, Replicate DTensors fed head-sharded q and k); with both soft-caps (per head on
+    # the explicit attention path, elementwise on the logits): caps of ~1x the logits' size, so they bite
+    cases = [(placement, norm, {}) for placement in ("pre", "post", "peri", "reordered", "deepnorm")
+             for norm in ("rmsnorm", "layernorm")]
+    cases += [(placement, "rmsnorm", {"qk_norm": "layernorm"}) for placement in ("pre", "post")]
+    cases += [("pre", "rmsnorm", {"qk_norm": "layernorm", "attn_softcap": 1.0, "logit_softcap": 0.1})]
+    for placement, norm, extra in cases:
+        ref, par = train(placement, norm, None, **extra), train(placement, norm, "tp", **extra)
+        name = "/".join([placement, norm, *(f"{k}={v}" for k, v in extra.items())])
+        out[name] = {
+            "loss": max(abs(a - b) for a, b in zip(ref[0], par[0], strict=True)),
+            "grad_norm_rel": max(abs(ref[1][n] - par[1][n]) / max(ref[1][n], 1e-3) for n in ref[1]),
+            "param": max((ref[2][n] - par[2][n]).abs().max().item() for n in ref[2])}
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
     teardown()  # a bounded barrier first: gloo can abort a rank that leaves while another still works

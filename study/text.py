@@ -1,0 +1,23 @@
+"""Numbers as every page of a study writes them (report.md, decision.md, the README's generated blocks): one
+formatter for a value, one for a confidence interval, so the same number reads the same everywhere."""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt(x, spec: str = ".3f") -> str:
+    """x formatted by `spec`; '-' for a missing or non-finite value."""
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def g(x) -> str:
+    """Three significant digits ('-' for none): LRs, LR50s and ratios."""
+    return fmt(x, ".3g")
+
+
+def interval(ci, spec: str = ".3g") -> str:
+    """'lo..hi' of a 95% CI; an end the data leave unbounded (None) is 'open'; no CI at all is 'no CI'."""
+    if not ci:
+        return "no CI"
+    return "..".join("open" if end is None else format(end, spec) for end in ci)
