@@ -8,9 +8,10 @@ Stopping together. An error is either a collective outcome or one rank's own:
   checks whose answer may differ by rank (what each node sees, how much memory it has) go through agree;
 - any other error stays on the rank that raised it (a full disk under rank 0's metrics writes, a crash, one
   rank's fault): that rank records it in the job's key-value store (torchrun's agent store, or rank 0's), then
-  aborts its process group, so a peer blocked in a collective with it fails at once instead of waiting out a
-  timeout. A peer whose collective failed reads the record and stops with the same exit code; when there is no
-  record, it finds the rank that died (by its pid, on the same host) and says so.
+  aborts its process group and leaves (unless its process keeps the store), so a peer blocked in a collective with
+  it fails at once instead of waiting out a timeout. A peer whose collective failed reads the record and stops
+  with the same exit code; when there is no record, it finds the rank that died (by its pid, on the same host)
+  and says so.
 
 Either way every rank ends in leave(): the master (rank 0, or the lowest survivor when rank 0 died) prints the one
 line, every rank waits at a bounded barrier kept in the store (never a collective barrier without a timeout), and
@@ -341,7 +342,11 @@ def leave(d: Dist, code: int, line: str | None, shared_outcome: bool, lost_conta
         printer = min(r for r in range(d.world_size) if r not in dead or r == d.rank)
         if d.rank == printer and not (shared_outcome and verdict["line"] == line):
             _say(_as_seen_by(verdict, line))
-        _barrier(d, "left", FAILURE_WAIT_S, failing=True)  # the store may live in this process: let the others read it
+        # the store may live in this process (rank 0 without torchrun's agent): let the others read it. Any other
+        # rank leaves at once: a peer blocked in a collective with it is freed only by its exit, since gloo's abort
+        # leaves the connections open while DDP / FSDP / a device mesh hold the group (measured: 10 s sooner)
+        keeps_store = d.rank == 0 and not d.agent_store
+        _barrier(d, "left", FAILURE_WAIT_S if keeps_store else 0.0, failing=True)
         return verdict["code"]
     except _StoreLost:
         return _store_lost(d)
@@ -371,8 +376,10 @@ def _store_lost(d: Dist) -> int:
 
 
 def _abort() -> None:
-    """Leave the process group at once, closing its connections: a peer blocked in a collective with this rank
-    fails now rather than at the group's timeout (measured: within 0.01 s on gloo)."""
+    """Leave the process group at once, so that a peer blocked in a collective with this rank fails rather than
+    waiting out the group's timeout. On gloo that happens when the connections close: at the abort when nothing
+    else holds the group (within 0.01 s, measured), else when this process exits (DDP, FSDP and device meshes
+    hold it)."""
     if dist.is_initialized():
         try:
             dist.distributed_c10d._abort_process_group()
