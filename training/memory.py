@@ -9,12 +9,14 @@ The estimate, per process (bytes; the terms measured on torch 2.13's CPU build):
   and gradients under FSDP; the probe's copy of the blocks' parameters on the steps it observes;
 - activations of one micro-batch (micro_batch_size x seq_len tokens), saved for the backward pass: per token and
   block 7 dim + 3 ffn hidden + 3 kv dim floats (+ 2 dim for qk-norm, + 2 dim for a peri block's output norms),
-  measured with autograd's saved-tensor hooks; the head's logits and their gradient (2 vocab floats a token, 3
-  with the reference cross-entropy); under tensor parallelism a rank holds its heads' and hidden units' share and
-  the full-width inputs it gathers. Backward and glibc's heap (training/cpu.py keeps freed memory) add
-  FRAGMENTATION;
-- the stability probe's attention-logit max, on the steps it observes: a block of at most MAX_SCORES scores (as
-  many whole sequences as that holds, or query rows of one), three alive at once, and its causal masks;
+  measured with autograd's saved-tensor hooks; with attention soft-capping (explicit attention) 2 x heads x seq_len
+  more for its capped logits and softmax weights, 2 dim for the keys and values repeated per head; the head's
+  logits and their gradient (2 vocab floats a token, 3 with the reference cross-entropy); under tensor
+  parallelism a rank holds its heads' and hidden units' share and the full-width inputs it gathers. Backward and
+  glibc's heap (training/cpu.py keeps freed memory) add FRAGMENTATION;
+- the stability probe's attention-logit max and entropy, on the steps it observes: a block of at most MAX_SCORES
+  scores (as many whole sequences as that holds, or query rows of one), four alive at once (the scores, capped,
+  softmax weights, x log x), and its causal masks;
 - evaluation (no gradients): a micro-batch's logits, their float32 copy and log-softmax.
 On CUDA the training state and activations live on the GPU and are checked against its free memory instead.
 
@@ -91,16 +93,18 @@ def estimate(cfg: Config, world: int, data_world: int, micro: int, device: str =
 
     tokens = micro * T
     layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm else 0) + (2 * d if a.placement == "peri" else 0)
+    if a.attn_softcap:  # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
+        layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
     if tp > 1:  # its heads and hidden units; the gathered full-width inputs of attention and feed-forward
         layer = layer / tp + 2 * d
     head = (3 if a.ops_impl == "reference" else 2) * a.vocab_size + 3 * d
     activations = FRAGMENTATION * 4.0 * tokens * (a.n_layers * layer + head)
     probe = 0.0
-    if probe_on:  # metrics.attention_logit_max: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
+    if probe_on:  # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
         heads = H // tp
         rows = max(1, min(T, MAX_SCORES // (heads * T)))
         block = min(micro, max(1, MAX_SCORES // (heads * T * T))) * heads * T * T if rows == T else heads * rows * T
-        probe = FRAGMENTATION * (3 * 4.0 * block + 2.0 * rows * T) + snapshot  # abs, scaled, masked; two masks
+        probe = FRAGMENTATION * (4 * 4.0 * block + 2.0 * rows * T) + snapshot  # scores, capped, weights, x log x
     evaluation = FRAGMENTATION * 4.0 * tokens * (3 * a.vocab_size + 4 * d + f)
 
     parts = {"process": process + RUNTIME if device == "cpu" else 0.0, "training state": state}
