@@ -127,10 +127,15 @@ def test_a_rank_killed_mid_run_is_named_by_the_survivors_of_a_2d_mesh(tmp_path, 
 
 
 # -- the job's layout is checked before anything divides, every rank sees one run directory --------------------------
-@pytest.mark.slow
-def test_tp_size_that_does_not_divide_the_processes_is_one_line(tmp_path, tiny):
-    job = launch(2, [*tiny, "--name", "t", "train.parallel=tp", "train.tp_size=4"])  # ZeroDivisionError before
-    _stopped_together(job, train.EXIT_BAD_INPUT, "train.tp_size=4 must divide the number of processes (2)")
+def test_tp_size_that_does_not_divide_the_processes_is_refused_before_anything_divides():
+    """train.tp_size=4 on 2 processes: a ConfigError (one line, exit 2) before the data coordinates are computed
+    (a ZeroDivisionError traceback before). In-process with the job's shape: the check precedes any collective,
+    so no process group is needed; the 2-process path of the same check is the seq_len one below."""
+    from training.distributed import Dist
+
+    cfg = load_config(TINY, ["train.parallel=tp", "train.tp_size=4"])
+    with pytest.raises(ConfigError, match=r"train.tp_size=4 must divide the number of processes \(2\)"):
+        train.train(cfg, False, "t", Dist(rank=0, world_size=2, local_world=2))
 
 
 @pytest.mark.slow
@@ -143,7 +148,7 @@ def test_seq_len_that_tp_cannot_split_is_one_line(tmp_path, tiny):
 def test_ranks_that_do_not_share_the_run_directory_are_refused(tmp_path, tiny):
     """Two 'nodes' with a directory each (no shared file system): refused at start, naming the option, where it
     used to report ok and leave a DCP checkpoint in pieces."""
-    job = launch(2, [*tiny, "--name", "n", "train.parallel=fsdp"],
+    job = launch(2, [*tiny, "--name", "n", "train.parallel=fsdp"], env={"NORMLAB_SHARED_WAIT_S": "0.5"},
                  per_rank={1: [f"log.out_dir={tmp_path / 'node1'}"]})
     _stopped_together(job, train.EXIT_BAD_INPUT, "rank 1 does not see the run directory rank 0 writes (")
     assert "file system every node shares" in job.errors()[0][1]

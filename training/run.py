@@ -10,6 +10,7 @@ distributed.on_master: whatever it finds or fails at reaches every rank, so no r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -111,10 +112,10 @@ def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Di
     """Every rank must see the run directory rank 0 writes (multi-node: a file system every node shares; a
     directory per node would leave each sharded checkpoint in pieces and nothing to resume) and run the config
     rank 0 runs; otherwise ConfigError on every rank, naming the first rank that differs. The token file may take
-    a moment to appear over a network file system: a rank looks for it for up to 5 s."""
+    a moment to appear over a network file system: a rank looks for it for up to 5 s (NORMLAB_SHARED_WAIT_S)."""
     mine = Path(cfg.log.out_dir) / token
     error = None
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + float(os.environ.get("NORMLAB_SHARED_WAIT_S", "5"))
     while not _holds(mine, token) and time.monotonic() < deadline:
         time.sleep(0.1)
     if not _holds(mine, token):
