@@ -31,7 +31,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
                  "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm_in/absmax/layer_{i}", "norm/gain/layer_{i}",
                  "attn/logit_max/layer_{i}", "attn/entropy/layer_{i}"]
-    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "grad/norm",
+    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "val/bpb", "grad/norm",
               "grad/clipped", "grad/absmax/trunk",
               "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
     per_layer += [f"update/ratio/layer_{{i}}/{m}" for m in ("attention.wq", "attention.wk", "attention.wv",
@@ -236,14 +236,14 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch
     """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
     real, calls = train.evaluate, []
 
-    def nan_at_the_end(model, *args):  # eval_every > steps: called at step 0 (L0), then after the last step
+    def nan_at_the_end(model, *args, **kwargs):  # eval_every > steps: called at step 0 (L0), then after the last
         calls.append(1)
         if len(calls) == 1:
-            return real(model, *args)
+            return real(model, *args, **kwargs)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))  # the weights went bad in the last step
-        return float("nan"), float("nan")
+        return {"val/loss": float("nan"), "val/loss_se": float("nan"), "val/bpb": float("nan")}
 
     monkeypatch.setattr(train, "evaluate", nan_at_the_end)
     code = run_tiny("--name", "n", "train.steps=4", "train.eval_every=100")
