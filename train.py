@@ -268,8 +268,14 @@ def loop(cfg: Config, d: distributed.Dist, run: RunDir, model, opt, data, parts:
                 break
     except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays the resumable state
         status = "interrupted"
-    finally:
-        stop.restore()
+    except BaseException:
+        # under torchrun the handler (it only takes note) stays until leave() ignores both signals: torchrun sends
+        # SIGTERM to the others once one process exits, and a survivor of a failed collective must not be killed
+        # by it before it reads why and reports (measured: rank 0 exited -15 without a line)
+        if d.world_size == 1:
+            stop.restore()
+        raise
+    stop.restore()
     status, diverged_at = finish(run, cfg, d, model, data, logger, status, diverged_at, done, t_start)
     if status == "diverged":
         return EXIT_DIVERGED

@@ -104,6 +104,22 @@ def test_one_rank_error_stops_every_rank_at_once_with_one_line(tmp_path, tiny, p
 
 
 @pytest.mark.slow
+def test_under_torchrun_a_rank_0_fault_between_dcp_collectives_is_one_line_and_exit_4_on_both(tmp_path, tiny):
+    """As users launch it (torchrun's agent keeps the store, and it sends SIGTERM to the others once one process
+    exits): rank 0 fails alone after writing its DCP shards and leaves at once; rank 1, freed by its exit, reads
+    its record. Before: rank 1 found rank 0 gone and printed the line a second time (and a survivor could be killed
+    by the agent's SIGTERM, exit -15, before saying anything)."""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "train.py", *tiny, "--name", "t", "train.parallel=fsdp"], cwd=train.REPO, text=True,
+                       capture_output=True, timeout=2 * QUICK,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "NORMLAB_KILL_AT": "checkpoint:1:enospc",
+                            "NORMLAB_FAULT_RANK": "0"})
+    lines = [line for line in r.stderr.replace("\r", "\n").splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "No space left on device" in lines[0], r.stderr[-3000:]
+    assert r.stderr.count("exitcode  : 4") == 2 and "exitcode  : -15" not in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_rank_0_failing_to_rewrite_a_resumed_runs_files_stops_every_rank(tmp_path, tiny):
     """A corrupt meta.json on --resume (2-process FSDP resuming a one-process .pt run): rank 0 alone reads it; its
     error reached no other rank (128 s and a JSONDecodeError traceback before)."""

@@ -340,7 +340,10 @@ def leave(d: Dist, code: int, line: str | None, shared_outcome: bool, lost_conta
         _abort()
         dead = verdict.get("dead") or _dead(d, [0])
         printer = min(r for r in range(d.world_size) if r not in dead or r == d.rank)
-        if d.rank == printer and not (shared_outcome and verdict["line"] == line):
+        # one line for the job: the printer is the lowest live rank, and a rank that finds the one that printed
+        # already gone (it left first) would otherwise print the line a second time
+        if d.rank == printer and not (shared_outcome and verdict["line"] == line) \
+                and _store(d, "add", d.prefix + "said", 1) == 1:
             _say(_as_seen_by(verdict, line))
         # the store may live in this process (rank 0 without torchrun's agent): let the others read it. Any other
         # rank leaves at once: a peer blocked in a collective with it is freed only by its exit, since gloo's abort
