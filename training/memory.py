@@ -20,9 +20,9 @@ The estimate, per process (bytes; the terms measured on torch 2.13's CPU build):
 - evaluation (no gradients): a micro-batch's logits, their float32 copy and log-softmax.
 On CUDA the training state and activations live on the GPU and are checked against its free memory instead.
 
-Measured peak RSS / estimate (/usr/bin/time, 2 steps with the probe's first step and an eval): 0.69 (tiny, seq_len
-4096: the probe's blocks and the activations are counted as if alive together), 0.90 (the same without the probe,
-micro-batch 16), 1.04 (default.yaml at seq_len 512), 0.94 (dim 256, seq_len 1024). The check compares the estimate
+Measured peak RSS / estimate (/usr/bin/time -v, 2 steps with the probe's first step and an eval, qk_stats with
+attention entropy): 0.89 (tiny.yaml), 1.06 (default.yaml), 0.97 (default.yaml at seq_len 1024), 0.65 (tiny at
+seq_len 4096: the probe's blocks and the activations are counted as if alive together). The check compares the estimate
 with all that is available: a run that fits by a few percent may still not."""
 
 from __future__ import annotations
