@@ -217,13 +217,6 @@ def test_memory_check_refuses_with_the_largest_that_fits(tmp_path, data_args, ca
     assert "too few for" in capsys.readouterr().err  # the corpus' splits are shorter than that
 
 
-@pytest.mark.slow
-def test_memory_refusal_is_one_line_from_two_processes(tmp_path, tiny):
-    job = launch(2, [*tiny, "--name", "big", "train.seq_len=4000000"])
-    _stopped_together(job, train.EXIT_BAD_INPUT, "more memory per process")
-    assert "for each of the 2 processes on this machine" in job.errors()[0][1]
-
-
 # -- nothing saved is skipped: the newest readable checkpoint of either kind ------------------------------------------
 def _to_dcp(pt: Path, dcp: Path) -> None:
     """A .pt checkpoint's full state rewritten as a one-process DCP directory (what a sharded run writes)."""
