@@ -36,7 +36,8 @@ FIELDS = [
     ("data.val_fraction=1.5", "data.val_fraction must be in (0, 1)"), ("train.seq_len=0", "train.seq_len"),
     ("data.source=ftp:x", "unknown data source 'ftp:x'"), ("train.eval_every=0", "train.eval_every must be > 0"),
     ("steps=3", "unknown config key 'steps'"), ("optim.lr", "expected key=value"),
-    ("train.seq_len=100000", "too few for"),  # longer than the corpus' splits: one line before any allocation
+    ("train.seq_len=100000000", "more memory per process"),  # too big for any machine: refused before it starts
+    ("train.tp_size=0", "train.tp_size must be > 0"),
 ]
 SOURCES = [  # text sources: (file contents, or a directory)
     ("missing", None, "matches no files"), ("empty", b"", "non-empty documents"),

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 from conftest import tiny_args
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import Llama
 from training.metrics import DYT_SATURATION, StabilityProbe, group_parameters
@@ -88,6 +89,40 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
         gain = torch.cat([block.attention_norm.weight, block.ffn_norm.weight]).mean()
         assert metrics[f"norm/gain/layer_{i}"] == pytest.approx(gain.item())
     torch.testing.assert_close(model.output(model.norm(h)), logits)  # the written-out forward is the model's
+
+
+def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monkeypatch):
+    """Past MAX_SCORES scores per sequence the probe takes query rows in blocks (it held whole seq_len^2 score
+    matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run at 20 GB); the same maximum and
+    attention entropy."""
+    from training import metrics
+
+    torch.manual_seed(0)
+    model = Llama(tiny_args(max_seq_len=512, qk_norm=True))
+    x = torch.randn(2, 512, 32) * 3
+    attention = model.layers[0].attention
+    with torch.no_grad():
+        q, k = attention.qk(x, (model.rope_cos, model.rope_sin))
+        scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).abs().tril() / math.sqrt(q.shape[-1])
+        whole, whole_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
+        monkeypatch.setattr(metrics, "MAX_SCORES", 4 * 512 * 100)  # blocks of 100 query rows, the last one shorter
+        with _Largest() as seen:
+            blocks, blocks_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
+    assert whole == blocks == scores.amax()
+    assert blocks_entropy.item() == pytest.approx(whole_entropy.item(), rel=1e-6)  # row blocks: the same entropy
+    assert seen.most <= metrics.MAX_SCORES  # no tensor of the probe held more (a whole sequence is 4 x 512^2)
+
+
+class _Largest(TorchDispatchMode):
+    """The most elements of any tensor an op made while active."""
+
+    most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.most = max([self.most, *sizes])
+        return out
 
 
 def test_update_ratio_per_matrix_and_gains_apart():

@@ -30,12 +30,12 @@ SLOW = {
     "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~1 min)",
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~20 s)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~40 s)",
-    "torchrun --nproc_per_node 2 train.py": "the default model in two processes (minutes); "
+    "torchrun --standalone --nproc_per_node 2 train.py": "the default model in two processes (minutes); "
     "tests/test_train.py runs it on the tiny config",
-    "torchrun --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes (minutes); "
-    "tests/test_sharded.py runs it on the tiny config",
-    "torchrun --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes (minutes); "
-    "tests/test_sharded.py runs it on the tiny config",
+    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes "
+    "(minutes); tests/test_sharded.py runs it on the tiny config",
+    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes "
+    "(minutes); tests/test_sharded.py runs it on the tiny config",
     MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
     "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch":
         "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",

@@ -192,9 +192,9 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path, data_args, parallel):
-    """`torchrun --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny config, so it
-    takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the sample
-    printed once."""
+    """`torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny
+    config, so it takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the
+    sample printed once."""
     r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
                         "--name", "r", "optim.lr=1e-2", "train.steps=30", f"train.parallel={parallel}",
                         *(["model.qk_norm=true"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
@@ -266,7 +266,7 @@ def fsdp_reference(tmp_path_factory, prepared):
 def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterrupted_curve(tmp_path, fsdp_reference):
     """SIGKILL on every rank after the second DCP save's shards are written, before the rotation: --resume
     continues from the first and ends on the reference curve bit for bit. A full disk at the same moment: one line
-    per rank saying so (exit 4 each), the first checkpoint intact, and --resume again ends on the curve."""
+    saying so (exit 4 on every rank), the first checkpoint intact, and --resume again ends on the curve."""
     ref, data = fsdp_reference
     for action in ("", ":enospc"):
         name = f"k{action[1:]}"
@@ -277,7 +277,8 @@ def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterru
         assert torch.load(ckpt / "latest.dcp" / "extra.pt", weights_only=False)["step"] == 2  # the last whole one
         if action:
             lines = [line for line in r.stderr.splitlines() if "cannot write the run's files" in line]
-            assert len(lines) == 2 and all("No space left on device" in line for line in lines), r.stderr[-2000:]
+            assert len(lines) == 1 and "No space left on device" in lines[0], r.stderr[-2000:]
+            assert r.stderr.count("exitcode  : 4") == 2, r.stderr[-2000:]  # torchrun's report: both ranks exit 4
         r = _torchrun_train(2, *args, "--resume")
         assert r.returncode == 0, r.stderr[-3000:]
         assert _curve(tmp_path / name) == _curve(ref), action  # DCP round trip, loader and RNG restored: exact
@@ -300,7 +301,7 @@ def test_a_damaged_latest_dcp_falls_back_to_previous_and_a_pt_resumes_onto_fsdp(
     assert train.main(["--name", "d", "--resume", f"log.out_dir={tmp_path}", "train.parallel=ddp",
                        "train.micro_batch_size=4", "train.stop_at=0"]) == 0
     err = capsys.readouterr().err
-    assert "latest.dcp cannot be read" in err and "resumed from previous.dcp (step 2)" in err
+    assert "latest.dcp cannot be read" in err and "resuming from previous.dcp (step 2)" in err
     assert _close(_curve(tmp_path / "d"), _curve(ref), 1e-5)
 
     assert train.main([*args, "--name", "p", "train.stop_at=2", "train.micro_batch_size=4"]) == 0

@@ -1,14 +1,17 @@
 """Atomic save / load of the full training state, for exact resume: one file (latest.pt, previous.pt) in one
 process or under DDP; under FSDP2 / tensor parallelism a torch.distributed.checkpoint (DCP) directory (latest.dcp,
 previous.dcp) that every rank writes its shards into, and that a load reshards to whatever world size reads it
-(saved on 2 ranks, resumed on 1, or the reverse). And load_run: a run's model from its newest readable checkpoint
-of either kind, for sampling and export."""
+(saved on 2 ranks, resumed on 1, or the reverse). One routine finds a run's newest readable checkpoint of either kind,
+ordered by step, for resuming (training/run.py) and for load_run (a run's model, for sampling and export)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,7 +20,7 @@ from torch import nn
 
 from training import distributed, faults
 from training.parallel import is_sharded
-from training.rundir import RunDir
+from training.rundir import RunDir, fsync_dir
 
 
 class CheckpointError(ValueError):
@@ -57,25 +60,11 @@ def save_durably(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the renames inside directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def has_checkpoint(path: str | Path) -> bool:
     """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp / previous.dcp."""
     path = Path(path)
     return path.is_file() or previous_path(path).is_file() or any(
         (path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
-
-
-def has_pt(path: str | Path) -> bool:
-    """A one-file checkpoint (latest.pt or previous.pt) beside `path`."""
-    return Path(path).is_file() or previous_path(Path(path)).is_file()
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -87,20 +76,6 @@ def load_checkpoint(path: str | Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).strip().splitlines()[0][:200]}") from None
-
-
-def load_latest(path: str | Path) -> tuple[dict, str | None]:
-    """(state, warning): the newest readable checkpoint, latest.pt or else previous.pt (the warning says why it
-    fell back); CheckpointError naming both when neither can be read."""
-    path = Path(path)
-    try:
-        return load_checkpoint(path), None
-    except CheckpointError as latest_error:
-        try:
-            state = load_checkpoint(previous_path(path))
-        except CheckpointError as previous_error:
-            raise CheckpointError(f"{latest_error}; and {previous_error}") from None
-        return state, f"{latest_error}: resuming from {previous_path(path).name} (step {state.get('step')})"
 
 
 def rng_state() -> dict:
@@ -142,17 +117,18 @@ def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
 def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
     """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
     latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate, the renames
-    fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact."""
+    fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact; rank
+    0's parts (the temporary directory, the renames) reach every rank as their outcome, never as a barrier."""
     import shutil
 
     latest, previous = dcp_paths(checkpoint)
     tmp = checkpoint.with_name(".latest.dcp.tmp")
-    master = not dist.is_initialized() or dist.get_rank() == 0
-    if master:
+
+    def fresh() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    if dist.is_initialized():
-        dist.barrier()
+
+    distributed.on_master(fresh)
     save_sharded(tmp, model, opt, extra)  # every rank's shards are written, or every rank raised
     faults.point("checkpoint")
 
@@ -164,21 +140,7 @@ def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim
         os.replace(tmp, latest)
         fsync_dir(latest.parent)
 
-    _on_master_then_everyone(rotate)
-
-
-def _on_master_then_everyone(fn) -> None:
-    """Run fn on rank 0; if it fails, every rank raises (as an OSError: a storage error), so no rank waits at a
-    barrier for one that left."""
-    error = None
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            fn()
-        except OSError as e:
-            error = str(e)
-    error = distributed.broadcast_object(error)
-    if error is not None:
-        raise OSError(error)
+    distributed.on_master(rotate)
 
 
 def _dcp_failure(e: BaseException) -> BaseException:
@@ -189,18 +151,91 @@ def _dcp_failure(e: BaseException) -> BaseException:
 
 
 def _one_line(e: BaseException) -> str:
+    """An exception as one short line: its first sentence (torch's zip reader adds four of advice); an empty message
+    says what the type means (EOFError: the file ends early)."""
     lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+    empty = {EOFError: "the file ends early (truncated?)", KeyError: "an entry is missing"}
+    reason = lines[0] if lines else next((v for k, v in empty.items() if isinstance(e, k)), "no message")
+    if len(reason) > 120 and ". " in reason:
+        reason = reason.split(". ")[0]
+    return f"{type(e).__name__}: {reason}"[:300]
 
 
-def dcp_candidates(checkpoint: Path) -> list[Path]:
-    """The DCP checkpoint directories newer than latest.pt (or all of them, without a latest.pt), newest first:
-    latest.dcp, then previous.dcp to fall back to if it cannot be read."""
-    found = sorted((p for p in dcp_paths(checkpoint) if (p / "extra.pt").is_file()),
-                   key=lambda p: (p / "extra.pt").stat().st_mtime, reverse=True)
-    if checkpoint.is_file():
-        found = [p for p in found if (p / "extra.pt").stat().st_mtime >= checkpoint.stat().st_mtime]
-    return found
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint of a run: latest.pt, previous.pt (one file), latest.dcp or previous.dcp (a sharded run's
+    directory), and the step it holds."""
+
+    path: Path
+    step: int
+
+    @property
+    def sharded(self) -> bool:
+        return self.path.suffix == ".dcp"
+
+
+def candidates(checkpoint: Path) -> tuple[list[Candidate], list[str]]:
+    """Every checkpoint beside a run's latest.pt of either kind, newest step first (a newer write breaks a tie), and
+    why the others cannot be read. The step is read cheaply: a .pt file's pickle with its tensors memory-mapped, not
+    read; a DCP directory's extra.pt (written last: without it the directory is incomplete)."""
+    found, errors = [], []
+    for path in (checkpoint, previous_path(checkpoint)):
+        if path.is_file():
+            try:
+                step = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]
+                found.append((step, path.stat().st_mtime, Candidate(path, int(step))))
+            except Exception as e:
+                errors.append(f"cannot read checkpoint {path}: {_one_line(e)}")
+    for path in dcp_paths(checkpoint):
+        if path.is_dir():
+            try:
+                step = torch.load(path / "extra.pt", weights_only=False)["step"]
+                found.append((step, (path / "extra.pt").stat().st_mtime, Candidate(path, int(step))))
+            except Exception as e:
+                errors.append(f"sharded checkpoint {path} cannot be read: "
+                              f"{'no extra.pt (incomplete)' if not (path / 'extra.pt').exists() else _one_line(e)}")
+    return [c for _, _, c in sorted(found, key=lambda x: x[:2], reverse=True)], errors
+
+
+def load_newest(checkpoint: Path, load: Callable[[Candidate], object]) -> tuple[object, Candidate, list[str]]:
+    """The newest checkpoint `load` can read, whatever its kind: (what load returned, which one, why newer ones were
+    skipped). Under torchrun every rank tries the same checkpoints in the same order (rank 0 lists them) and they
+    agree on each outcome, as a DCP load is a collective. CheckpointError naming every failure when none loads."""
+    listed = distributed.on_master(candidates, Path(checkpoint))
+    found, errors = listed
+    for c in found:
+        try:
+            with _quiet_dcp():
+                result, error = load(c), None
+        except CheckpointError as e:
+            result, error = None, CheckpointError(str(e))  # the message only: no traceback (and its frames) kept
+        error = distributed.first_error(error)
+        if error is None:
+            return result, c, errors
+        errors.append(str(error))
+    if not errors:
+        raise CheckpointError(f"no checkpoint in {Path(checkpoint).parent}")
+    raise CheckpointError("; ".join(errors))
+
+
+def skipped(errors: list[str], c: Candidate) -> str | None:
+    """The line that says a resume fell back past unreadable checkpoints, or None."""
+    return f"{'; '.join(errors)}: resuming from {c.path.name} (step {c.step})" if errors else None
+
+
+@contextmanager
+def _quiet_dcp():
+    """DCP logs every failed read to the root logger with its traceback (~80 lines for a missing .metadata) before
+    raising: the failure is one CheckpointError line (and a fallback) here, so those records are dropped."""
+    def keep(record: logging.LogRecord) -> bool:
+        return "distributed/checkpoint" not in record.pathname.replace(os.sep, "/")
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict) -> None:
@@ -277,15 +312,16 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
         with _single_process_ok():
             dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
                      no_dist=not dist.is_initialized())
-    except CheckpointException as e:  # a BaseException, raised on every rank: a storage error, one line
-        raise OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}") from None
+    except CheckpointException as e:  # a BaseException, raised on every rank (DCP gathers the failures): one line
+        error = OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}")
+        raise (distributed.shared(error) if dist.is_initialized() else error) from None
 
     def write_extra() -> None:  # written last: a directory with extra.pt is a complete checkpoint
         save_durably(extra, Path(path) / ".extra.pt.tmp")
         os.replace(Path(path) / ".extra.pt.tmp", Path(path) / "extra.pt")
         fsync_dir(Path(path))
 
-    _on_master_then_everyone(write_extra)
+    distributed.on_master(write_extra)
 
 
 def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -305,8 +341,8 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
 
 def load_run(run_dir: Path):
     """(model, prepared data directory) of a run: its config.yaml's model with the weights of its newest readable
-    checkpoint of either kind (a sharded run's latest.dcp / previous.dcp, or latest.pt / previous.pt), in eval
-    mode; ConfigError / CheckpointError (one line) when run_dir is not a usable run."""
+    checkpoint of either kind (load_newest), in eval mode; ConfigError / CheckpointError (one line) when run_dir is
+    not a usable run."""
     from data.prepare import prepare
     from model import Llama
     from training.config import ConfigError, load_config
@@ -317,18 +353,15 @@ def load_run(run_dir: Path):
     cfg = load_config(run.config)
     prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
     model = Llama(cfg.model)
-    errors = []
-    for path in dcp_candidates(run.checkpoint):  # a sharded run's checkpoints, newer than any latest.pt
+
+    def weights(c: Candidate) -> None:
+        if c.sharded:
+            return load_sharded_weights(c.path, model)
         try:
-            load_sharded_weights(path, model)
-            return model.eval(), prepared
-        except CheckpointError as e:
-            errors.append(str(e))
-    try:
-        model.load_state_dict(load_latest(run.checkpoint)[0]["model"])
-    except CheckpointError as e:
-        raise CheckpointError("; ".join([*errors, str(e)])) from None
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit {run.config}: "
-                              f"{str(e).strip().splitlines()[0][:200]}") from None
+            model.load_state_dict(load_checkpoint(c.path)["model"])
+        except (RuntimeError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {c.path} does not fit {run.config}: "
+                                  f"{str(e).strip().splitlines()[0][:200]}") from None
+
+    load_newest(run.checkpoint, weights)
     return model.eval(), prepared

@@ -69,6 +69,7 @@ class TrainConfig:
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
+    memory_check: bool = True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)
     sample_tokens: int = 48  # tokens of text generated at the end (0 = none)
 
 

@@ -1,12 +1,15 @@
-"""Fault injection for the kill -9 tests: with NORMLAB_KILL_AT=<point>:<n> set, the process kills itself with
-SIGKILL the n-th time it reaches point(<point>); NORMLAB_KILL_AT=<point>:<n>:enospc raises the OSError a full disk
-raises there instead (every process of a torchrun job reaches the same points). Unset (always, outside those
-tests), point() is a dict lookup.
+"""Fault injection for the fault tests: with NORMLAB_KILL_AT=<point>:<n> set, the process kills itself with SIGKILL
+the n-th time it reaches point(<point>); NORMLAB_KILL_AT=<point>:<n>:enospc raises the OSError a full disk raises
+there instead, and <point>:<n>:crash a RuntimeError (a bug). Every process of a torchrun job reaches the same points
+unless NORMLAB_FAULT_RANK=<r> names the one rank the fault fires on (what happens on one rank alone: its disk, its
+OOM kill, its bug). Unset (always, outside those tests), point() is a dict lookup.
 
-Points: start (run directory chosen, nothing written), config (config.yaml written, meta.json not yet),
-step (after an optimizer step, before its metrics are logged), log (after a metrics record), eval (inside an
-evaluation), checkpoint (the new checkpoint written to its temp file, not yet renamed), checkpoint_swap
-(latest.pt moved to previous.pt, the new one not yet in place), summary (before summary.json).
+Points: start (run directory chosen, nothing written), config (config.yaml written, meta.json not yet), resume
+(rank 0: a resumed run's checkpoint loaded, its config and meta.json about to be rewritten), step (after an
+optimizer step, before its metrics are logged), log (after a metrics record), eval (inside an evaluation),
+checkpoint (the new checkpoint written to its temp file, not yet renamed), checkpoint_swap (latest.pt moved to
+previous.pt, the new one not yet in place), summary (before summary.json). Rank 0 alone reaches config, resume,
+and a .pt checkpoint's checkpoint and checkpoint_swap; a sharded run's checkpoint point is every rank's.
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ def point(name: str) -> None:
         return
     where, _, rest = target.partition(":")
     nth, _, action = rest.partition(":")
-    if where == name:
-        _counts[name] += 1
-        if _counts[name] == int(nth or 1):
-            if action == "enospc":
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {name})")
-            os.kill(os.getpid(), signal.SIGKILL)
+    rank = os.environ.get("NORMLAB_FAULT_RANK")
+    if where != name or rank is not None and rank != os.environ.get("RANK", "0"):
+        return
+    _counts[name] += 1
+    if _counts[name] == int(nth or 1):
+        if action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {name})")
+        if action == "crash":
+            raise RuntimeError(f"injected crash at {name}")
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -69,7 +69,8 @@ class Logger:
             tqdm.write(text, file=sys.stderr)
 
     def close(self, summary: dict | None = None) -> None:
-        if not self.enabled:
+        """Close the bar, the metrics file and wandb (with the summary); a second call does nothing."""
+        if not self.enabled or self.file.closed:
             return
         self.bar.close()
         self.file.close()

@@ -108,7 +108,8 @@ def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
 
 def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy) of one attention
-    layer's input x, in one pass over chunks of the batch (never more than MAX_SCORES scores at once)."""
+    layer's input x, in one pass that holds at most MAX_SCORES scores at once: as many whole sequences as that holds,
+    or else blocks of query positions of one sequence (a 100k-token sequence's scores would be 40 GB per head)."""
     q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
     return qk_stats(q, k, getattr(attention, "softcap", 0.0))
 
@@ -120,15 +121,21 @@ def qk_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.
     that the layer uses, averaged over batch, heads and query positions; float32."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
     B, H, T, hd = q.shape
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    chunk = max(1, MAX_SCORES // (H * T * T))
+    rows = max(1, min(T, MAX_SCORES // (H * T)))  # query positions at a time: all of them when a sequence fits
+    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1  # whole sequences at a time, or one
+    keys = torch.arange(T, device=q.device)
     best = torch.zeros((), device=q.device)
     entropy = torch.zeros((), device=q.device)
     for b in range(0, B, chunk):
-        scores = (q[b:b + chunk].float() @ k[b:b + chunk].float().transpose(-1, -2)) / math.sqrt(hd)
-        best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
-        weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
-        entropy = entropy - torch.special.xlogy(weights, weights).sum()  # 0 log 0 = 0: masked keys add nothing
+        kb = k[b:b + chunk].float().transpose(-1, -2)
+        for r in range(0, T, rows):
+            causal = keys[r:r + rows, None] >= keys[None, :]  # (rows, T): key j <= query i
+            scores = (q[b:b + chunk, :, r:r + rows].float() @ kb) / math.sqrt(hd)
+            best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
+            weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
+            del scores  # before the weights' log terms exist
+            entropy = entropy - torch.special.xlogy(weights, weights).sum()  # 0 log 0 = 0: masked keys add nothing
+            del weights  # before the next block's scores exist
     return best, entropy / (B * H * T)
 
 

@@ -49,6 +49,34 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int
     return _fsdp(model, mesh["dp"], dtype) if world > tp_size else model
 
 
+def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None:
+    """Raise ValueError (one line) when `how` cannot spread this model over `world` processes: checked first, before
+    anything divides by the number of tensor groups (data_coords) or shards. Tensor parallelism needs tp_size to
+    divide the process count, seq_len to split evenly over a group (sequence-parallel norms: each rank holds an equal
+    share of the positions; an uneven split made gloo abort on mismatched collectives) and the heads and hidden
+    units to split evenly too."""
+    if how not in PARALLELISMS:
+        raise ValueError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
+    if world == 1 or how != "tp":
+        return
+    if world % tp_size:
+        fits = max(n for n in range(1, min(tp_size, world) + 1) if world % n == 0)
+        raise ValueError(f"train.tp_size={tp_size} must divide the number of processes ({world}), e.g. "
+                         f"train.tp_size={fits}")
+    if seq_len % tp_size:
+        raise ValueError(f"train.parallel=tp needs train.seq_len divisible by train.tp_size={tp_size} (each rank of a "
+                         f"tensor group holds an equal share of the positions), got {seq_len}: e.g. "
+                         f"train.seq_len={seq_len - seq_len % tp_size or tp_size}")
+    if args.tie_embeddings:
+        raise ValueError("tensor parallelism needs model.tie_embeddings=false (the embedding is sharded by rows "
+                         "of the vocabulary, the head by its output columns)")
+    for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
+                                                                                    args.ffn_hidden_dim)):
+        if count % tp_size:
+            raise ValueError(f"tensor parallelism over {tp_size} ranks needs model {name} ({count}) divisible by "
+                             f"{tp_size}")
+
+
 def data_coords(rank: int, world: int, how: str, tp_size: int) -> tuple[int, int]:
     """(this process's share of the data, the number of shares): every rank its own, except that the ranks of a
     tensor-parallel group (consecutive ranks) read the same data."""

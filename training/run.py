@@ -2,13 +2,20 @@
 saved and restored (.pt in one process or DDP, DCP when sharded; either kind resumes under any parallelism), the
 resume's allowed config changes and LR-schedule horizon, stop requests, and the outcome, decided once on rank 0.
 
-train.py drives it: open_run -> start_state | resume_state -> (loop: save_state) -> decide_status."""
+train.py drives it: open_run -> start_state | resume_state -> (loop: save_state) -> decide_status.
+
+Rank 0 alone reads and writes the run directory's files (config, meta, metrics, summary, a .pt checkpoint) through
+distributed.on_master: whatever it finds or fails at reaches every rank, so no rank trains on after it failed."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import socket
+import time
+import uuid
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -16,16 +23,16 @@ from filelock import FileLock, Timeout
 from training import distributed, faults
 from training.checkpoint import (
     CheckpointError,
-    dcp_candidates,
     has_checkpoint,
-    has_pt,
+    load_checkpoint,
     load_full_state,
-    load_latest,
+    load_newest,
     load_sharded,
     rng_state,
     save_checkpoint,
     save_sharded_checkpoint,
     set_rng_state,
+    skipped,
 )
 from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
 from training.monitor import classify, dead_gradients_at
@@ -35,11 +42,10 @@ from training.rundir import RunDir, run_meta, truncate_metrics, write_json, writ
 
 # what a resumed run may change: its length and how it runs, not what it trains
 RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
-             "train.threads", "train.malloc_tuning", "train.sample_tokens", "log.out_dir", "log.wandb",
-             "log.wandb_project",
+             "train.threads", "train.malloc_tuning", "train.memory_check", "train.sample_tokens", "log.out_dir",
+             "log.wandb", "log.wandb_project",
              # how it is spread over processes (a resume on another count splits the same global batch)
              "train.parallel", "train.tp_size", "train.micro_batch_size")
-
 
 
 def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
@@ -63,32 +69,80 @@ def resumed_config(saved: Path, given: Config | None, overrides: list[str], flag
     return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)
 
 
-
 def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:
     """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
     and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
-    or the error, so all stop alike."""
-    found, lock = None, None
-    if d.is_master:
-        try:
-            run = RunDir(run_directory(cfg, default_name, resume))
-            lock = FileLock(str(run.lock))
-            try:
-                run.path.parent.mkdir(parents=True, exist_ok=True)
-                lock.acquire(timeout=0)
-            except Timeout:
-                raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
-                                  f"it to finish or choose another --name") from None
-            found = ("ok", str(run.path), run_state(run, cfg.train.steps) if resume else "new")
-        except (ConfigError, OSError) as e:
-            found = ("error", str(e), None)
-    kind, value, how = distributed.broadcast_object(found)
-    if kind == "error":
-        raise ConfigError(value)
-    cfg.log.name = Path(value).name
-    faults.point("start")
-    return RunDir(Path(value)), how, lock
+    or the error, so all stop alike. Then every rank checks that it sees the run directory rank 0 uses and runs
+    rank 0's config (same_run)."""
+    held = {}
 
+    def decide() -> tuple[str, str, str]:
+        run = RunDir(run_directory(cfg, default_name, resume))
+        lock = FileLock(str(run.lock))
+        try:
+            run.path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
+                              f"it to finish or choose another --name") from None
+        held["lock"] = lock
+        return (str(run.path), run_state(run, cfg.train.steps) if resume else "new", _token(run, d),
+                f"{run.path.resolve()} on {socket.gethostname()}")
+
+    path, how, token, where = distributed.on_master(decide)
+    cfg.log.name = Path(path).name
+    run = RunDir(Path(path))
+    if d.world_size > 1:
+        same_run(run, token, where, cfg, d)
+    faults.point("start")
+    return run, how, held.get("lock")
+
+
+def _token(run: RunDir, d: distributed.Dist) -> str:
+    """Multi-process runs: a file beside the run directory with a fresh random token, for the others to read
+    (same_run); its name."""
+    if d.world_size == 1:
+        return ""
+    token = f".{run.name}.shared-{uuid.uuid4().hex[:12]}"
+    write_text(run.path.parent / token, token)
+    return token
+
+
+def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Dist) -> None:
+    """Every rank must see the run directory rank 0 writes (multi-node: a file system every node shares; a
+    directory per node would leave each sharded checkpoint in pieces and nothing to resume) and run the config
+    rank 0 runs; otherwise ConfigError on every rank, naming the first rank that differs. The token file may take
+    a moment to appear over a network file system: a rank looks for it for up to 5 s (NORMLAB_SHARED_WAIT_S)."""
+    mine = Path(cfg.log.out_dir) / token
+    error = None
+    deadline = time.monotonic() + float(os.environ.get("NORMLAB_SHARED_WAIT_S", "5"))
+    while not _holds(mine, token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not _holds(mine, token):
+        error = ConfigError(
+            f"rank {d.rank} does not see the run directory rank 0 writes ({where}; rank {d.rank} looked in "
+            f"{Path(cfg.log.out_dir).resolve() / run.name} on {socket.gethostname()}): every process of a run must "
+            f"read and write the same directory; put log.out_dir on a file system every node shares (a directory "
+            f"per node cannot hold a sharded checkpoint: each node would keep only its own shards)")
+    try:
+        distributed.agree(error)
+    finally:
+        if d.is_master:
+            (run.path.parent / token).unlink(missing_ok=True)
+    ours = flat(to_dict(cfg))
+    theirs = distributed.broadcast_object(ours)
+    key = next((k for k in ours if ours[k] != theirs.get(k)), None)
+    if key is not None:
+        error = ConfigError(f"rank {d.rank}'s config differs from rank 0's in {key} ({theirs.get(key)!r} on rank 0, "
+                            f"{ours[key]!r} here): launch every process with the same command and files")
+    distributed.agree(error)
+
+
+def _holds(path: Path, token: str) -> bool:
+    try:
+        return path.read_text() == token
+    except OSError:
+        return False
 
 
 def run_state(run: RunDir, steps: int) -> str:
@@ -98,7 +152,6 @@ def run_state(run: RunDir, steps: int) -> str:
             and (summary.get("steps") or 0) >= steps:
         return "finished"
     return "resume" if has_checkpoint(run.checkpoint) else "new"
-
 
 
 def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
@@ -116,7 +169,6 @@ def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
         run_dir = out / f"{default_name}-{i}"
     cfg.log.name = run_dir.name
     return run_dir
-
 
 
 def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
@@ -140,7 +192,6 @@ def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
     return event
 
 
-
 class StopRequest:
     """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (so the checkpoint is whole);
     a second Ctrl-C stops at once."""
@@ -159,26 +210,28 @@ class StopRequest:
             signal.signal(s, handler)
 
 
+def training_state(cfg: Config, loader, step: int, scaler) -> dict:
+    """What a checkpoint holds besides the model and optimizer, for either kind: the loader's position, the RNG,
+    the step, the LR horizon, the float16 loss scale."""
+    return {"loader": loader.state_dict(), "rng": rng_state(), "step": step,
+            "schedule_steps": cfg.optim.schedule_steps,
+            **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})}
+
 
 def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, loader, machine: dict):
-    """Restore the newest readable checkpoint into model, optimizer, loss scaler, loader and RNG; (its step,
-    notes). A DCP directory (latest.dcp, else previous.dcp) or a .pt file, whichever is newer, loads into any
-    parallelism: DCP reshards, a .pt's full state is distributed onto a sharded model."""
-    notes, state, dcp_error = [], None, None
-    for path in dcp_candidates(run.checkpoint):  # written by a sharded run, newer than any latest.pt
-        try:
-            state = load_sharded(path, model, opt)
-            if dcp_error:
-                notes.append(f"{dcp_error}: resumed from {path.name} (step {state.get('step')})")
-            break
-        except CheckpointError as e:
-            dcp_error = dcp_error or str(e)
+    """Restore the newest readable checkpoint (load_newest: by step, .pt and DCP alike) into model, optimizer, loss
+    scaler, loader and RNG; (its step, notes). A DCP directory reshards onto any parallelism; a .pt file's full state
+    is distributed onto a sharded model."""
+
+    def load(c) -> dict:
+        if c.sharded:
+            return load_sharded(c.path, model, opt)  # a collective: DCP raises on every rank
+        return load_checkpoint(c.path)  # read only: agreed on before any rank applies it
+
+    state, found, errors = load_newest(run.checkpoint, load)
+    notes = [n for n in [skipped(errors, found)] if n]
     try:
-        if state is None:
-            if dcp_error and not has_pt(run.checkpoint):
-                raise CheckpointError(dcp_error)
-            state, fallback = load_latest(run.checkpoint)
-            notes += [n for n in (dcp_error and f"{dcp_error}: resumed from the older .pt", fallback) if n]
+        if not found.sharded:
             load_full_state(model, opt, state["model"], state["optimizer"])
         if scaler.is_enabled() and "scaler" in state:
             scaler.load_state_dict(state["scaler"])
@@ -188,24 +241,43 @@ def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scal
     except CheckpointError:
         raise
     except Exception as e:  # any mismatch is one line and exit 2, never a traceback
-        raise CheckpointError(f"checkpoint {run.checkpoint} does not fit this config: "
+        raise CheckpointError(f"checkpoint {found.path} does not fit this config: "
                               f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
     resumed = schedule_change(step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
-    if d.is_master:
+
+    def write() -> None:
+        meta = read_meta(run)
+        faults.point("resume")
         truncate_metrics(run.metrics, step)
+        run.summary.unlink(missing_ok=True)  # extended past its end, a finished run is running again
         write_text(run.config, to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
-        meta = json.loads(run.meta.read_text()) if run.meta.is_file() else {}
         meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
         write_json(run.meta, meta)
+
+    distributed.on_master(write)
     return step, [*notes, *([resumed["note"]] if resumed["note"] else [])]
 
+
+def read_meta(run: RunDir) -> dict:
+    """A run's meta.json ({} when it has none); ConfigError (one line) when it cannot be read."""
+    if not run.meta.is_file():
+        return {}
+    try:
+        meta = json.loads(run.meta.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+        return meta
+    except ValueError as e:
+        raise ConfigError(f"{run.meta} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                          f"restore it, or delete it to resume without its record of earlier launches") from None
 
 
 def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, data_meta: dict, machine: dict):
     """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
     validated before: only now does the run directory appear."""
-    notes = []
-    if d.is_master:
+
+    def write() -> list[str]:
+        notes = []
         if run.path.exists():  # --resume before any checkpoint: what a killed start left is started over
             notes.append(f"no checkpoint in {run.path} yet: starting from step 0")
             run.metrics.unlink(missing_ok=True)
@@ -215,39 +287,34 @@ def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, data_meta:
         write_text(run.config, to_yaml(cfg))
         faults.point("config")
         write_json(run.meta, {**run_meta(model, d.device, cfg.train.dtype, d.world_size, data_meta), **machine})
-    return 0, notes
+        return notes
 
+    return 0, distributed.on_master(write)
 
 
 def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler) -> None:
     """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
     scale too, so a resumed run scales its next step as the uninterrupted one would. A sharded model (fsdp, tp)
     writes a DCP directory instead, every rank its shards (resumable on any number of processes)."""
+    extra = training_state(cfg, loader, step, scaler)
     if is_sharded(model):
-        save_sharded_checkpoint(run.checkpoint, model, opt, {
-            "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-            "schedule_steps": cfg.optim.schedule_steps,
-            **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
+        save_sharded_checkpoint(run.checkpoint, model, opt, extra)
         return
-    if d.is_master:
-        save_checkpoint(run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                         "loader": loader.state_dict(), "rng": rng_state(), "step": step,
-                                         "schedule_steps": cfg.optim.schedule_steps,
-                                         **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})})
-
+    distributed.on_master(lambda: save_checkpoint(run.checkpoint, {"model": model.state_dict(),
+                                                                   "optimizer": opt.state_dict(), **extra}))
 
 
 def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy: float | None) -> str:
     """The outcome of a run that ran to its end, judged on its whole val curve (training/monitor.py) by rank 0,
-    which reads the metrics it wrote (other nodes may not share its file system), and broadcast: every rank
-    exits with the same verdict."""
-    status = None
-    if d.is_master:
+    which reads the metrics it wrote, and broadcast (or its error): every rank exits with the same verdict."""
+
+    def judge() -> str:
         records = run.records()
         evals = [(r["step"], r.get("val/loss")) for r in records if "val/loss" in r]
         init = next((v for s, v in evals if s == 0), None)
         later = [(s, v) for s, v in evals if s > 0]
-        status = classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
-                          cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon,
-                          dead_gradients_at(records))
-    return distributed.broadcast_object(status)
+        return classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
+                        cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon,
+                        dead_gradients_at(records))
+
+    return distributed.on_master(judge)

@@ -134,10 +134,24 @@ def summarize(records: list[dict], status: str, steps_done: int, total_steps: in
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace a file atomically (a reader sees the old or the new content, never half)."""
+    """Replace a file atomically (a reader sees the old or the new content, never half) and durably (fsynced before
+    the rename, the rename fsynced after: a power cut leaves the old file or the new one, never an empty one)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames inside directory `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, obj: dict) -> None:
