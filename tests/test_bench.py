@@ -59,7 +59,7 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
 def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp_path, corpus_file):
     data = [f"data.source=text:{corpus_file}", f"data.root={tmp_path / 'd'}", "data.vocab_size=320",
             "data.val_fraction=0.1", "train.steps=6", "train.eval_every=3"]
-    out = _script("bench_study", "--study", "configs/studies/quick.yaml", "--runs", "2", "--rounds", "1",
+    out = _script("bench_study", "--study", "configs/studies/quick.yaml", "--runs", "1", "--rounds", "1",
                   "--workers", "1", "--set", *data)
     for row in ("| start-up and exit |", "| steps |", "| evals |", "| **total** |", "| 1 | "):
         assert row in out

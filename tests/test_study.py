@@ -346,13 +346,34 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
     assert "chance, E|mean| / RMS of zero-mean d-dim vectors, is 0.14 at d = 32, 0.10 at d = 64)" in line
 
 
-@pytest.mark.slow
+# The study files whose quick versions run end to end here: between them every stage and report part a study file
+# can ask for (the protocol's stages with the common LR and failure seeds, every claim metric, exclusions, the DyT
+# saturation and log Z figures, width trends, qk-norm arms). Every other file's quick version is checked without
+# running (below): its grid expands, its claims parse, `sweep.py --quick --dry-run` lists it.
+RUN_QUICK = ("norm-placement-lr", "dyt", "width-pre", "output-logits", "attention-logits")
+
+
 @pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_study_config_runs_its_quick_version(tmp_path, data_set, path):
+def test_every_study_configs_quick_version_expands_and_lists(tmp_path, path, capsys):
     study = studyfile.load_study(path)
     if study["quick"] is None:
         assert path.stem == "quick"  # the smoke study is already quick
         return
+    quick = studyfile.quick_study(study)
+    assert studyfile.expand(quick) and all(c.get("metric") for c in quick["claims"])
+    assert cli.sweep([str(path), "--quick", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert f"{len(studyfile.expand(quick))} runs -> " in capsys.readouterr().out
+
+
+def test_the_quick_studies_run_here_exist():
+    assert all((STUDIES / f"{name}.yaml").is_file() for name in RUN_QUICK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUN_QUICK)
+def test_representative_study_configs_run_their_quick_version(tmp_path, data_set, name):
+    path = STUDIES / f"{name}.yaml"
+    study = studyfile.load_study(path)
     assert cli.sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
     out = tmp_path / f"{study['name']}-quick"
     report = json.loads((out / "report.json").read_text())
