@@ -294,7 +294,8 @@ def trend_lines(report_json: Path) -> list[str]:
 def trends(results: Path, rel: str) -> str:
     """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER -->` block;
     `rel` is FOLDER as the page names it)."""
-    lines = [f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/trend.png)): {line}"
+    lines = [f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/"
+             f"{'lr_sensitivity' if line.startswith('LR sensitivity') else 'trend'}.png)): {line}"
              for path in sorted(results.glob("*/report.json")) for line in trend_lines(path)]
     return "\n".join(lines) + "\n"
 

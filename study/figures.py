@@ -60,6 +60,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     final_losses(plt, res, colors, out, made)
     loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
+    sensitivity_by_axis(plt, res, out, made)
     return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
 
@@ -326,14 +327,68 @@ def _layer_matrix(run: Run, prefix: str):
     return [r["step"] for r in recs], [[r.get(f"{prefix}{i}") or 0.0 for r in recs] for i in range(n)]
 
 
+def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
+    """Wortsman et al. 2023 Fig. 1 style, along a numeric axis (width): one panel per group of arms that agree on
+    everything but the axis, the mean final val loss over seeds (capped at L0) vs LR at each value of the axis;
+    and a last panel with each group's LR sensitivity (mean over seeds, 95% t CI) against the axis with its fitted
+    slope (study/trend.py)."""
+    import math
+
+    sens = [t for t in res.trends if t.what == "LR sensitivity"]
+    if not sens:
+        return
+    axis = sens[0].axis
+    sens = [t for t in sens if t.axis == axis]
+    values = sorted({x for t in sens for x, _, _ in t.points})
+    shade = {x: plt.cm.viridis(i / max(len(values) - 1, 1) * 0.85) for i, x in enumerate(values)}
+    fig, axes = plt.subplots(1, len(sens) + 1, figsize=(4.2 * (len(sens) + 1), 3.6), squeeze=False)
+    by_axis = sorted(res.arms.items(), key=lambda item: item[1].runs[0].config.get(axis))
+    for i, (ax, t) in enumerate(zip(axes[0], sens, strict=False)):
+        for _, a in by_axis:
+            cfg = a.runs[0].config
+            where = ", ".join(f"{k.rsplit('.', 1)[-1]}={cfg.get(k)}" for k in res.keys if k != axis) or "every arm"
+            if where != t.pair:
+                continue
+            at: dict = {}
+            for r in a.runs:
+                v, l0 = r.summary.get("final_val_loss"), r.init_loss
+                if r.finished and l0 is not None:
+                    at.setdefault(r.lr, []).append(l0 if v is None or not math.isfinite(v) else min(v, l0))
+            xs = sorted(at)
+            ax.plot(xs, [statistics.fmean(at[x]) for x in xs], "o-", ms=3, color=shade[cfg.get(axis)],
+                    label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}")
+        _axes(ax, "peak learning rate", "final val loss (mean over seeds)" if i == 0 else "", t.pair, logx=True)
+    ax = axes[0][-1]
+    for i, t in enumerate(sens):
+        color = plt.cm.tab10(i % 10)
+        pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
+        for x, e, ci in pts:
+            ax.errorbar([x], [e], yerr=[[e - ci[0]], [ci[1] - e]] if ci else None, fmt="o", color=color, capsize=3)
+        slope = "no slope" if t.slope is None else f"{t.slope:+.3f}/doubling"
+        if t.slope is not None and pts:
+            xs = sorted(p[0] for p in pts)
+            ax.plot(xs, [fitted(t, x) for x in xs], color=color, lw=1, label=f"{t.pair}: {slope}")
+        else:
+            ax.plot([], [], color=color, label=f"{t.pair}: {slope}")
+    _axes(ax, axis, "LR sensitivity (nats)", f"LR sensitivity by {axis}", logx=sens[0].log2, legend=6)
+    ax.set_xticks(values, [f"{x:g}" for x in values])
+    ax.minorticks_off()
+    _save(fig, out / "lr_sensitivity.png", made,
+          f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss over seeds vs "
+          f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each arm's LR "
+          "sensitivity with its 95% t CI over seeds and the fitted slope per doubling (Knapp-Hartung)")
+
+
 def trend_figure(plt, res, out: Path, made: list) -> None:
-    """Each trend (study/trend.py): the estimates with their 95% CIs against the axis, and the fitted line."""
-    if not res.trends:
+    """Each comparison's trend (study/trend.py): the estimates with their 95% CIs against the axis, and the fitted
+    line (LR sensitivity trends are drawn by sensitivity_by_axis)."""
+    trends = [t for t in res.trends if t.what != "LR sensitivity"]
+    if not trends:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, what, ylabel in ((axes[0], "LR50 ratio", "log10 LR50 ratio"), (axes[1], "loss difference",
                                                                              "loss difference (nats)")):
-        for i, t in enumerate(x for x in res.trends if x.what == what):
+        for i, t in enumerate(x for x in trends if x.what == what):
             color = plt.cm.tab10(i % 10)
             pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
             for x, e, ci in pts:
@@ -345,10 +400,10 @@ def trend_figure(plt, res, out: Path, made: list) -> None:
             else:
                 ax.plot([], [], color=color, label=f"{t.pair}: no slope")
         ax.axhline(0, color="gray", lw=0.8, ls=":")
-        axis = res.trends[0].axis
-        drawn = any(e is not None for t in res.trends if t.what == what for _, e, _ in t.points)
-        _axes(ax, axis, ylabel, f"{what} by {axis}", logx=res.trends[0].log2 and drawn, legend=6)
-        values = sorted({x for t in res.trends for x, _, _ in t.points})
+        axis = trends[0].axis
+        drawn = any(e is not None for t in trends if t.what == what for _, e, _ in t.points)
+        _axes(ax, axis, ylabel, f"{what} by {axis}", logx=trends[0].log2 and drawn, legend=6)
+        values = sorted({x for t in trends for x, _, _ in t.points})
         ax.set_xticks(values, [f"{x:g}" for x in values])  # the values measured, not powers of ten
         ax.minorticks_off()
     _save(fig, out / "trend.png", made, "Trends: each comparison's estimate and 95% CI at every value of the axis, "

@@ -103,9 +103,10 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         lines += ["", margin_sentence(res)]
     if res.trends:
         lines += ["", "## Trends (exploratory)", "",
-                  "Each comparison along a numeric axis of the arms: the estimate and its 95% CI at each value, and a "
-                  "random-effects weighted fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI "
-                  "(study/trend.py); nothing beyond the values measured.", ""] \
+                  "Each comparison along a numeric axis of the arms, and each arm's LR sensitivity along it (mean "
+                  "over seeds, 95% t CI): the estimate and its 95% CI at each value, and a random-effects weighted "
+                  "fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI (study/trend.py); nothing "
+                  "beyond the values measured.", ""] \
             + [f"- {t.describe()}." for t in res.trends]
     lines += ["", "## What the numbers show (exploratory)", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:

@@ -1,6 +1,8 @@
 """How a comparison moves along a numeric axis of the arms (width, depth, ...): for each group of arm pairs that
 differ in one field (the norm, say) and agree on everything else but the axis, the LR50 ratio and the nested loss
-difference at each value of the axis, and a fitted slope with its 95% CI.
+difference at each value of the axis, and a fitted slope with its 95% CI. And how one arm's LR sensitivity moves
+along it (Wortsman et al. 2023, Fig. 1 right, Fig. 7-8): for each group of arms that agree on everything but the
+axis, the mean over seeds of its LR sensitivity (study/sensitivity.py) with its t interval (df n - 1) at each value.
 
 The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of the LR50 ratio,
 or the loss difference in nats) with the standard error read off its own 95% CI by the quantile that made it
@@ -33,7 +35,7 @@ def quantile(df: int | None) -> float:
 
 @dataclass
 class Trend:
-    what: str  # "LR50 ratio" | "loss difference"
+    what: str  # "LR50 ratio" | "loss difference" | "LR sensitivity"
     pair: str  # "layernorm - rmsnorm at placement=post"
     axis: str
     log2: bool
@@ -45,13 +47,15 @@ class Trend:
 
     def describe(self) -> str:
         unit = "log10 ratio" if self.what == "LR50 ratio" else "nats"
+        of = "of " if self.what == "LR sensitivity" else ""
         per = "per doubling of " + self.axis if self.log2 else "per unit of " + self.axis
         pts = "; ".join(f"{x:g}: " + ("-" if e is None else f"{e:+.3f}") + (
             f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "") for x, e, ci in self.points)
-        head = f"{self.what} {self.pair}, in {unit}, by {self.axis}: {pts}"
+        head = f"{self.what} {of}{self.pair}, in {unit}, by {self.axis}: {pts}"
         if any(e is None for _, e, _ in self.points):
-            head += " ('-': no estimate: " + ("an arm's LR50 is only bounded)" if
-                                               self.what == "LR50 ratio" else "no seed where both arms trained)")
+            head += " ('-': no estimate: " + {"LR50 ratio": "an arm's LR50 is only bounded)",
+                                              "LR sensitivity": "no seed ran every LR of the grid)"}.get(
+                self.what, "no seed where both arms trained)")
         if self.slope is None:
             return f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
         ci = f"Knapp-Hartung 95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}" if self.ci else "no CI from 2 points"
@@ -131,10 +135,42 @@ def numeric_axes(res) -> list[str]:
     return out
 
 
+def sensitivity_trends(res, axis: str) -> list[Trend]:
+    """Each group of arms that agree on every field but `axis` (at least two values of it): the arm's LR
+    sensitivity at each value, mean over seeds with its t interval, and the fitted slope."""
+    from study.paired import mean_ci
+
+    groups: dict = {}
+    for label, a in res.arms.items():
+        rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != axis)
+        groups.setdefault(rest, []).append(label)
+    out = []
+    for rest, labels in groups.items():
+        if len(labels) < 2:
+            continue
+        labels.sort(key=lambda label: res.arms[label].runs[0].config.get(axis))
+        xs = [res.arms[label].runs[0].config.get(axis) for label in labels]
+        pts, dfs = [], []
+        for x, label in zip(xs, labels, strict=True):
+            sens = res.sensitivity.get(label)
+            values = list(sens.per_seed.values()) if sens is not None else []
+            mean, ci = mean_ci(values)
+            pts.append((x, mean, ci))
+            dfs.append(max(len(values) - 1, 1))
+        if all(e is None for _, e, _ in pts):
+            continue
+        log2 = all(x > 0 for x in xs)
+        where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "every arm"
+        out.append(Trend("LR sensitivity", where, axis, log2, pts, *fit(pts, log2, dfs), tuple(dfs)))
+    return out
+
+
 def trends(res) -> list[Trend]:
-    """Every trend of res.comparisons along every numeric axis (study/result.py StudyResult)."""
+    """Every trend of res.comparisons, and of the arms' LR sensitivity, along every numeric axis (study/result.py
+    StudyResult)."""
     out = []
     for axis in numeric_axes(res):
+        out += sensitivity_trends(res, axis)
         groups: dict = {}
         for c in res.comparisons:
             if c.key == axis:

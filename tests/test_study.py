@@ -703,6 +703,40 @@ def test_lr_sensitivity_is_wortsmans_mean_over_the_grid_by_hand(tmp_path):
     assert s.mean == pytest.approx(sum(s.per_seed.values()) / 3) and s.ci[0] <= s.mean <= s.ci[1]
 
 
+def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_path):
+    """Arms norm x model.dim (constructed, grid 1e-3, 1e-2, 1e-1, 3 seeds, L* = 3.0 at 1e-2 at every width):
+    RMSNorm's LR sensitivity is 0.1 + 0.1 x log2(dim / 32) plus a seed offset that is the same at every width,
+    LayerNorm's 0.1 at every width. The report fits each arm's sensitivity against log2(dim) (slope +0.1 and 0 per
+    doubling, Knapp-Hartung CI from 3 points: t_1 x the se of the mean of 3 seeds over sqrt(sum (x - x_w)^2)),
+    writes the lines into report.md and report.json, and draws lr_sensitivity.png."""
+    from scipy.stats import t as student
+
+    from training.config import load_config
+
+    for dim in (32, 64, 128):
+        for norm in ("rmsnorm", "layernorm"):
+            for seed in range(3):
+                rise = 0.1 * math.log2(dim / 32) if norm == "rmsnorm" else 0.0
+                s_seed = 0.1 + rise + 0.01 * (seed - 1)  # S = (a + 0 + b) / 3 with a = 0.15
+                finals = {1e-3: 3.15, 1e-2: 3.0, 1e-1: 3.0 + 3 * s_seed - 0.15}
+                for lr, final in finals.items():
+                    name = f"{norm}-{dim}-{lr}-{seed}"
+                    write_run(tmp_path, name, norm, lr, seed, "ok", final)
+                    path = tmp_path / "runs" / name / "config.yaml"
+                    path.write_text(to_yaml(load_config(path, [f"model.dim={dim}"])))
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    lines = {line.split(",")[0]: line for line in text.splitlines() if line.startswith("- LR sensitivity of")}
+    rms, ln = lines["- LR sensitivity of norm=rmsnorm"], lines["- LR sensitivity of norm=layernorm"]
+    assert "by model.dim: 32: +0.100" in rms and "128: +0.300" in rms and "slope +0.100 per doubling" in rms
+    assert "slope +0.000 per doubling" in ln and "32..128 only" in ln
+    sd_mean = 0.01 / math.sqrt(3)  # the seed offsets -0.01, 0, +0.01: their sd over sqrt(3)
+    half = student.ppf(0.975, 1) * sd_mean / math.sqrt(2)  # sum (log2 dim - 6)^2 = 2
+    trend = next(t for t in json.loads((tmp_path / "out" / "report.json").read_text())["trends"]
+                 if t["what"] == "LR sensitivity" and t["pair"] == "norm=rmsnorm")
+    assert trend["slope"] == pytest.approx(0.1) and trend["ci"] == pytest.approx([0.1 - half, 0.1 + half])
+    assert (tmp_path / "out" / "lr_sensitivity.png").stat().st_size > 0
+
+
 def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_the_upper_bound():
     """Constructed runs (no training): both arms fail above 0.03 on every one of 6 seeds, train below; the upper
     one-sided 95% bound of P(fail) falls below 5% two grid steps under the edge, and the common LR is the largest such
