@@ -115,15 +115,15 @@ def logged(run_dir, key: str = "train/loss") -> list:
 
 
 def write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0,
-               step0: bool = True, placement: str = "pre"):
+               step0: bool = True, placement: str = "pre", overrides: tuple = ()):
     """A finished run directory made by hand (config, summary, a 3-step metrics file), no training: for the
-    study and report tests. final=None for a run without a final loss."""
+    study and report tests. final=None for a run without a final loss; `overrides` set more config fields."""
     import json
 
     from training.config import load_config, to_yaml
 
     cfg = load_config(Path(TINY), [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}",
-                                              f"model.placement={placement}"])
+                                              f"model.placement={placement}", *overrides])
     d = root / "runs" / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(to_yaml(cfg))

@@ -15,7 +15,7 @@ from study import arms, cli, protocol, runner, studyfile
 from study import runs as study_runs
 from study.report import write_report
 from study.result import wall_span
-from training.config import ConfigError, load_config, to_yaml
+from training.config import ConfigError, load_config
 
 CONFIGS = train.REPO / "configs" / "train"
 STUDIES = train.REPO / "configs" / "studies"
@@ -624,17 +624,13 @@ def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
     """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32) plus the same
     seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling; the report's Trends section
     says so with its CI."""
-    from training.config import load_config
 
     for dim in (32, 64, 128):
         for norm in ("rmsnorm", "layernorm"):
             for seed in range(4):
                 extra = 0.01 * math.log2(dim / 32) + 0.002 * ((seed * 7) % 3 - 1) if norm == "layernorm" else 0.0
-                name = f"{norm}-{dim}-{seed}"
-                write_run(tmp_path, name, norm, 1e-2, seed, "ok", 3.0 + seed / 10 + extra + 0.001 * (seed % 2))
-                path = tmp_path / "runs" / name / "config.yaml"
-                cfg = load_config(path, [f"model.dim={dim}"])
-                path.write_text(to_yaml(cfg))
+                write_run(tmp_path, f"{norm}-{dim}-{seed}", norm, 1e-2, seed, "ok",
+                          3.0 + seed / 10 + extra + 0.001 * (seed % 2), overrides=(f"model.dim={dim}",))
     text = write_report([tmp_path], tmp_path / "out").read_text()
     line = next(line for line in text.splitlines() if line.startswith("- loss difference layernorm - rmsnorm"))
     assert "by model.dim" in line and "slope +0.010 per doubling of model.dim" in line and "32..128 only" in line
@@ -708,10 +704,9 @@ def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_pat
     RMSNorm's LR sensitivity is 0.1 + 0.1 x log2(dim / 32) plus a seed offset that is the same at every width,
     LayerNorm's 0.1 at every width. The report fits each arm's sensitivity against log2(dim) (slope +0.1 and 0 per
     doubling, Knapp-Hartung CI from 3 points: t_1 x the se of the mean of 3 seeds over sqrt(sum (x - x_w)^2)),
-    writes the lines into report.md and report.json, and draws lr_sensitivity.png."""
+    writes the lines into the report's text and json, and draws lr_sensitivity.png."""
     from scipy.stats import t as student
 
-    from training.config import load_config
 
     for dim in (32, 64, 128):
         for norm in ("rmsnorm", "layernorm"):
@@ -720,21 +715,29 @@ def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_pat
                 s_seed = 0.1 + rise + 0.01 * (seed - 1)  # S = (a + 0 + b) / 3 with a = 0.15
                 finals = {1e-3: 3.15, 1e-2: 3.0, 1e-1: 3.0 + 3 * s_seed - 0.15}
                 for lr, final in finals.items():
-                    name = f"{norm}-{dim}-{lr}-{seed}"
-                    write_run(tmp_path, name, norm, lr, seed, "ok", final)
-                    path = tmp_path / "runs" / name / "config.yaml"
-                    path.write_text(to_yaml(load_config(path, [f"model.dim={dim}"])))
-    text = write_report([tmp_path], tmp_path / "out").read_text()
+                    write_run(tmp_path, f"{norm}-{dim}-{lr}-{seed}", norm, lr, seed, "ok", final,
+                              overrides=(f"model.dim={dim}",))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from study.figures import sensitivity_by_axis
+    from study.report import as_json, compute, render
+
+    res = compute([tmp_path])  # the report's text and json, and only the figure under test (the rest is slow)
+    text = render(res, [])
     lines = {line.split(",")[0]: line for line in text.splitlines() if line.startswith("- LR sensitivity of")}
     rms, ln = lines["- LR sensitivity of norm=rmsnorm"], lines["- LR sensitivity of norm=layernorm"]
     assert "by model.dim: 32: +0.100" in rms and "128: +0.300" in rms and "slope +0.100 per doubling" in rms
     assert "slope +0.000 per doubling" in ln and "32..128 only" in ln
     sd_mean = 0.01 / math.sqrt(3)  # the seed offsets -0.01, 0, +0.01: their sd over sqrt(3)
     half = student.ppf(0.975, 1) * sd_mean / math.sqrt(2)  # sum (log2 dim - 6)^2 = 2
-    trend = next(t for t in json.loads((tmp_path / "out" / "report.json").read_text())["trends"]
-                 if t["what"] == "LR sensitivity" and t["pair"] == "norm=rmsnorm")
+    trend = next(t for t in as_json(res)["trends"] if t["what"] == "LR sensitivity" and t["pair"] == "norm=rmsnorm")
     assert trend["slope"] == pytest.approx(0.1) and trend["ci"] == pytest.approx([0.1 - half, 0.1 + half])
-    assert (tmp_path / "out" / "lr_sensitivity.png").stat().st_size > 0
+    made = []
+    sensitivity_by_axis(plt, res, tmp_path, made)
+    assert made[0][0] == "lr_sensitivity.png" and (tmp_path / "lr_sensitivity.png").stat().st_size > 0
 
 
 def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_the_upper_bound():
