@@ -7,7 +7,10 @@ the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n 
 CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
 `<!-- replication: A,B -->` puts two result folders of one study on two corpora side by side (claims, LR50s, LR
 sensitivity, the common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block
-`<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
+`<!-- bynorm: A,B -->` gets one sentence per result folder: each of its claims that was tested under both block
+norms, grouped by what the arms differ in, with the verdict and numbers under RMSNorm and under LayerNorm blocks,
+and how many verdicts the block norm changed (and the LR-sensitivity slopes per doubling of width, where fitted). A
+block `<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
 and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
 study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
 saved output (`--save PATH.md`: the command, the machine and its tables) as it was measured.
@@ -27,7 +30,8 @@ from pathlib import Path
 from study.text import g, interval
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication): (?P<path>\S+) -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication|bynorm): (?P<path>\S+) -->\n)"
+                   r"(?P<body>.*?)"
                    r"(<!-- /(?P=kind) -->)", re.S)
 
 
@@ -162,6 +166,83 @@ def found(results: Path, rel: str) -> str:
                     + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
                     + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
+
+
+EXPECT = {("lr50", "higher"): "a higher LR50", ("lr50", "lower"): "a lower LR50",
+          ("lr_sensitivity", "higher"): "a higher LR sensitivity", ("lr_sensitivity", "lower"): "a lower LR "
+          "sensitivity", ("best_loss", "lower"): "a lower loss at its best LR", ("best_loss", "higher"): "a higher "
+          "loss at its best LR", ("common_loss", "lower"): "a lower loss at a common LR", ("common_loss", "higher"):
+          "a higher loss at a common LR"}
+
+
+def _fields(label: str, keys: list[str]) -> dict:
+    """An arm label ('layernorm/dim=32/qk_norm=none') as {field: value}, in the report's arm_keys order."""
+    return {k: part.split("=", 1)[-1] for k, part in zip(keys, label.split("/"), strict=True)}
+
+
+def _expect(c: dict, report: dict) -> str:
+    if c["expect"] == "same":
+        sm = report.get("sensitivity_margin", 0.1)
+        within = {"lr50": f"x{report.get('ratio_margin', 2):g}", "lr_sensitivity": f"{sm:g} nats"}.get(
+            c["metric"], f"{report.get('margin', 0.02):g} nats")
+        return f"the same {WORDS[c['metric']]} (within {within})"
+    return EXPECT.get((c["metric"], c["expect"]), f"{c['expect']} {WORDS[c['metric']]}")
+
+
+def by_norm_sentence(report: dict, link: str) -> str:
+    """One sentence on a study's claims that were tested under both block norms (model.norm an arm field): per
+    intervention (what the claim's arms differ in) and context, the verdict and numbers under each norm; first, how
+    many of the tests asked of both norms the block norm changed the verdict of."""
+    keys = report["arm_keys"]
+    groups: dict = {}
+    for c in report.get("claims", []):
+        if not c.get("A") or "model.norm" not in keys:
+            continue
+        a, b = _fields(c["A"], keys), _fields(c["B"], keys)
+        diff = [k for k in keys if a[k] != b[k]]
+        if "model.norm" in diff:
+            continue
+        what = " ".join(f"{k.rsplit('.', 1)[-1]}={a[k]} (vs {b[k]})" for k in diff)
+        ctx = ", ".join(f"{k.rsplit('.', 1)[-1]}={a[k]}" for k in keys if k not in diff and k != "model.norm")
+        groups.setdefault((what, _expect(c, report)), {}).setdefault(ctx, {})[a["model.norm"]] = c
+    asked = [per for g_ in groups.values() for per in g_.values() if len(per) > 1]
+    changed = sum(len({c["agreement"] for c in per.values()}) > 1 for per in asked)
+    clauses = []
+    for (what, expect), by_ctx in groups.items():
+        parts = []
+        for ctx, per in by_ctx.items():
+            at = f" at {ctx}" if ctx else ""
+            if len({c["agreement"] for c in per.values()}) == 1:
+                parts.append(f"{next(iter(per.values()))['agreement']}{at} (" + "; ".join(
+                    f"{norm}: {_short(c)}" for norm, c in sorted(per.items())) + ")")
+            else:
+                parts.append(at.strip() + ", " + ", ".join(f"{c['agreement']} under {norm} ({_short(c)})"
+                                                           for norm, c in sorted(per.items())))
+        clauses.append(f"{what}, {expect}: " + ", and ".join(parts))
+    slopes = [t for t in report.get("trends", []) if t["what"] == "LR sensitivity" and t["ci"]]
+    if slopes:
+        clauses.append(f"LR sensitivity per doubling of {slopes[0]['axis'].rsplit('.', 1)[-1]} ("
+                       + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
+                       + " only): " + "; ".join(f"{t['pair']}: {t['slope']:+.3f} nats ("
+                                                + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})" for t in slopes))
+    if not asked:
+        lead = "no claim was tested under both block norms"
+    else:
+        lead = (f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
+                "asked of both")
+    papers = list(dict.fromkeys(c["paper"] for c in report.get("claims", []) if c.get("A")))
+    papers = [p for p in papers if not p.startswith("normlab")] or papers  # normlab's own questions are asides
+    return f"[{report['name']}]({link}) ({'; '.join(papers)}): {lead}: " + "; ".join(clauses) + "."
+
+
+def by_norm(paths: list[Path], rels: list[str]) -> str:
+    """The body of a `<!-- bynorm: A,B -->` block: one sentence per result folder (its report.json)."""
+    out = []
+    for path, rel in zip(paths, rels, strict=True):
+        report = json.loads((path / "report.json").read_text())
+        page = "decision.md" if report.get("decided_from") else "report.md"
+        out.append(by_norm_sentence(report, f"{rel.rstrip('/')}/{page}"))
+    return "\n\n".join(out) + "\n"
 
 
 def bits_per_nat(study_yaml: Path) -> float:
@@ -343,7 +424,10 @@ def update(readme: Path) -> int:
         if not path.exists():  # page-relative
             raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
         kind = m.group("kind")
-        if kind == "replication":
+        if kind == "bynorm":
+            rels = m.group("path").split(",")
+            body = by_norm([Path(os.path.abspath(readme.parent / r)) for r in rels], rels)
+        elif kind == "replication":
             body = replication(",".join(str(Path(os.path.abspath(readme.parent / p))) for p in
                                         m.group("path").split(",")))
         elif kind == "found":

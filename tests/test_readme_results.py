@@ -190,6 +190,39 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
         "report.md) |" in text
 
 
+def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path):
+    """A constructed report.json (arms norm x dim x qk_norm): the claims tested under both block norms are grouped
+    by what their arms differ in and where; a context where the norms' verdicts differ is spelled out per norm and
+    counted; a claim between the norms themselves is not an intervention and is left out; only LR-sensitivity
+    slopes with a CI are stated, with the widths measured."""
+    keys = ["model.norm", "model.dim", "model.qk_norm"]
+    claims = [_claim("lr50", f"{n}/dim=32/qk_norm=layernorm", f"{n}/dim=32/qk_norm=none", "agrees", "higher",
+                     ratio=r, ci=[r / 2, r * 2]) for n, r in (("layernorm", 4.0), ("rmsnorm", 8.0))]
+    claims += [_claim("lr_sensitivity", "layernorm/dim=32/qk_norm=layernorm", "layernorm/dim=32/qk_norm=none",
+                      "agrees", "lower", mean=-0.2),
+               _claim("lr_sensitivity", "rmsnorm/dim=32/qk_norm=layernorm", "rmsnorm/dim=32/qk_norm=none",
+                      "cannot tell", "lower", mean=-0.1),
+               _claim("lr50", "rmsnorm/dim=32/qk_norm=none", "layernorm/dim=32/qk_norm=none", "agrees")]
+    trend = {"what": "LR sensitivity", "pair": "norm=rmsnorm, qk_norm=none", "axis": "model.dim",
+             "per_doubling": True, "points": [[32, 0.5, [0.4, 0.6]], [64, 0.6, [0.5, 0.7]], [96, 0.7, [0.6, 0.8]]],
+             "slope": 0.12, "ci": [0.01, 0.23], "used": 3}
+    report = {"name": "att", "runs": 60, "arm_keys": keys, "claims": claims, "ratio_margin": 2.0,
+              "trends": [trend, {**trend, "pair": "norm=layernorm, qk_norm=none", "ci": None}]}
+    (tmp_path / "results" / "att").mkdir(parents=True)
+    (tmp_path / "results" / "att" / "report.json").write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- bynorm: results/att -->\nold\n<!-- /bynorm -->\n")
+    assert _run(readme).returncode == 0, _run(readme).stderr
+    text = readme.read_text().splitlines()[2]
+    assert text == (
+        "[att](results/att/report.md) (P): RMSNorm and LayerNorm blocks got the same verdict in 1 of 2 tests asked "
+        "of both: qk_norm=layernorm (vs none), a higher LR50: agrees at dim=32 (layernorm: LR50 ratio 4 (2..8), "
+        "Holm p = 0.04; rmsnorm: LR50 ratio 8 (4..16), Holm p = 0.04); qk_norm=layernorm (vs none), a lower LR "
+        "sensitivity: at dim=32, agrees under layernorm (-0.200 nats (-0.010..+0.030), n = 12, Holm p = 0.04), "
+        "cannot tell under rmsnorm (-0.100 nats (-0.010..+0.030), n = 12, Holm p = 0.04); LR sensitivity per "
+        "doubling of dim (32..96 only): norm=rmsnorm, qk_norm=none: +0.120 nats (+0.010..+0.230).")
+
+
 def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):
     """Two constructed report.json files of one study on two corpora (two local text files): the common-LR loss
     difference is converted to bits per byte by each study's eval-set factor (tokens / bytes / ln 2, computed here
