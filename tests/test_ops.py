@@ -111,16 +111,17 @@ def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_th
 
 @pytest.mark.slow
 def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it(tmp_path):
-    """Two copies of the package in other folders (a clone beside a working copy) and a TORCH_EXTENSIONS_DIR of
-    this test's own: the first copy builds; the second, finding torch's `lock` left by a killed process, loads
-    that build without waiting for the lock and without recompiling or relinking anything."""
-    ext = tmp_path / "ext"
+    """Two copies of the package in other folders (a clone beside a working copy), in the suite's own
+    TORCH_EXTENSIONS_DIR (the build every other test loads: a fresh directory would only add a minute's compile):
+    the first copy builds, or loads that build; the second, finding torch's `lock` left by a killed process, loads
+    the same build without waiting for the lock and without recompiling or relinking anything."""
+    from torch.utils.cpp_extension import _get_build_directory
 
     def load(copy: Path) -> str:
         code = ("import fused; assert fused.kernel_available(); "
                 f"assert fused.__file__.startswith({str(copy)!r}), fused.__file__; "
                 "print(fused.kernel_paths('cpu', 'fast', 'fast')['build']['name'])")
-        env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "PYTHONPATH": str(copy.parent)}
+        env = {**os.environ, "PYTHONPATH": str(copy.parent)}
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=900)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -128,11 +129,12 @@ def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it
 
     a, b = _fused_copy(tmp_path / "a"), _fused_copy(tmp_path / "b")
     name = load(a)
-    outputs = [*(ext / name).glob("*.o"), ext / name / f"{name}.so"]
+    build = Path(_get_build_directory(name, False))
+    outputs = [*build.glob("*.o"), build / f"{name}.so"]
     built = {p: p.stat().st_mtime_ns for p in outputs}
-    (ext / name / "lock").touch()
+    (build / "lock").touch()
     assert load(b) == name
-    assert not (ext / name / "lock").exists()
+    assert not (build / "lock").exists()
     assert len(built) == len(SOURCES) + 1 and {p: p.stat().st_mtime_ns for p in outputs} == built
 
 
