@@ -7,7 +7,7 @@ axis, the mean over seeds of its LR sensitivity (study/sensitivity.py) with its 
 The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of the LR50 ratio,
 or the loss difference in nats) with the standard error read off its own 95% CI by the quantile that made it
 (half-width / t_{n-1} for a paired loss difference of n seeds, / z for a profile-likelihood LR50 ratio), against
-log2 of the axis (per doubling) when every value is positive, else the axis itself. The points' scatter about the
+log2 of the axis (per doubling; an axis is a scale, every value positive: numeric_axes). The points' scatter about the
 weighted line beyond their own CIs is a between-point variance tau^2 (method of moments: Q_E - (k - 2) over its
 expectation's slope, at least 0), and each point is weighted by 1 / (se^2 + tau^2): where the points agree with a
 line (tau^2 = 0) this is the fixed-effect fit, where they do not, one precise point can no longer carry the slope.
@@ -126,11 +126,14 @@ def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=
 
 
 def numeric_axes(res) -> list[str]:
-    """The arm fields whose values are all numbers (not booleans), with at least two values."""
+    """The arm fields that are a scale: every value a positive number (not a boolean), at least two values. A field
+    with a 0 among its values (z-loss 0 / 1e-4, warm-up 0 / 100 steps, weight decay 0 / 1e-4 / 3e-2) switches
+    something on or off: its comparisons are the arms' own, a slope per unit of it would mean nothing."""
     out = []
     for key in res.keys:
         values = {a.runs[0].config.get(key) for a in res.arms.values()}
-        if len(values) > 1 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        if len(values) > 1 and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                                   for v in values):
             out.append(key)
     return out
 

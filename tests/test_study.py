@@ -589,6 +589,20 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     assert abs(fitted(t, 128)) < 0.01 and abs(fitted(t, 256) - 0.1) < 0.01  # the precise points, not the mean
 
 
+def test_only_a_scale_is_a_trend_axis_not_an_on_off_field():
+    """model.dim 32 / 64 / 96 is a scale (a slope per doubling means something); z-loss 0 / 1e-4 or warm-up 0 / 100
+    switch a thing on or off, and a boolean or a string is no axis at all."""
+    from types import SimpleNamespace as NS
+
+    from study.trend import numeric_axes
+
+    fields = {"model.dim": (32, 64, 96), "train.z_loss": (0.0, 1e-4, 1e-4), "optim.warmup_steps": (0, 100, 0),
+              "model.qk_norm": ("none", "layernorm", "none"), "model.bias": (True, False, True),
+              "model.norm_eps": (1e-6, 1e-5, 1e-5)}
+    arms = {i: NS(runs=[NS(config={k: v[i] for k, v in fields.items()})]) for i in range(3)}
+    assert numeric_axes(NS(keys=list(fields), arms=arms)) == ["model.dim", "model.norm_eps"]
+
+
 def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_variance():
     """DerSimonian-Laird tau^2 for a meta-regression, against the matrix formula in numpy (an independent
     computation): points that agree with a line keep tau^2 = 0 (the fixed-effect fit); the DeepNorm study's loss
