@@ -225,11 +225,21 @@ def by_norm_sentence(report: dict, link: str) -> str:
                        + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
                        + " only): " + "; ".join(f"{t['pair']}: {t['slope']:+.3f} nats ("
                                                 + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})" for t in slopes))
+    sens = [(g_[0], ctx, norm, c) for g_, by_ctx in groups.items() for ctx, per in by_ctx.items()
+            for norm, c in sorted(per.items()) if c.get("own_l_star")]
+    moved = [(what, ctx, norm, c) for what, ctx, norm, c in sens if c["own_l_star"]["agreement"] != c["agreement"]]
+    if moved:
+        clauses.append(f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the {len(sens)} "
+                       "LR-sensitivity verdicts change (" + "; ".join(
+                           f"{what}{' at ' + ctx if ctx else ''} under {norm}: {c['agreement']} -> "
+                           f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p = "
+                           f"{c['own_l_star']['p_holm']:.2g})" for what, ctx, norm, c in moved) + ")")
     if not asked:
         lead = "no claim was tested under both block norms"
     else:
         lead = (f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
-                "asked of both")
+                "asked of both" + (" (a different verdict is not a shown difference between the norms: no test here "
+                                   "compares them)" if changed else ""))
     papers = list(dict.fromkeys(c["paper"] for c in report.get("claims", []) if c.get("A")))
     papers = [p for p in papers if not p.startswith("normlab")] or papers  # normlab's own questions are asides
     return f"[{report['name']}]({link}) ({'; '.join(papers)}): {lead}: " + "; ".join(clauses) + "."

@@ -20,7 +20,7 @@ Agreement: `agrees` / `disagrees` when the Holm-adjusted p < 0.05; anything else
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scipy import stats as st
 
@@ -106,6 +106,7 @@ class Checked:
     agreement: str = "not run"
     direction: str | None = None  # what the primary test points to: higher | lower | same | different
     note: str = ""  # why a test gave no verdict
+    own: Checked | None = None  # lr_sensitivity: the claim decided again with L* each arm's own best
 
     @property
     def estimate(self) -> float | None:
@@ -184,6 +185,7 @@ class Context:
     sensitivity_margin: float
     ratio_margin: float
     sensitivity: dict  # {arm label: Sensitivity}
+    sensitivity_own: dict = field(default_factory=dict)  # the same with L* the arm's own best
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
@@ -212,6 +214,18 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
     for c in out:
         if c.a is not None:
             c.agreement = _agreement(c)
+    if ctx.sensitivity_own:  # the family again, each LR-sensitivity claim with L* its arms' own best
+        again = []
+        for c in out:
+            if c.a is not None and c.claim["metric"] == "lr_sensitivity":
+                c.own = Checked(c.claim, c.a, c.b, nested=sensitivity_pair(
+                    ctx.sensitivity_own[c.a], ctx.sensitivity_own[c.b], ctx.sensitivity_margin))
+                _decide(c.own, ctx.ratio_margin)
+            again.append(c.own or c)
+        for c, adjusted in zip(again, holm([1.0 if c.p is None else c.p for c in again]), strict=True):
+            if c.a is not None and c.claim["metric"] == "lr_sensitivity":
+                c.p_holm = adjusted
+                c.agreement = _agreement(c)
     return out
 
 
@@ -248,4 +262,10 @@ def claim_sentence(c: Checked) -> str:
             what += f"; left out: {', '.join(n.dropped)}"
     if c.note:
         what += f"; {c.note}"
-    return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}."
+    own = ""
+    if c.own is not None:
+        o = c.own
+        own = (f" With L* each arm's own best (Wortsman et al.'s definition): {o.nested.paired.describe()}: "
+               f"**{o.agreement}**" + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None else "")
+               + (": **the verdict depends on L***." if o.agreement != c.agreement else ", the same verdict."))
+    return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}.{own}"

@@ -358,6 +358,7 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
             ax.plot(xs, [statistics.fmean(at[x]) for x in xs], "o-", ms=3, color=shade[cfg.get(axis)],
                     label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}")
         _axes(ax, "peak learning rate", "final val loss (mean over seeds)" if i == 0 else "", t.pair, logx=True)
+        ax.set_title(t.pair.replace(", ", "\n"), fontsize=8)
     ax = axes[0][-1]
     for i, t in enumerate(sens):
         color = plt.cm.tab10(i % 10)
@@ -371,6 +372,8 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
         else:
             ax.plot([], [], color=color, label=f"{t.pair}: {slope}")
     _axes(ax, axis, "LR sensitivity (nats)", f"LR sensitivity by {axis}", logx=sens[0].log2, legend=6)
+    ax.set_title(f"LR sensitivity by {axis}", fontsize=8)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: the points fill the panel
     ax.set_xticks(values, [f"{x:g}" for x in values])
     ax.minorticks_off()
     _save(fig, out / "lr_sensitivity.png", made,

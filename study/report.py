@@ -22,7 +22,9 @@ def protocol_text(res: StudyResult) -> str:
             "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where the arm has >= 2 "
             "failures and a bracketed edge, else the bound its runs give; two arms' LR50 ratio is fitted with one "
             "slope (likelihood-ratio p). LR sensitivity (Wortsman et al. 2023): the mean over the study's LR grid of "
-            "min(L, L0) - L*, per seed, bootstrap CI. Loss: each arm's best LR chosen on the selection seeds and "
+            "min(L, L0) - L*, L* the best mean final loss of any arm of the same size, per seed, bootstrap CI "
+            "(and, where it differs, with L* the arm's own best, Wortsman et al.'s definition: own L*). Loss: "
+            "each arm's best LR chosen on the selection seeds and "
             "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
             "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
             "are the study file's, each decided by one primary test, Holm-adjusted over all of them; every other "
@@ -73,9 +75,11 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
         sens = res.sensitivity.get(label)
+        own = res.sensitivity_own.get(label)
         sens_text = "-" if sens is None or sens.mean is None else (
             f"{sens.mean:.3f}" + (f" ({sens.ci[0]:.3f}..{sens.ci[1]:.3f})" if sens.ci else "") + f", n = "
-            f"{len(sens.per_seed)}")
+            f"{len(sens.per_seed)}" + (f"; own L*: {own.mean:.3f}" if own is not None and own.mean is not None
+                                       and abs(own.mean - sens.mean) > 5e-4 else ""))
         lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | "
                      f"{lr50_cell(fit)} | " + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
                      + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
@@ -196,7 +200,9 @@ def as_json(res: StudyResult) -> dict:
         "per_arm": {label: {"config": {k: a.runs[0].config.get(k) for k in res.keys}, "best_lr": a.best_lr,
                             **fit_json(res.failures[label]), "max_lr_ok": a.max_lr_ok,
                             "alternatives": {n: fit_json(f[label]) for n, f in res.alternatives.items()},
-                            "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None}
+                            "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None,
+                            "sensitivity_own": sj(res.sensitivity_own[label]) if label in res.sensitivity_own
+                            else None}
                     for label, a in res.arms.items()},
         "comparisons": [{"A": c.a.label, "B": c.b.label, "key": c.key, "lr50_ratio": rj(c.ratio),
                          "lrs": list(c.loss.lrs) if c.loss.lrs else None, "loss": pj(c.loss.paired),
@@ -205,7 +211,10 @@ def as_json(res: StudyResult) -> dict:
                     "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement, "note": c.note,
                     **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
                     **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired),
-                        "how": c.nested.how} if c.nested else {})} for c in res.claims],
+                        "how": c.nested.how} if c.nested else {}),
+                    **({"own_l_star": {"estimate": c.own.estimate, "p": c.own.p, "p_holm": c.own.p_holm,
+                                       "agreement": c.own.agreement, "loss": pj(c.own.nested.paired)}}
+                       if c.own else {})} for c in res.claims],
         "withdrawn": res.file.withdrawn,
         "trends": [{"what": t.what, "pair": t.pair, "axis": t.axis, "per_doubling": t.log2,
                     "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points], "slope": t.slope,

@@ -47,6 +47,7 @@ class StudyResult:
     trends: list = field(default_factory=list)  # study/trend.py: comparisons along a numeric axis
     alternatives: dict = field(default_factory=dict)  # {rule name: {arm label: FailureFit}}: the same runs, judged
     sensitivity: dict[str, Sensitivity] = field(default_factory=dict)  # {arm label: its LR sensitivity}
+    sensitivity_own: dict[str, Sensitivity] = field(default_factory=dict)  # the same with L* the arm's own best
     common_seeds: list = field(default_factory=list)
 
     @property
@@ -113,16 +114,16 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         a.best_lr = select_lr(a.runs, selection)
         a.floor = floor(a.runs, selection)
     grid = file.grid_lrs or tuple(sorted({r.lr for r in runs}))
-    sens = sensitivities(arms, grid)
+    sens, sens_own = sensitivities(arms, grid), sensitivities(arms, grid, own=True)
     comparisons = [Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
                    for a, b, key in one_field_pairs(arms, keys)]
     per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
               for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
     ctx = Context(keys, test, selection, common_seeds, grid, file.margin, file.sensitivity_margin,
-                  file.ratio_margin, sens)
+                  file.ratio_margin, sens, sens_own)
     res = StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
                       comparisons, check_claims(file.claims, arms, ctx), per_lr, wall_span(runs),
-                      sensitivity=sens, common_seeds=common_seeds)
+                      sensitivity=sens, common_seeds=common_seeds, sensitivity_own=sens_own)
     best = arm_bests(runs)
     for rule in file.alternatives:  # the same runs under each alternative rule: does a verdict depend on it?
         res.alternatives[rule.name] = {k: a.failure(lambda r, rule=rule: r.finished and failure(r, rule, best.get(

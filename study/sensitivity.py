@@ -6,6 +6,8 @@ Sec. 2): how much an arm's final loss depends on getting the learning rate right
 L(lr) the final val loss of the run at that LR (a run that failed counts at its final loss, capped at L0; a
 non-finite one at L0), L0 the loss at initialization, L* the best final loss of any arm of the same model size
 (the lowest mean over seeds at any grid LR). It is continuous and needs no failure rule. Lower is less sensitive.
+The same with L* the arm's own best (Wortsman et al.'s min over one algorithm's LRs) is reported beside it: the
+two differ where an arm never reaches another arm's best at that size (its S then includes that gap).
 Per seed where the arm ran every grid LR; per arm the mean over seeds with a seed-bootstrap 95% CI; two arms
 that share seeds are compared by their per-seed differences (study/paired.py).
 """
@@ -72,11 +74,12 @@ def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | No
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def l_stars(arms: dict[str, Arm], lrs) -> dict[tuple, float]:
-    """{model size: L*}: the lowest mean final loss (over seeds, capped at L0) of any arm of that size at any LR."""
+def l_stars(arms: dict[str, Arm], lrs, own: bool = False) -> dict[tuple, float]:
+    """{model size: L*}: the lowest mean final loss (over seeds, capped at L0) of any arm of that size at any LR;
+    own=True: {(arm label,): L*} of each arm's own runs (Wortsman et al.'s min over the LRs of one algorithm)."""
     out: dict[tuple, float] = {}
-    for a in arms.values():
-        size = tuple(a.runs[0].config.get(k) for k in SIZE)
+    for label, a in arms.items():
+        size = (label,) if own else tuple(a.runs[0].config.get(k) for k in SIZE)
         for lr in lrs:
             vals = [capped(r, r.init_loss or math.inf) for r in a.at(lr) if r.finished]
             if vals:
@@ -84,13 +87,13 @@ def l_stars(arms: dict[str, Arm], lrs) -> dict[tuple, float]:
     return out
 
 
-def sensitivities(arms: dict[str, Arm], lrs) -> dict[str, Sensitivity]:
-    """Every arm's LR sensitivity over `lrs` (the study file's grid)."""
+def sensitivities(arms: dict[str, Arm], lrs, own: bool = False) -> dict[str, Sensitivity]:
+    """Every arm's LR sensitivity over `lrs` (the study file's grid); own=True with L* the arm's own best."""
     lrs = tuple(sorted(lrs))
-    stars = l_stars(arms, lrs)
+    stars = l_stars(arms, lrs, own)
     out = {}
     for label, a in arms.items():
-        l_star = stars.get(tuple(a.runs[0].config.get(k) for k in SIZE))
+        l_star = stars.get((label,) if own else tuple(a.runs[0].config.get(k) for k in SIZE))
         seeds = per_seed(a, lrs, l_star) if l_star is not None and lrs else {}
         mean = statistics.fmean(seeds.values()) if seeds else None
         out[label] = Sensitivity(seeds, mean, bootstrap_ci(list(seeds.values())), lrs, l_star)

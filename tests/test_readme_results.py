@@ -216,11 +216,21 @@ def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path)
     text = readme.read_text().splitlines()[2]
     assert text == (
         "[att](results/att/report.md) (P): RMSNorm and LayerNorm blocks got the same verdict in 1 of 2 tests asked "
-        "of both: qk_norm=layernorm (vs none), a higher LR50: agrees at dim=32 (layernorm: LR50 ratio 4 (2..8), "
+        "of both (a different verdict is not a shown difference between the norms: no test here compares them): "
+        "qk_norm=layernorm (vs none), a higher LR50: agrees at dim=32 (layernorm: LR50 ratio 4 (2..8), "
         "Holm p = 0.04; rmsnorm: LR50 ratio 8 (4..16), Holm p = 0.04); qk_norm=layernorm (vs none), a lower LR "
         "sensitivity: at dim=32, agrees under layernorm (-0.200 nats (-0.010..+0.030), n = 12, Holm p = 0.04), "
         "cannot tell under rmsnorm (-0.100 nats (-0.010..+0.030), n = 12, Holm p = 0.04); LR sensitivity per "
         "doubling of dim (32..96 only): norm=rmsnorm, qk_norm=none: +0.120 nats (+0.010..+0.230).")
+    # decided again with each arm's own L*: a verdict that moves is named with its new estimate and Holm p
+    claims[2]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.05, "p_holm": 0.3}
+    claims[3]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.02, "p_holm": 0.5}
+    (tmp_path / "results" / "att" / "report.json").write_text(json.dumps(report))
+    assert _run(readme).returncode == 0, _run(readme).stderr
+    assert readme.read_text().splitlines()[2].endswith(
+        "; with L* each arm's own best (Wortsman et al.'s definition) 1 of the 2 LR-sensitivity verdicts change "
+        "(qk_norm=layernorm (vs none) at dim=32 under layernorm: agrees -> cannot tell (-0.050 nats, Holm p = "
+        "0.3)).")
 
 
 def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):

@@ -755,6 +755,32 @@ def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_pat
     assert made[0][0] == "lr_sensitivity.png" and (tmp_path / "lr_sensitivity.png").stat().st_size > 0
 
 
+def test_an_lr_sensitivity_claim_is_decided_again_with_each_arms_own_best_and_says_if_that_changes_it(tmp_path):
+    """Constructed (grid 1e-3, 1e-2, 1e-1, 3 seeds, one model size): RMSNorm reaches 3.0 at 1e-2 and 3.3 around it;
+    LayerNorm is flat near 3.6. With L* the best of the size (3.0) LayerNorm's S is ~0.57 and RMSNorm's 0.2: the
+    claim 'LayerNorm is less sensitive' disagrees; with each arm's own best (Wortsman et al.'s min over one
+    algorithm's LRs) LayerNorm's is ~0.07: it agrees, and the report says the verdict depends on L*."""
+    for seed in range(3):
+        for norm, finals in (("rmsnorm", (3.3, 3.0, 3.3 + 0.02 * seed)), ("layernorm", (3.6, 3.5, 3.6))):
+            for lr, final in zip((1e-3, 1e-2, 1e-1), finals, strict=True):
+                write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, "ok", final)
+    (tmp_path / "study.yaml").write_text(
+        f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.001, 0.01, 0.1], "
+        "seed: [0, 1, 2]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: rmsnorm}, "
+        "metric: lr_sensitivity, expect: lower}\n")
+    from study.report import as_json, compute, render
+
+    res = compute([tmp_path])
+    (claim,) = as_json(res)["claims"]
+    assert claim["agreement"] == "disagrees" and claim["estimate"] == pytest.approx(1.7 / 3 - (0.6 + 0.02) / 3)
+    own = claim["own_l_star"]
+    assert own["agreement"] == "agrees" and own["estimate"] == pytest.approx(0.2 / 3 - (0.6 + 0.02) / 3)
+    assert res.sensitivity_own["layernorm"].l_star == pytest.approx(3.5)
+    line = _sentence(render(res, []), "**P**: S")
+    assert "With L* each arm's own best (Wortsman et al.'s definition)" in line
+    assert line.endswith("**the verdict depends on L***.")
+
+
 def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_the_upper_bound():
     """Constructed runs (no training): both arms fail above 0.03 on every one of 6 seeds, train below; the upper
     one-sided 95% bound of P(fail) falls below 5% two grid steps under the edge, and the common LR is the largest such
