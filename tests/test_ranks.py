@@ -24,10 +24,6 @@ from training.checkpoint import load_checkpoint, save_sharded
 from training.config import ConfigError, load_config
 from training.rundir import read_metrics
 
-# one pytest-xdist worker runs every multi-process test (pyproject: --dist loadgroup): two torchrun jobs at
-# once race for the free ports each picks, and a rank that loses aborts
-pytestmark = pytest.mark.xdist_group("distributed")
-
 QUICK = 60  # seconds a failing job may take, start-up included, on a busy 2-core machine (before: 120 s + start)
 
 

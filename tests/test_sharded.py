@@ -13,10 +13,6 @@ from conftest import TINY
 from model.sharded_norms import shard_sizes
 from training.checkpoint import load_sharded, save_sharded
 
-# one pytest-xdist worker runs every multi-process test (pyproject: --dist loadgroup): two torchrun jobs at
-# once race for the free ports each picks, and a rank that loses aborts
-pytestmark = pytest.mark.xdist_group("distributed")
-
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -137,7 +137,6 @@ def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("distributed")  # with the other multi-process tests (test_sharded.py)
 def test_torchrun_two_processes_match_one_process(tmp_path, data_args):
     common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=5", "train.batch_size=8",
               "train.sample_tokens=0"]
