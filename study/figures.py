@@ -9,6 +9,7 @@ from pathlib import Path
 
 from study.arms import max_series, mean_of
 from study.runs import Run
+from study.sensitivity import capped
 from study.text import fmt
 from study.trend import fitted
 
@@ -138,8 +139,6 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
     """Wortsman et al. 2023 Fig. 1 style: final val loss vs LR, every run of every seed (a failed one where it
     ended, capped at L0, hollow), one panel per group of arms that differ only in the norm (e.g. per placement),
     with each arm's LR sensitivity in the legend."""
-    import math
-
     groups: dict = {}
     for label, a in res.arms.items():
         rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != "model.norm")
@@ -147,12 +146,8 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
     for ax, (rest, members) in zip(axes[0], groups.items(), strict=True):
         for label, a in members:
-            pts = []
-            for r in a.runs:
-                v, l0 = r.summary.get("final_val_loss"), r.init_loss
-                if not r.finished or l0 is None:
-                    continue
-                pts.append((r.lr, l0 if v is None or not math.isfinite(v) else min(v, l0), r.failed))
+            pts = [(r.lr, capped(r, r.init_loss), r.failed) for r in a.runs
+                   if r.finished and r.init_loss is not None]
             sens = res.sensitivity.get(label)
             tag = f" (S = {sens.mean:.2f})" if sens is not None and sens.mean is not None else ""
             ok = [(x, y) for x, y, f in pts if not f]
@@ -332,8 +327,6 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
     everything but the axis, the mean final val loss over seeds (capped at L0) vs LR at each value of the axis;
     and a last panel with each group's LR sensitivity (mean over seeds, 95% t CI) against the axis with its fitted
     slope (study/trend.py)."""
-    import math
-
     sens = [t for t in res.trends if t.what == "LR sensitivity"]
     if not sens:
         return
@@ -342,18 +335,14 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
     values = sorted({x for t in sens for x, _, _ in t.points})
     shade = {x: plt.cm.viridis(i / max(len(values) - 1, 1) * 0.85) for i, x in enumerate(values)}
     fig, axes = plt.subplots(1, len(sens) + 1, figsize=(4.2 * (len(sens) + 1), 3.6), squeeze=False)
-    by_axis = sorted(res.arms.items(), key=lambda item: item[1].runs[0].config.get(axis))
     for i, (ax, t) in enumerate(zip(axes[0], sens, strict=False)):
-        for _, a in by_axis:
+        for label in t.arms:
+            a = res.arms[label]
             cfg = a.runs[0].config
-            where = ", ".join(f"{k.rsplit('.', 1)[-1]}={cfg.get(k)}" for k in res.keys if k != axis) or "every arm"
-            if where != t.pair:
-                continue
             at: dict = {}
             for r in a.runs:
-                v, l0 = r.summary.get("final_val_loss"), r.init_loss
-                if r.finished and l0 is not None:
-                    at.setdefault(r.lr, []).append(l0 if v is None or not math.isfinite(v) else min(v, l0))
+                if r.finished and r.init_loss is not None:
+                    at.setdefault(r.lr, []).append(capped(r, r.init_loss))
             xs = sorted(at)
             ax.plot(xs, [statistics.fmean(at[x]) for x in xs], "o-", ms=3, color=shade[cfg.get(axis)],
                     label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}")

@@ -74,12 +74,17 @@ def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | No
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
+def _peers(label: str, arm: Arm, own: bool) -> tuple:
+    """Which arms share an L*: those of the same model size, or (own) the arm alone."""
+    return (label,) if own else tuple(arm.runs[0].config.get(k) for k in SIZE)
+
+
 def l_stars(arms: dict[str, Arm], lrs, own: bool = False) -> dict[tuple, float]:
     """{model size: L*}: the lowest mean final loss (over seeds, capped at L0) of any arm of that size at any LR;
     own=True: {(arm label,): L*} of each arm's own runs (Wortsman et al.'s min over the LRs of one algorithm)."""
     out: dict[tuple, float] = {}
     for label, a in arms.items():
-        size = (label,) if own else tuple(a.runs[0].config.get(k) for k in SIZE)
+        size = _peers(label, a, own)
         for lr in lrs:
             vals = [capped(r, r.init_loss or math.inf) for r in a.at(lr) if r.finished]
             if vals:
@@ -93,7 +98,7 @@ def sensitivities(arms: dict[str, Arm], lrs, own: bool = False) -> dict[str, Sen
     stars = l_stars(arms, lrs, own)
     out = {}
     for label, a in arms.items():
-        l_star = stars.get((label,) if own else tuple(a.runs[0].config.get(k) for k in SIZE))
+        l_star = stars.get(_peers(label, a, own))
         seeds = per_seed(a, lrs, l_star) if l_star is not None and lrs else {}
         mean = statistics.fmean(seeds.values()) if seeds else None
         out[label] = Sensitivity(seeds, mean, bootstrap_ci(list(seeds.values())), lrs, l_star)

@@ -44,6 +44,7 @@ class Trend:
     ci: tuple[float, float] | None
     used: int  # points with a two-sided CI, the ones the slope is fitted to
     dfs: tuple = ()  # each point's CI's degrees of freedom (None: a z interval); () = all z
+    arms: tuple = ()  # LR sensitivity: the arm labels behind the points, in axis order
 
     def describe(self) -> str:
         unit = "log10 ratio" if self.what == "LR50 ratio" else "nats"
@@ -162,9 +163,8 @@ def sensitivity_trends(res, axis: str) -> list[Trend]:
             dfs.append(max(len(values) - 1, 1))
         if all(e is None for _, e, _ in pts):
             continue
-        log2 = all(x > 0 for x in xs)
         where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "every arm"
-        out.append(Trend("LR sensitivity", where, axis, log2, pts, *fit(pts, log2, dfs), tuple(dfs)))
+        out.append(Trend("LR sensitivity", where, axis, True, pts, *fit(pts, True, dfs), tuple(dfs), tuple(labels)))
     return out
 
 
@@ -186,7 +186,7 @@ def trends(res) -> list[Trend]:
                 continue
             comps.sort(key=lambda c: c.a.runs[0].config.get(axis))
             xs = [c.a.runs[0].config.get(axis) for c in comps]
-            log2 = all(x > 0 for x in xs)
+            log2 = True  # numeric_axes: every value positive
             a, b = (comps[0].a.runs[0].config.get(key), comps[0].b.runs[0].config.get(key))
             where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest)
             at = f" at {where}" if where else ""
