@@ -50,6 +50,42 @@ def ratio_text(r: dict) -> str:
            f"{r['failed']} failed)"
 
 
+def bracket_text(bounds) -> str:
+    """'in 0.01..0.316 (brackets only)': what separated arms allow of a ratio."""
+    lo, hi = bounds
+    inner = f"in {g(lo)}..{g(hi)}" if lo and hi else f"> {g(lo)}" if lo else f"< {g(hi)}" if hi else "not bounded"
+    return inner + " (brackets only)"
+
+
+def _times(c: dict) -> tuple[list[float], list[tuple]]:
+    """(1/ratio of every rule that identifies a post/pre LR50 ratio, the brackets of those that do not), over the
+    study file's rules: the main one, its alternatives and instability alone."""
+    fits = [c["lr50_ratio"], *c.get("rules", {}).values()]
+    nums = [1 / f["ratio"] for f in fits if f.get("identified") and f.get("ratio")]
+    brackets = [tuple(1 / b if b else None for b in f["bounds"][::-1]) for f in fits
+                if not f.get("identified") and f.get("bounds")]
+    return nums, brackets
+
+
+def placement_sentence(place: list[dict]) -> str:
+    """Post-LN's LR50 below Pre-LN's, the range over the pre-registered rules: identified ratios as numbers, the
+    others as brackets."""
+    parts = []
+    for c in place:
+        nums, brackets = _times(c)
+        n = 1 + len(c.get("rules", {}))
+        got = (f"{min(nums):.1f}-{max(nums):.1f}x" if len(nums) > 1 else f"{nums[0]:.1f}x") if nums else ""
+        lo = min((b[0] for b in brackets if b[0]), default=None)
+        hi = max((b[1] for b in brackets if b[1]), default=None)
+        br = f"{g(lo)}-{g(hi)}x" if lo and hi else f"> {g(lo)}x" if lo else f"< {g(hi)}x" if hi else "open"
+        verb = "brackets" if len(brackets) == 1 else "bracket"
+        tail = f"; {len(brackets)} only {verb} it, {br})" if brackets else ")"
+        text = f"{got} ({len(nums)} of {n} rules identify it{tail}" if nums else f"{br} (every rule brackets it)"
+        parts.append(f"{_common(c)}: {text}, {c['agreement']} (Holm p = {c['p_holm']:.2g})")
+    return ("Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
+            "by " + "; ".join(parts) + ".")
+
+
 def loss_text(p: dict) -> str:
     """'+0.020 nats (95% CI -0.021..+0.060, n = 3 seeds, inconclusive)' from report.json."""
     if p["mean"] is None:
@@ -63,10 +99,7 @@ def _short(c: dict) -> str:
     if "lr50_ratio" in c:
         r = c["lr50_ratio"]
         if r["ratio"] is None:
-            bounds = r.get("bounds") or [None, None]
-            lo, hi = bounds
-            text = "LR50 ratio " + (f"between {g(lo)} and {g(hi)}" if lo and hi else f"> {g(lo)}" if lo else
-                                    f"< {g(hi)}" if hi else "not bounded") + " (a bound)"
+            text = "LR50 ratio " + bracket_text(r.get("bounds") or [None, None])
         else:
             text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
     else:
@@ -109,13 +142,27 @@ def _norm_sentence(norm: list[dict], report: dict) -> str:
                     ", ".join(f"{_common(c)}-norm" for c in cs)
                 out.append(f"{what[metric]}, {where})")
     parts = []
+    common = [c for c in norm if c["metric"] == "common_loss" and c.get("gaps")]
+    for c in common:
+        gaps = [gp for gp in c["gaps"] if gp[1] is not None]
+        if not gaps:
+            continue
+        xs = sorted({g(gp[2]) for gp in gaps})
+        nats = [gp[3] for gp in gaps if gp[3] is not None]
+        span = f"{min(nats):+.2f}..{max(nats):+.2f}" if len(nats) > 1 else (f"{nats[0]:+.2f}" if nats else "")
+        note = f"{_common(c)}: lr {g(c['lrs'][0])}, " + (
+            "each one's own best LR" if xs == ["1"] else f"x{'/'.join(xs)} each one's own best LR"
+            + (f", {span} nats above its best loss" if span else ""))
+        c["_gap_note"] = note
+    notes = "; ".join(c["_gap_note"] for c in common if c.get("_gap_note"))
     if same:
         parts.append("RMSNorm and LayerNorm have " + " and ".join(same))
     if differ:
         parts.append("they do not have " + " and ".join(differ))
     if open_:
         parts.append("whether they have " + " and ".join(open_) + ", these runs cannot tell")
-    return "Which norm sits there: " + "; ".join(parts) + "."
+    gap = f" The common LR: {notes}." if notes else ""
+    return "Which norm sits there: " + "; ".join(parts) + "." + gap
 
 
 def found(results: Path, rel: str) -> str:
@@ -131,11 +178,7 @@ def found(results: Path, rel: str) -> str:
     norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
     lines = []
     if place and all(c["agreement"] == "agrees" for c in place):
-        ratios = [c["lr50_ratio"]["ratio"] for c in place if c["lr50_ratio"].get("ratio")]
-        times = f" {1 / max(ratios):.0f}-{1 / min(ratios):.0f}x lower than" if len(ratios) == len(place) else ""
-        lines.append(f"Where the norm sits decides stability: Post-LN fails at learning rates{times or ''} "
-                     f"{'those ' if times else ''}Pre-LN trains at ("
-                     + "; ".join(f"{_common(c)}: {_short(c)}" for c in place) + ").")
+        lines.append(placement_sentence(place))
     elif place:
         lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
                                                for c in place) + ".")
@@ -161,7 +204,7 @@ def found(results: Path, rel: str) -> str:
         cs = _matching(r, q["claims"])
         if not cs:
             raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
-        page = "decision.md" if r.get("decided_from") else "report.md"
+        page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
         rows.append(f"| {q['question']} | " + "; ".join(c["agreement"] for c in cs) + " | "
                     + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
                     + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
@@ -250,7 +293,7 @@ def by_norm(paths: list[Path], rels: list[str]) -> str:
     out = []
     for path, rel in zip(paths, rels, strict=True):
         report = json.loads((path / "report.json").read_text())
-        page = "decision.md" if report.get("decided_from") else "report.md"
+        page = report.get("page") or ("decision.md" if report.get("decided_from") else "report.md")
         out.append(by_norm_sentence(report, f"{rel.rstrip('/')}/{page}"))
     return "\n\n".join(out) + "\n"
 
@@ -414,7 +457,7 @@ def index(results: Path) -> str:
         claims = ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))) if counts else ""
         size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "") \
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
-        page = "decision.md" if r.get("decided_from") else "report.md"
+        page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
         lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
                      f"({size}{claims}{again})")

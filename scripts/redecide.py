@@ -6,23 +6,28 @@
 For each folder: its study file configs/studies/<name>.yaml gives the grid (to read the run names), the failure
 rule, the claims and the margins; runs made under the study protocol (a runs.json from a study file with a
 protocol) keep its seeds' roles, older ones choose each arm's LR on the lowest 40% of their seeds and test on the
-rest. Writes decision.md (the report rendered from the archived runs, without figures) and report.json (what the
-README and the index read), and prints one line per claim: old verdict -> new.
+rest. Writes report.json (what the README and the index read) and the report: decision.md beside the original
+report.md where the study was decided again before (or has no runs.json), else report.md itself, rendered again
+with the figures the result and the val curves draw (stability map, losses vs LR, trends, LR sensitivity) redrawn
+and the others (per-layer curves, not archived) kept. Prints one line per claim: old verdict -> new.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from study.archive import archived_runs
+from study.figures import result_figures
 from study.report import as_json, render
 from study.result import compute_runs
 from study.studyfile import read_study_file
 
 REPO = Path(__file__).resolve().parent.parent
+FIGURE = re.compile(r"^\*\*(.+?)\*\*\n\n!\[.*?\]\((.+?\.png)\)", re.M)
 NOTE_TABLE = ("Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final and "
               "best loss and L0 per run; no curves, so no figures here), by the study file's failure rule: "
               "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only (a "
@@ -53,12 +58,23 @@ def redecide(folder: Path) -> list[str]:
     metric = {"sensitivity": "lr50"}  # the claims that were about LR sensitivity are now about LR50
     before = {(c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
               for c in old.get("claims", [])}
-    text = render(res, []).replace("\n\n", f"\n\n{NOTE_JSON if from_json else NOTE_TABLE}\n\n", 1)
-    (folder / "decision.md").write_text(text)
+    if old.get("wall_min"):
+        res.wall_s = old["wall_min"] * 60
+    in_place = from_json and not (folder / "decision.md").is_file()
+    if in_place:  # the live report, rendered again: its per-layer figures kept, the result's redrawn
+        kept = FIGURE.findall((folder / "report.md").read_text())
+        drawn = dict(result_figures(res, folder))
+        made = [(f, drawn.pop(f, c)) for c, f in kept] + list(drawn.items())
+        (folder / "report.md").write_text(render(res, made))
+    else:
+        text = render(res, []).replace("\n\n", f"\n\n{NOTE_JSON if from_json else NOTE_TABLE}\n\n", 1)
+        (folder / "decision.md").write_text(text)
     new = as_json(res)
     new["about"] = old.get("about") or new["about"]
     new["wall_min"] = old.get("wall_min")
-    new["decided_from"] = "archived runs (report.md), scripts/redecide.py"
+    new["decided_from"] = "archived runs (runs.json), scripts/redecide.py" if from_json else \
+        "archived runs (report.md), scripts/redecide.py"
+    new["page"] = "report.md" if in_place else "decision.md"
     old_path.write_text(json.dumps(new, indent=1) + "\n")
     return [f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
             f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}"

@@ -4,5 +4,5 @@
     run       protocol, runner, cli                      the runs each stage makes; workers; the commands
     read      runs, archive                              run directories, or a committed study's runs.json
     analyse   arms, failure, sensitivity, paired, compare, trend, result  LR50, LR sensitivity, claims, trends
-    render    text, findings, figures, report            numbers, sentences, plots, report.md and .json
+    render    text, findings, figures, history, report   numbers, sentences, plots, history, report.md, .json
 """

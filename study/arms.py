@@ -7,13 +7,18 @@ import statistics
 from dataclasses import dataclass, field
 
 from study.failure import FailureFit, fit_failure_curve
-from study.runs import OUTCOMES, Run
+from study.runs import INSTABILITY, KINDS, OUTCOMES, Run
 
 
 def mean_of(xs):
     """The mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else None
+
+
+def unstable(run: Run) -> bool | None:
+    """Failed by instability (True), trained or failed otherwise (False), or censored (None: slow, no curve)."""
+    return None if run.kind in ("slow", "no curve") else run.kind in INSTABILITY
 
 
 @dataclass
@@ -52,20 +57,40 @@ class Arm:
         """Runs below the floor that failed under the study's rule."""
         return [r for r in self.runs if r.failed and self.floor is not None and r.lr < self.floor]
 
-    def failure(self, failed=None, seeds=None) -> FailureFit:
-        """P(fail | lr) from the floor up (study/failure.py); `failed(run)` overrides the study's rule (an
-        alternative rule's verdicts), its floor then the lowest LR where every one of `seeds` trained under it."""
+    def curve(self, failed=None, seeds=None) -> tuple[list[float], list[bool]]:
+        """(lrs, failed) of the runs P(fail | lr) is fitted to, from the floor up; `failed(run)` overrides the
+        study's rule (True, False, or None for a censored run left out), its floor then the lowest LR where every
+        one of `seeds` trained under it."""
         if failed is None:
             done = self.upper()
-            return fit_failure_curve([r.lr for r in done], [r.failed for r in done])
+            return [r.lr for r in done], [r.failed for r in done]
         by_lr: dict[float, list[bool]] = {}
         for r in self.runs:
-            if r.finished and (seeds is None or r.seed in seeds):
+            if r.finished and (seeds is None or r.seed in seeds) and failed(r) is not None:
                 by_lr.setdefault(r.lr, []).append(failed(r))
         ok = [lr for lr, fs in by_lr.items() if not any(fs)]
         low = min(ok) if ok else None
-        done = [r for r in self.runs if r.finished and (low is None or r.lr >= low)]
-        return fit_failure_curve([r.lr for r in done], [failed(r) for r in done])
+        done = [r for r in self.runs if r.finished and (low is None or r.lr >= low) and failed(r) is not None]
+        return [r.lr for r in done], [failed(r) for r in done]
+
+    def failure(self, failed=None, seeds=None) -> FailureFit:
+        """P(fail | lr) from the floor up (study/failure.py); see curve()."""
+        return fit_failure_curve(*self.curve(failed, seeds))
+
+    def instability(self, seeds=None) -> FailureFit:
+        """P(fail | lr) for instability alone: collapsed, blew up or non-finite runs fail; slow ones (still
+        learning when the budget ended) are censored, left out; every other finished run trained."""
+        return self.failure(unstable, seeds)
+
+    def kinds(self) -> dict[float, dict[str, int]]:
+        """{lr: {'runs': n, 'trained': k, kind: count of failed runs of that kind}} over finished runs."""
+        out: dict[float, dict[str, int]] = {}
+        for r in self.runs:
+            if r.finished:
+                row = out.setdefault(r.lr, {"runs": 0, "trained": 0, **{k: 0 for k in KINDS}})
+                row["runs"] += 1
+                row["trained" if r.kind is None else r.kind] += 1
+        return dict(sorted(out.items()))
 
     def outcomes(self) -> dict[str, int]:
         counts = {o: 0 for o in OUTCOMES}

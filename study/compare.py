@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from scipy import stats as st
 
 from study.arms import Arm
-from study.failure import RatioFit, lr50_ratio
+from study.failure import RatioFit, bound_text, lr50_ratio
 from study.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from study.protocol import common_lr
 from study.runs import same
@@ -42,6 +42,7 @@ class Nested:
     dropped: list[str]  # seeds left out because a run failed: "seed 3: A failed (did not learn ...)"
     needed: int | None = None  # seeds TOST needs at this spread for 80% power (None: more than 100,000 or no spread)
     how: str = ""  # how the LR was chosen (common_loss)
+    gaps: list = field(default_factory=list)  # common_loss: [(arm, its best LR, common / best, nats worse)]
 
 
 def losses_at(a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margin: float, how: str = "") -> Nested:
@@ -67,7 +68,29 @@ def nested(a: Arm, b: Arm, test_seeds, margin: float) -> Nested:
 def common(a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float) -> Nested:
     """A - B at their common safe LR, on the common seeds."""
     lr, how = common_lr(a.runs, b.runs, grid, selection_seeds, common_seeds)
-    return losses_at(a, b, lr, lr, common_seeds, margin, how)
+    out = losses_at(a, b, lr, lr, common_seeds, margin, how)
+    if lr is not None:
+        out.gaps = [gap(arm, lr, selection_seeds) for arm in (a, b)]
+    return out
+
+
+def gap(arm: Arm, lr: float, seeds) -> tuple:
+    """(label, the arm's own best LR, lr / best, mean loss at lr - at best over the seeds that ran both): how far
+    a common LR sits from the arm's best."""
+    best = arm.best_lr
+    if best is None:
+        return arm.label, None, None, None
+    at, there = arm.losses(lr, seeds), arm.losses(best, seeds)
+    both = sorted(set(at) & set(there), key=str)
+    nats = statistics.fmean(at[s] - there[s] for s in both) if both else None
+    return arm.label, best, lr / best, nats
+
+
+def gap_text(gaps: list) -> str:
+    """'each arm's distance from its own best LR: A 0.00316 (x0.316, +0.551 nats), ...'."""
+    parts = [f"{label} {g(best)} (x{g(x)}" + (f", {nats:+.3f} nats" if nats is not None else "") + ")"
+             for label, best, x, nats in gaps if best is not None]
+    return "the common LR against each arm's own best LR: " + ", ".join(parts) if parts else ""
 
 
 def _sd(a: dict, b: dict) -> float:
@@ -106,7 +129,8 @@ class Checked:
     agreement: str = "not run"
     direction: str | None = None  # what the primary test points to: higher | lower | same | different
     note: str = ""  # why a test gave no verdict
-    own: Checked | None = None  # lr_sensitivity: the claim decided again with L* each arm's own best
+    size: Checked | None = None  # lr_sensitivity: the claim decided again with L* the best of the model size
+    rules: dict = field(default_factory=dict)  # lr50: {rule name: RatioFit} under the other pre-registered rules
 
     @property
     def estimate(self) -> float | None:
@@ -137,8 +161,19 @@ def _decide(c: Checked, ratio_margin: float) -> None:
             if r.identified:
                 p_in, p_out = r.within(ratio_margin)
                 c.p, c.direction = (p_in, "same") if p_in <= p_out else (p_out, "different")
+                return
+            inside = r.bracket_p(1 / ratio_margin, ratio_margin)
+            outside = [p for p in (r.bracket_p(at_least=ratio_margin), r.bracket_p(at_most=1 / ratio_margin))
+                       if p is not None]
+            if inside is not None:
+                c.p, c.direction = inside, "same"
+            elif outside:
+                c.p, c.direction = min(outside), "different"
             else:
-                c.note = "an arm's LR50 is only bounded: no equivalence can be shown"
+                c.note = (f"an arm's LR50 is only bracketed and the brackets allow ratios "
+                          f"{bound_text(*r.bounds).replace('between ', '')}, inside and outside "
+                          f"[1/{ratio_margin:g}, {ratio_margin:g}]: decided on the brackets, not on a "
+                          f"penalised estimate")
             return
         c.p = r.p
         lo, hi = r.bounds
@@ -184,8 +219,8 @@ class Context:
     margin: float
     sensitivity_margin: float
     ratio_margin: float
-    sensitivity: dict  # {arm label: Sensitivity}
-    sensitivity_own: dict = field(default_factory=dict)  # the same with L* the arm's own best
+    sensitivity: dict  # {arm label: Sensitivity}, L* the arm's own best (Wortsman et al.)
+    sensitivity_size: dict = field(default_factory=dict)  # the same with L* the best of the model size
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
@@ -214,14 +249,14 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
     for c in out:
         if c.a is not None:
             c.agreement = _agreement(c)
-    if ctx.sensitivity_own:  # the family again, each LR-sensitivity claim with L* its arms' own best
+    if ctx.sensitivity_size:  # the family again, each LR-sensitivity claim with L* its model size's best
         again = []
         for c in out:
             if c.a is not None and c.claim["metric"] == "lr_sensitivity":
-                c.own = Checked(c.claim, c.a, c.b, nested=sensitivity_pair(
-                    ctx.sensitivity_own[c.a], ctx.sensitivity_own[c.b], ctx.sensitivity_margin))
-                _decide(c.own, ctx.ratio_margin)
-            again.append(c.own or c)
+                c.size = Checked(c.claim, c.a, c.b, nested=sensitivity_pair(
+                    ctx.sensitivity_size[c.a], ctx.sensitivity_size[c.b], ctx.sensitivity_margin))
+                _decide(c.size, ctx.ratio_margin)
+            again.append(c.size or c)
         for c, adjusted in zip(again, holm([1.0 if c.p is None else c.p for c in again]), strict=True):
             if c.a is not None and c.claim["metric"] == "lr_sensitivity":
                 c.p_holm = adjusted
@@ -237,7 +272,7 @@ def sensitivity_pair(a: Sensitivity, b: Sensitivity, margin: float) -> Nested:
 
 
 METRIC_WORDS = {"best_loss": "final val loss at each one's best LR", "common_loss": "final val loss at their common "
-                "safe LR", "lr_sensitivity": "LR sensitivity", "lr50": "LR50"}
+                "safe LR", "lr_sensitivity": "LR sensitivity (L* each arm's own best)", "lr50": "LR50"}
 
 
 def claim_sentence(c: Checked) -> str:
@@ -258,14 +293,20 @@ def claim_sentence(c: Checked) -> str:
         what = f"{c.a} - {c.b}, {METRIC_WORDS[claim['metric']]}{at}: {n.paired.describe()}"
         if claim["metric"] == "common_loss" and n.how:
             what += f"; the LR: {n.how}"
+        if n.gaps and gap_text(n.gaps):
+            what += f"; {gap_text(n.gaps)}"
         if n.dropped:
             what += f"; left out: {', '.join(n.dropped)}"
     if c.note:
         what += f"; {c.note}"
-    own = ""
-    if c.own is not None:
-        o = c.own
-        own = (f" With L* each arm's own best (Wortsman et al.'s definition): {o.nested.paired.describe()}: "
-               f"**{o.agreement}**" + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None else "")
-               + (": **the verdict depends on L***." if o.agreement != c.agreement else ", the same verdict."))
-    return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}.{own}"
+    size = ""
+    if c.size is not None:
+        o = c.size
+        size = (f" With L* the best of any arm of the model size (secondary): {o.nested.paired.describe()}: "
+                f"**{o.agreement}**" + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None
+                                        else "")
+                + (": **the verdict depends on L***." if o.agreement != c.agreement else ", the same verdict."))
+    if c.rules:
+        size += " Under the other pre-registered rules: " + "; ".join(
+            f"{name}: {r.describe()}" for name, r in c.rules.items()) + "."
+    return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}.{size}"

@@ -11,10 +11,16 @@ deviance is within the chi-square(1) 95% quantile of the maximum (Heinze & Schem
 MAX_SLOPE; for two arms also 61 curve positions) and refined from the best grid point: a local optimizer alone
 lands on flat or singular regions and returns values far below the maximum, which opens false ends.
 
-Identified or bounded: an arm's LR50 is a number only where it has >= 2 failures and its edge is bracketed within
-the LRs tried (an LR where every run trained below one where every run failed); otherwise the data give a bound
-(`bounds`: LR50 above the largest all-trained LR, below the smallest all-failed one) and a reader gets that, never
-a number that Firth's penalty alone decides. A ratio of two LR50s needs both identified; otherwise a bound.
+Identified or bracketed: an arm's LR50 is a number only where at least one LR has both failed and trained runs
+(mixed outcomes), >= 2 runs failed, and the edge lies inside the LRs tried (an LR where every run trained below one
+where every run failed: without it, runs whose seeds share a threshold make the fit's CI cover 0.69 where it
+claims 0.95, tests/test_failure.py). Complete separation (every run ok up to one LR, every run failed from the
+next) gives the bracket and nothing else (`bounds`: LR50 above the largest all-trained LR, below the smallest
+all-failed one), whatever the penalised fit returns: there its point estimate and CI are set by Firth's penalty,
+not by the data. A ratio of two LR50s is a number where both are identified; otherwise the interval of ratios the
+brackets allow, and a claim on it is decided on the brackets (`RatioFit.bracket_p`): each bracket end is an exact
+binomial statement (n of n runs trained at lo: P(fail at lo) >= 1/2 has probability <= 2^-n), so the chance that
+ends a statement needs are all wrong is at most the sum of their 2^-n.
 """
 
 from __future__ import annotations
@@ -55,6 +61,26 @@ def bound_text(lo: float | None, hi: float | None) -> str:
     return f"< {g(hi)}" if hi is not None else "not bounded"
 
 
+def edge_counts(lrs, failed) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """((failed, runs) at the lower bound's LR, (failed, runs) at the upper bound's LR) of bounds()."""
+    lo, hi = bounds(lrs, failed)
+    pairs = list(zip(map(float, lrs), map(bool, failed), strict=True))
+
+    def at(lr):
+        fs = [f for x, f in pairs if x == lr]
+        return (sum(fs), len(fs)) if lr is not None else None
+
+    return at(lo), at(hi)
+
+
+def mixed(lrs, failed) -> bool:
+    """Whether some LR has both failed and trained runs: what identifies an LR50 beyond a bracket."""
+    by_lr: dict[float, set[bool]] = {}
+    for lr, f in zip(lrs, failed, strict=True):
+        by_lr.setdefault(float(lr), set()).add(bool(f))
+    return any(len(v) == 2 for v in by_lr.values())
+
+
 @dataclass
 class FailureFit:
     """One arm's failure curve over its runs (one run = one LR and one seed)."""
@@ -66,22 +92,37 @@ class FailureFit:
     n: int  # runs
     failed: int  # of which failed
     top: float | None = None  # the highest LR tried
+    mixed: bool = False  # some LR has both failed and trained runs
+    ends: tuple = (None, None)  # (failed, runs) at bounds[0] and at bounds[1] (edge_counts)
 
     @property
     def identified(self) -> bool:
-        """>= 2 failures and an edge bracketed within the LRs tried: LR50 is a number the data set."""
-        return self.lr50 is not None and self.failed >= 2 and None not in self.bounds
+        """Mixed outcomes at some LR, >= 2 failures, and the edge inside the LRs tried (an all-trained LR below an
+        all-failed one): LR50 is a number the data set, not the penalty nor an extrapolation."""
+        return self.lr50 is not None and self.failed >= 2 and self.mixed and None not in self.bounds
+
+    def bracket(self) -> str:
+        """'0.1 < LR50 < 0.316: 0/5 then 5/5 failed' (or one-sided), what separated runs say."""
+        (lo, hi), (elo, ehi) = self.bounds, self.ends
+        if self.failed == 0:
+            return f"LR50 > {g(self.top)}: 0/{self.n} failed"
+        if lo is not None and hi is not None:
+            return f"{g(lo)} < LR50 < {g(hi)}: {elo[0]}/{elo[1]} then {ehi[0]}/{ehi[1]} failed"
+        if lo is not None:
+            return f"LR50 > {g(lo)}: {elo[0]}/{elo[1]} failed there"
+        if hi is not None:
+            return f"LR50 < {g(hi)}: {ehi[0]}/{ehi[1]} failed there"
+        return f"LR50 not bounded: {self.failed}/{self.n} failed"
 
     def describe(self) -> str:
-        """The fit in one phrase, with its n: a number where identified, else the bound the data give."""
-        if self.failed == 0:
-            return f"LR50 > {g(self.top)}: no run of {self.n} failed"
+        """The fit in one phrase, with its n: a number where identified, else the bracket the data give."""
         if self.identified:
             return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
-        why = "fewer than 2 failures" if self.failed < 2 else "no LR where every run " + (
-            "failed" if self.bounds[1] is None else "trained")
-        return (f"LR50 {bound_text(*self.bounds)}: {self.failed} of {self.n} runs failed ({why}: a bound, not an "
-                f"estimate)")
+        if self.failed == 0:
+            return f"{self.bracket()} (no run failed: a bound, not an estimate)"
+        why = "fewer than 2 failures" if self.failed < 2 else "no LR with both outcomes" if not self.mixed else \
+            "the edge is not inside the LRs tried"
+        return f"{self.bracket()} ({why}: a bracket, not an estimate)"
 
 
 def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
@@ -182,13 +223,16 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
     n, k = len(y), int(y.sum())
     edge = bounds(lrs, y)
     top = float(lrs.max()) if n else None
+    both, ends = mixed(lrs, y), edge_counts(lrs, y)
+    if k == 0 and n:  # nothing failed: the lower end is the highest LR tried
+        ends = ((0, int((lrs == top).sum())), None)
     if k == 0 or k == n or len(set(lrs.tolist())) < 2:
-        return FailureFit(None, None, None, edge, n, k, top)
+        return FailureFit(None, None, None, edge, n, k, top, both, ends)
     center = float(np.log10(lrs).mean())
     x = np.log10(lrs) - center  # centred: a well-conditioned fit
     b0, b1 = _fit(x, y)
     if b1 <= SLOPES[0] or abs(b0 / b1) > 10:  # failure does not rise with the LR: no edge to speak of
-        return FailureFit(None, None, b1, edge, n, k, top)
+        return FailureFit(None, None, b1, edge, n, k, top, both, ends)
     x50 = -b0 / b1
     best = max(_loglik(b0, b1, x, y), _profile(x50, x, y))
 
@@ -197,7 +241,7 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
 
     lo, hi = _interval(x50, excess)
     ci = tuple(None if e is None else 10 ** (center + e) for e in (lo, hi))
-    return FailureFit(10 ** (center + x50), ci, b1, edge, n, k, top)
+    return FailureFit(10 ** (center + x50), ci, b1, edge, n, k, top, both, ends)
 
 
 def p_fail_upper(lrs, failed, lr: float) -> float:
@@ -246,17 +290,31 @@ class RatioFit:
     n: int
     failed: int
     identified: bool = False  # both arms' LR50 identified: the ratio is a number the data set
-    bounds: tuple[float | None, float | None] = (None, None)  # what the arms' bounds say of the ratio
+    bounds: tuple[float | None, float | None] = (None, None)  # what the arms' brackets say of the ratio
     profile: object = None  # r -> profile penalized log-likelihood (for equivalence tests)
     best: float | None = None  # its maximum
+    ends: tuple = (None, None)  # runs behind bounds[0] (A's lower end, B's upper) and bounds[1] (A's upper, B's lower)
 
     def describe(self) -> str:
         if self.identified:
             return (f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = {self.p:.2g}, "
                     f"{self.n} runs, {self.failed} failed)")
         test = f"likelihood-ratio p = {self.p:.2g}, " if self.p is not None else ""
-        return (f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bounded: no estimate; {test}"
+        return (f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bracketed: no estimate; {test}"
                 f"{self.n} runs, {self.failed} failed)")
+
+    def bracket_p(self, at_least: float | None = None, at_most: float | None = None) -> float | None:
+        """p that the brackets wrongly show at_least <= ratio <= at_most (sum of 2^-n over the bracket ends the
+        statement needs; see the module docstring); None where the brackets do not show it."""
+        p = 0.0
+        for want, bound, end, shown in ((at_least, self.bounds[0], self.ends[0], lambda b, w: b >= w),
+                                        (at_most, self.bounds[1], self.ends[1], lambda b, w: b <= w)):
+            if want is None:
+                continue
+            if bound is None or end is None or not shown(bound, want):
+                return None
+            p += sum(2.0 ** -n for n in end)
+        return min(1.0, p)
 
     def signed_root(self, r0: float) -> float:
         """sign(r_hat - r0) sqrt(profile deviance at r0): ~N(0, 1) at the true r (one-sided tests of r)."""
@@ -312,14 +370,19 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     if fb.failed == 0:
         blo = fb.top
     ratio_bounds = (alo / bhi if alo and bhi else None, ahi / blo if ahi and blo else None)
+
+    def runs(*ends):
+        return None if None in ends else tuple(e[1] for e in ends)
+
+    ends = (runs(fa.ends[0], fb.ends[1]), runs(fa.ends[1], fb.ends[0]))
     if k == 0 or k == n or len(set(lrs)) < 2:  # nothing to fit: one outcome, or one LR (no slope)
-        return RatioFit(None, None, None, n, k, False, ratio_bounds)
+        return RatioFit(None, None, None, n, k, False, ratio_bounds, ends=ends)
     x = lrs - lrs.mean()
     X = _design(x, arm)
     b0, b1, c = _newton(X, y)
     if b1 <= SLOPES[0] or abs(c / b1) > 10:  # no rising edge to place the arms on: the LR test of one curve only
         p = float(chi2.sf(max(0.0, 2 * (_best(lrs, arm, y) - _best(lrs, 0 * arm, y))), 1))
-        return RatioFit(None, None, p, n, k, False, ratio_bounds)
+        return RatioFit(None, None, p, n, k, False, ratio_bounds, ends=ends)
     r = -c / b1
     z_range = (float(x.min()) - 2.0, float(x.max()) + 2.0)
 
@@ -335,4 +398,4 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     p = float(chi2.sf(max(0.0, 2 * (best - profile(0.0))), 1))  # likelihood-ratio test of ratio = 1
     identified = fa.identified and fb.identified
     return RatioFit(10 ** r, tuple(None if e is None else 10 ** e for e in (lo, hi)), p, n, k, identified,
-                    ratio_bounds, profile, best)
+                    ratio_bounds, profile, best, ends)

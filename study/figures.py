@@ -65,6 +65,22 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     return sorted(made, key=lambda m: m[0] != "stability_map.png")
 
 
+def result_figures(res, out: Path) -> list[tuple[str, str]]:
+    """The figures drawn from the result and the val curves alone (what an archived study can redraw)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(res.arms)}
+    made: list[tuple[str, str]] = []
+    for draw in (stability_map, final_losses, loss_vs_lr):
+        draw(plt, res, colors, out, made)
+    trend_figure(plt, res, out, made)
+    sensitivity_by_axis(plt, res, out, made)
+    return made
+
+
 def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
     """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})

@@ -8,7 +8,9 @@ from pathlib import Path
 from study.compare import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
+from study.history import history
 from study.result import StudyResult, compute
+from study.runs import KINDS
 from study.text import fmt, interval
 
 
@@ -19,11 +21,14 @@ def protocol_text(res: StudyResult) -> str:
             "A run that failed is an outcome, never a loss; train.py's own labels (ok, plateau, collapsed, unstable, "
             "diverged) describe single runs and decide nothing here. Stability: per arm, P(fail | lr) from the "
             "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
-            "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where the arm has >= 2 "
-            "failures and a bracketed edge, else the bound its runs give; two arms' LR50 ratio is fitted with one "
-            "slope (likelihood-ratio p). LR sensitivity (Wortsman et al. 2023): the mean over the study's LR grid of "
-            "min(L, L0) - L*, L* the best mean final loss of any arm of the same size, per seed, bootstrap CI "
-            "(and, where it differs, with L* the arm's own best, Wortsman et al.'s definition: own L*). Loss: "
+            "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR has both failed "
+            "and trained runs and >= 2 runs failed, else the bracket its runs give (complete separation: the fit's "
+            "number is the penalty's, not the data's); two arms' LR50 ratio is fitted with one slope (likelihood-"
+            "ratio p), and where an arm is only bracketed a `same` claim is decided on the brackets. Each failed run "
+            "has a kind read from its curve (collapsed, blew up, non-finite, slow, stalled); LR50 is given again for "
+            "instability alone (collapsed, blew up, non-finite; slow runs censored). LR sensitivity (Wortsman et al. "
+            "2023): the mean over the study's LR grid of min(L, L0) - L*, L* the arm's own best mean final loss, per "
+            "seed, 95% t CI below 8 seeds (the per-size L*, the best of any arm of the same size, beside it). Loss: "
             "each arm's best LR chosen on the selection seeds and "
             "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
             "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
@@ -39,7 +44,7 @@ def lr50_cell(fit) -> str:
     """An arm's LR50 as a table states it: the number and CI where identified, else the bound."""
     if fit.identified:
         return f"{fmt(fit.lr50, '.3g')} ({interval(fit.ci)})"
-    return fit.describe().split(":")[0].replace("LR50 ", "") + f" ({fit.failed}/{fit.n} failed)"
+    return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
@@ -54,6 +59,11 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
              f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
              f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
              f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).", "", protocol_text(res), ""]
+    past = history(res.file.name, res.file.history)
+    if past:
+        lines += ["## History of the study file", "",
+                  "The study file was changed after results of it (or of a pilot) were committed; the runs above are "
+                  "judged by the file as it is now:", ""] + [f"- {h}" for h in past] + [""]
     if res.claims or res.file.withdrawn:
         lines += ["## Claims (pre-registered)", "",
                   f"The study file's claims, each decided by its primary test alone, Holm-adjusted over the family of "
@@ -70,18 +80,23 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
               "floor (too slow) | train.py labels ok / plateau / collapsed / unstable / diverged / crashed | "
               "spike score loss / grad norm (%) | tokens/s |",
               "|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|"]
+    lines[-2] = lines[-2].replace("| LR50 (main rule) | ", "| LR50 (main rule) | LR50 (instability alone) | ")
+    lines[-1] += "---|"
     for label, a in arms.items():
         fit, c = res.failures[label], a.outcomes()
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
         sens = res.sensitivity.get(label)
-        own = res.sensitivity_own.get(label)
+        size = res.sensitivity_size.get(label)
         sens_text = "-" if sens is None or sens.mean is None else (
             f"{sens.mean:.3f}" + (f" ({sens.ci[0]:.3f}..{sens.ci[1]:.3f})" if sens.ci else "") + f", n = "
-            f"{len(sens.per_seed)}" + (f"; own L*: {own.mean:.3f}" if own is not None and own.mean is not None
-                                       and abs(own.mean - sens.mean) > 5e-4 else ""))
+            f"{len(sens.per_seed)}" + ("" if sens.bracketed else f", best LR {sens.best_lr:g}: not bracketed")
+            + (f"; per-size L*: {size.mean:.3f}" if size is not None and size.mean is not None
+               and abs(size.mean - sens.mean) > 5e-4 else ""))
+        unstable = res.instability.get(label)
         lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | "
-                     f"{lr50_cell(fit)} | " + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
+                     f"{lr50_cell(fit)} | {lr50_cell(unstable) if unstable else '-'} | "
+                     + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
                      + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
                      f"{c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
                      f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
@@ -90,6 +105,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         lines += ["", "Alternative failure rules (the study file's; the same runs judged again): "
                   + "; ".join(f"{r.name}: {r.describe()}" for r in res.file.alternatives) + ".",
                   rule_sensitivity(res)]
+    lines += kinds_table(res)
     if res.comparisons:
         lines += ["", "## Arms compared (exploratory)", "",
                   "Pairs of arms that differ in one field, every such pair: not the study's claims, not corrected for "
@@ -137,6 +153,25 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kinds_table(res: StudyResult) -> list[str]:
+    """Failures by kind, per arm and LR (docs/METHODS.md, "Failure kinds"); nothing where no run failed."""
+    rows = [(label, lr, row) for label, a in res.arms.items() for lr, row in a.kinds().items()
+            if row["trained"] < row["runs"]]
+    if not rows:
+        return []
+    kinds = [k for k in KINDS if any(row[k] for _, _, row in rows)]
+    out = ["", "## Failures by kind", "",
+           "Each failed run's kind, read from its eval curve by the study file's thresholds: collapsed (the last "
+           "half at or above the unigram entropy minus the learn margin), blew up, non-finite, slow (still falling "
+           f"faster than {res.file.rule.slow_slope:g} nats per 10% of the budget and below the unigram entropy: a "
+           "run still learning when the budget ended, censored for instability), stalled (flat below the unigram "
+           "level, failed a relative rule). LRs where every run trained are left out.", "",
+           "| arm | lr | runs | trained | " + " | ".join(kinds) + " |", "|---|---|---|---|" + "---|" * len(kinds)]
+    out += [f"| {label} | {lr:g} | {row['runs']} | {row['trained']} | " + " | ".join(str(row[k]) for k in kinds)
+            + " |" for label, lr, row in rows]
+    return out
+
+
 def rule_sensitivity(res: StudyResult) -> str:
     """Whether a verdict would change with the rule: for each arm whose LR50 is identified under one rule and not
     under another, or whose identified LR50s differ by more than their CIs allow, say so."""
@@ -149,12 +184,13 @@ def rule_sensitivity(res: StudyResult) -> str:
 
     moved = []
     for label, fit in res.failures.items():
-        others = [fits[label] for fits in res.alternatives.values()]
+        others = [fits[label] for fits in (*res.alternatives.values(), res.instability) if label in fits]
         if any(differ(fit, o) for o in others):
             moved.append(f"{label} ({'; '.join(lr50_cell(f) for f in [fit, *others])})")
     if not moved:
         return "Every arm's LR50 reads the same under every rule."
-    return ("LR50 depends on the rule for: " + ", ".join(moved) + " (main; then the alternatives, in the order above)."
+    return ("LR50 depends on the rule for: " + ", ".join(moved) + " (main; then the alternatives, in the order above; "
+            "then instability alone)."
             " A verdict resting on these arms' LR50s depends on the rule.")
 
 
@@ -171,8 +207,9 @@ def failed_entries(paths: list[Path]) -> list[str]:
 
 def fit_json(f) -> dict:
     return {"lr50": f.lr50 if f.identified else None, "ci": list(f.ci) if f.identified and f.ci else None,
+            "penalised_lr50": f.lr50,  # Firth's point even where the data do not identify it: never printed
             "bounds": list(f.bounds), "identified": f.identified, "failed": f.failed, "finished": f.n, "top_lr": f.top,
-            "text": lr50_cell(f)}
+            "ends": [list(e) if e else None for e in f.ends], "text": lr50_cell(f)}
 
 
 def as_json(res: StudyResult) -> dict:
@@ -183,12 +220,16 @@ def as_json(res: StudyResult) -> dict:
 
     def rj(r):
         return {"ratio": r.ratio if r.identified else None, "ci": list(r.ci) if r.identified and r.ci else None,
+                "penalised_ratio": r.ratio,  # the fit's point even where not identified: never printed
                 "bounds": list(r.bounds), "identified": r.identified, "p": r.p, "n": r.n, "failed": r.failed,
                 "text": r.describe()}
 
+    def kj(a):
+        return {f"{lr:g}": row for lr, row in a.kinds().items()}
+
     def sj(s):
         return {"mean": s.mean, "ci": list(s.ci) if s.ci else None, "n": len(s.per_seed), "lrs": list(s.lrs),
-                "l_star": s.l_star}
+                "l_star": s.l_star, "best_lr": s.best_lr, "bracketed": s.bracketed}
 
     return {
         "name": res.file.name, "about": res.file.about, "runs": len(res.runs), "arms": len(res.arms),
@@ -201,8 +242,10 @@ def as_json(res: StudyResult) -> dict:
                             **fit_json(res.failures[label]), "max_lr_ok": a.max_lr_ok,
                             "alternatives": {n: fit_json(f[label]) for n, f in res.alternatives.items()},
                             "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None,
-                            "sensitivity_own": sj(res.sensitivity_own[label]) if label in res.sensitivity_own
-                            else None}
+                            "sensitivity_size": sj(res.sensitivity_size[label])
+                            if label in res.sensitivity_size else None,
+                            "instability": fit_json(res.instability[label]) if label in res.instability else None,
+                            "kinds": kj(a)}
                     for label, a in res.arms.items()},
         "comparisons": [{"A": c.a.label, "B": c.b.label, "key": c.key, "lr50_ratio": rj(c.ratio),
                          "lrs": list(c.loss.lrs) if c.loss.lrs else None, "loss": pj(c.loss.paired),
@@ -211,11 +254,14 @@ def as_json(res: StudyResult) -> dict:
                     "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement, "note": c.note,
                     **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
                     **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired),
-                        "how": c.nested.how} if c.nested else {}),
-                    **({"own_l_star": {"estimate": c.own.estimate, "p": c.own.p, "p_holm": c.own.p_holm,
-                                       "agreement": c.own.agreement, "loss": pj(c.own.nested.paired)}}
-                       if c.own else {})} for c in res.claims],
+                        "how": c.nested.how, "gaps": [list(x) for x in c.nested.gaps]} if c.nested else {}),
+                    **({"size_l_star": {"estimate": c.size.estimate, "p": c.size.p, "p_holm": c.size.p_holm,
+                                        "agreement": c.size.agreement, "loss": pj(c.size.nested.paired)}}
+                       if c.size else {}),
+                    **({"rules": {name: rj(r) for name, r in c.rules.items()}} if c.rules else {})}
+                   for c in res.claims],
         "withdrawn": res.file.withdrawn,
+        "history": history(res.file.name, res.file.history),
         "trends": [{"what": t.what, "pair": t.pair, "axis": t.axis, "per_doubling": t.log2,
                     "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points], "slope": t.slope,
                     "ci": list(t.ci) if t.ci else None, "used": t.used} for t in res.trends]}

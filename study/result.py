@@ -9,15 +9,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from study.arms import Arm
+from study.arms import Arm, unstable
 from study.compare import Checked, Context, Nested, check_claims, nested, ratio
-from study.failure import FailureFit, RatioFit
+from study.failure import FailureFit, RatioFit, lr50_ratio
 from study.paired import Paired, paired
 from study.protocol import floor, select_lr, split_seeds
 from study.runs import Run, arm_bests, failure, find_runs, group_arms, judge
 from study.sensitivity import Sensitivity, sensitivities
 from study.studyfile import StudyFile, study_file
 from study.trend import trends
+
+INSTABILITY_RULE = "instability alone (slow runs censored)"
 
 
 @dataclass
@@ -46,8 +48,9 @@ class StudyResult:
     wall_s: float | None
     trends: list = field(default_factory=list)  # study/trend.py: comparisons along a numeric axis
     alternatives: dict = field(default_factory=dict)  # {rule name: {arm label: FailureFit}}: the same runs, judged
-    sensitivity: dict[str, Sensitivity] = field(default_factory=dict)  # {arm label: its LR sensitivity}
-    sensitivity_own: dict[str, Sensitivity] = field(default_factory=dict)  # the same with L* the arm's own best
+    sensitivity: dict[str, Sensitivity] = field(default_factory=dict)  # {arm label: LR sensitivity, own L*}
+    sensitivity_size: dict[str, Sensitivity] = field(default_factory=dict)  # the same, L* the size's best
+    instability: dict[str, FailureFit] = field(default_factory=dict)  # LR50 for instability alone, slow censored
     common_seeds: list = field(default_factory=list)
 
     @property
@@ -114,19 +117,29 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         a.best_lr = select_lr(a.runs, selection)
         a.floor = floor(a.runs, selection)
     grid = file.grid_lrs or tuple(sorted({r.lr for r in runs}))
-    sens, sens_own = sensitivities(arms, grid), sensitivities(arms, grid, own=True)
+    sens, sens_size = sensitivities(arms, grid), sensitivities(arms, grid, per_size=True)
     comparisons = [Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
                    for a, b, key in one_field_pairs(arms, keys)]
     per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
               for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
     ctx = Context(keys, test, selection, common_seeds, grid, file.margin, file.sensitivity_margin,
-                  file.ratio_margin, sens, sens_own)
+                  file.ratio_margin, sens, sens_size)
     res = StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
                       comparisons, check_claims(file.claims, arms, ctx), per_lr, wall_span(runs),
-                      sensitivity=sens, common_seeds=common_seeds, sensitivity_own=sens_own)
+                      sensitivity=sens, common_seeds=common_seeds, sensitivity_size=sens_size)
     best = arm_bests(runs)
-    for rule in file.alternatives:  # the same runs under each alternative rule: does a verdict depend on it?
-        res.alternatives[rule.name] = {k: a.failure(lambda r, rule=rule: r.finished and failure(r, rule, best.get(
-            id(r))) is not None, selection) for k, a in arms.items()}
+    rules = {rule.name: lambda r, rule=rule: failure(r, rule, best.get(id(r))) is not None
+             for rule in file.alternatives}
+    rules[INSTABILITY_RULE] = unstable
+    for name, failed in rules.items():  # the same runs under each other rule: does a verdict depend on it?
+        fits = {k: a.failure(failed, selection) for k, a in arms.items()}
+        if name == INSTABILITY_RULE:
+            res.instability = fits
+        else:
+            res.alternatives[name] = fits
+    for c in res.claims:
+        if c.a is not None and c.claim["metric"] == "lr50":
+            c.rules = {name: lr50_ratio(*arms[c.a].curve(failed, selection), *arms[c.b].curve(failed, selection))
+                       for name, failed in rules.items()}
     res.trends = trends(res)
     return res

@@ -24,6 +24,9 @@ IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads",
 
 
 OUTCOMES = (*monitor.OUTCOMES, "failed")  # failed: crashed without a summary (sweep.json has the error)
+# what a failed run's curve says it was (failure_kind); instability is the first three, a slow run is censored
+KINDS = ("collapsed", "blew up", "non-finite", "slow", "stalled", "no curve")
+INSTABILITY = ("collapsed", "blew up", "non-finite")
 
 
 
@@ -36,6 +39,7 @@ class Run:
     records: list[dict]
     why: str | None = field(default=None, compare=False)  # the study rule's reason it failed; None: it trained
     judged_by: str | None = field(default=None, compare=False)  # the rule that judged it (None: not yet)
+    kind: str | None = field(default=None, compare=False)  # a failed run's kind (KINDS); None: it trained
 
     @property
     def lr(self) -> float:
@@ -131,6 +135,52 @@ def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
     return None
 
 
+def slope(points: list[tuple[int, float]], steps: int) -> float | None:
+    """Least-squares slope of (step, loss) points in nats per 10% of a budget of `steps`; None below 2 steps."""
+    if len({s for s, _ in points}) < 2:
+        return None
+    ms = sum(s for s, _ in points) / len(points)
+    mv = sum(v for _, v in points) / len(points)
+    b = sum((s - ms) * (v - mv) for s, v in points) / sum((s - ms) ** 2 for s, _ in points)
+    return b * steps / 10
+
+
+def failure_kind(run: Run, rule: Rule) -> str:
+    """What a failed run's recorded eval curve says it was (docs/METHODS.md, "Failure kinds"): non-finite; blew up
+    (an eval above its best so far by the blow-up margin, or above L0); slow (still falling at the end, the slope of
+    the last half's evals below -slow_slope nats per 10% of the budget, and already below the unigram entropy: it
+    learns what a unigram model cannot); collapsed (every eval of the last half at or above the unigram entropy
+    minus the learn margin: flat there, or falling back to it from above); stalled (flat below that level: it
+    failed a rule relative to other runs); no curve (an archive without one)."""
+    s = run.summary
+    final = s.get("final_val_loss")
+    if run.status == "diverged" or final is None or not math.isfinite(final):
+        return "non-finite"
+    points = [(r["step"], r["val/loss"]) for r in run.records
+              if r.get("val/loss") is not None and r.get("step", 0) > 0]
+    blowup = rule.blowup_margin if rule.blowup_margin is not None else Rule.blowup_margin
+    low = math.inf
+    for _, v in points:
+        if v > low + blowup:
+            return "blew up"
+        low = min(low, v)
+    l0 = run.init_loss if run.init_kind == "val" else None
+    if l0 is not None and points and max(v for _, v in points) > l0:
+        return "blew up"
+    steps = int(run.config.get("train.steps") or (points[-1][0] if points else 0))
+    half = [(st, v) for st, v in points if st >= steps / 2]
+    b = slope(half, steps)
+    if b is None:
+        return "no curve"
+    unigram = s.get("unigram_entropy")
+    if b < -rule.slow_slope and (unigram is None or half[-1][1] < unigram):
+        return "slow"
+    learn = rule.learn_margin if rule.learn_margin is not None else Rule.learn_margin
+    if unigram is not None and all(v > unigram - learn for _, v in half):
+        return "collapsed"
+    return "stalled"
+
+
 def arm_bests(runs: list[Run]) -> dict[int, float | None]:
     """{id(run): the best finite final val loss of any run of its arm}."""
     out = {}
@@ -149,6 +199,7 @@ def judge(runs: list[Run], rule: Rule) -> list[Run]:
     for r in runs:
         r.judged_by = rule.name
         r.why = failure(r, rule, best.get(id(r))) if r.finished else None
+        r.kind = failure_kind(r, rule) if r.why is not None else None
     return runs
 
 

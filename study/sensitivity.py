@@ -4,12 +4,15 @@ Sec. 2): how much an arm's final loss depends on getting the learning rate right
     S = mean_{lr in G} [ min(L(lr), L0) - L* ],
 
 L(lr) the final val loss of the run at that LR (a run that failed counts at its final loss, capped at L0; a
-non-finite one at L0), L0 the loss at initialization, L* the best final loss of any arm of the same model size
-(the lowest mean over seeds at any grid LR). It is continuous and needs no failure rule. Lower is less sensitive.
-The same with L* the arm's own best (Wortsman et al.'s min over one algorithm's LRs) is reported beside it: the
-two differ where an arm never reaches another arm's best at that size (its S then includes that gap).
-Per seed where the arm ran every grid LR; per arm the mean over seeds with a seed-bootstrap 95% CI; two arms
-that share seeds are compared by their per-seed differences (study/paired.py).
+non-finite one at L0), L0 the loss at initialization, L* the arm's own best (the lowest mean over seeds at any grid
+LR: Wortsman et al.'s min over one algorithm's LRs). It is continuous and needs no failure rule. Lower is less
+sensitive. The same with L* the best of any arm of the same model size is reported beside it (per_size=True): it
+charges an arm its gap to another arm's best loss. Where an arm's best LR is an end of the grid its L* is not
+bracketed (a better LR may lie beyond), and the report says so.
+Per seed where the arm ran every grid LR; per arm the mean over seeds with a 95% t interval (n - 1 df) below
+BOOTSTRAP_FROM seeds (simulated coverage 0.94-0.95 at n = 3, 5 and 8, where a percentile bootstrap covers 0.76, 0.84
+and 0.88: tests/test_sensitivity.py), a seed bootstrap from there; two arms that share seeds are compared by their
+per-seed differences (study/paired.py).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from study.arms import Arm
+from study.paired import mean_ci
 
 SIZE = ("model.dim", "model.n_layers", "model.hidden_dim", "model.n_heads")  # what makes two arms one model size
 BOOTSTRAP = 2000
+BOOTSTRAP_FROM = 30  # seeds: below this the per-arm CI is a t interval (a bootstrap of 8 covers ~0.88)
 
 
 def capped(run, l0: float) -> float:
@@ -36,15 +41,18 @@ def capped(run, l0: float) -> float:
 class Sensitivity:
     per_seed: dict  # {seed: S}
     mean: float | None
-    ci: tuple[float, float] | None  # seed bootstrap, percentile 95%
+    ci: tuple[float, float] | None  # 95%: t below BOOTSTRAP_FROM seeds, else a seed bootstrap
     lrs: tuple  # the grid it is measured over
     l_star: float | None
+    best_lr: float | None = None  # the grid LR where the arm's own mean loss is lowest
+    bracketed: bool = True  # best_lr is inside the grid, not at an end
 
     def describe(self) -> str:
         if self.mean is None:
             return "no seed ran every LR of the grid"
         ci = f"95% CI {self.ci[0]:.3f}..{self.ci[1]:.3f}, " if self.ci else ""
-        return f"{self.mean:.3f} nats ({ci}n = {len(self.per_seed)} seeds, over {len(self.lrs)} LRs)"
+        edge = "" if self.bracketed else f"; its best LR {self.best_lr:g} is an end of the grid: not bracketed"
+        return f"{self.mean:.3f} nats ({ci}n = {len(self.per_seed)} seeds, over {len(self.lrs)} LRs{edge})"
 
 
 def _l0(arm: Arm, seed) -> float | None:
@@ -64,8 +72,7 @@ def per_seed(arm: Arm, lrs, l_star: float) -> dict:
 
 
 def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | None:
-    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for fewer than 3 (two
-    seeds have three resamples: no interval)."""
+    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for fewer than 3."""
     if len(values) < 3:
         return None
     rng = np.random.default_rng(seed)
@@ -74,32 +81,50 @@ def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | No
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def _peers(label: str, arm: Arm, own: bool) -> tuple:
-    """Which arms share an L*: those of the same model size, or (own) the arm alone."""
-    return (label,) if own else tuple(arm.runs[0].config.get(k) for k in SIZE)
+def mean_interval(values: list[float]) -> tuple[float, float] | None:
+    """The per-arm 95% CI of a mean over seeds: t (n - 1 df) below BOOTSTRAP_FROM seeds, else the bootstrap."""
+    if len(values) >= BOOTSTRAP_FROM:
+        return bootstrap_ci(values)
+    return mean_ci(values)[1]
 
 
-def l_stars(arms: dict[str, Arm], lrs, own: bool = False) -> dict[tuple, float]:
-    """{model size: L*}: the lowest mean final loss (over seeds, capped at L0) of any arm of that size at any LR;
-    own=True: {(arm label,): L*} of each arm's own runs (Wortsman et al.'s min over the LRs of one algorithm)."""
-    out: dict[tuple, float] = {}
-    for label, a in arms.items():
-        size = _peers(label, a, own)
-        for lr in lrs:
-            vals = [capped(r, r.init_loss or math.inf) for r in a.at(lr) if r.finished]
-            if vals:
-                out[size] = min(out.get(size, math.inf), statistics.fmean(vals))
+def _peers(label: str, arm: Arm, per_size: bool) -> tuple:
+    """Which arms share an L*: the arm alone, or (per_size) those of the same model size."""
+    return tuple(arm.runs[0].config.get(k) for k in SIZE) if per_size else (label,)
+
+
+def _means(a: Arm, lrs) -> dict[float, float]:
+    """{lr: mean final loss over seeds, capped at L0} at the grid LRs the arm ran."""
+    out = {}
+    for lr in lrs:
+        vals = [capped(r, r.init_loss or math.inf) for r in a.at(lr) if r.finished]
+        if vals:
+            out[lr] = statistics.fmean(vals)
     return out
 
 
-def sensitivities(arms: dict[str, Arm], lrs, own: bool = False) -> dict[str, Sensitivity]:
-    """Every arm's LR sensitivity over `lrs` (the study file's grid); own=True with L* the arm's own best."""
+def l_stars(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[tuple, float]:
+    """{(arm label,): L*}, each arm's own lowest mean final loss (over seeds, capped at L0) at any grid LR;
+    per_size=True: {model size: L*} over every arm of that size."""
+    out: dict[tuple, float] = {}
+    for label, a in arms.items():
+        size = _peers(label, a, per_size)
+        for v in _means(a, lrs).values():
+            out[size] = min(out.get(size, math.inf), v)
+    return out
+
+
+def sensitivities(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[str, Sensitivity]:
+    """Every arm's LR sensitivity over `lrs` (the study file's grid), L* its own best (per_size: its size's)."""
     lrs = tuple(sorted(lrs))
-    stars = l_stars(arms, lrs, own)
+    stars = l_stars(arms, lrs, per_size)
     out = {}
     for label, a in arms.items():
-        l_star = stars.get(_peers(label, a, own))
+        l_star = stars.get(_peers(label, a, per_size))
         seeds = per_seed(a, lrs, l_star) if l_star is not None and lrs else {}
         mean = statistics.fmean(seeds.values()) if seeds else None
-        out[label] = Sensitivity(seeds, mean, bootstrap_ci(list(seeds.values())), lrs, l_star)
+        means = _means(a, lrs)
+        best = min(means, key=means.get) if means else None
+        out[label] = Sensitivity(seeds, mean, mean_interval(list(seeds.values())), lrs, l_star, best,
+                                 best is None or len(lrs) < 3 or lrs[0] < best < lrs[-1])
     return out

@@ -26,7 +26,7 @@ ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
 STUDY_KEYS = {"name", "about", "config", "failure", "sensitivity_margin", "ratio_margin", "overrides", "grid",
               "exclude", "threads_per_worker", "workers", "equivalence_margin",
-              "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected"}
+              "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected", "history"}
 
 
 
@@ -60,6 +60,11 @@ def load_study(path: Path) -> dict:
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
     study["exclude"] = _exclude(path, study.get("exclude"), grid)
+    for key, low in (("equivalence_margin", 0.0), ("sensitivity_margin", 0.0), ("ratio_margin", 1.0)):
+        value = study.get(key)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value <= low):
+            raise ConfigError(f"{path}: {key} must be a number > {low:g}, got {value!r}"
+                              + (" (a ratio within [1/m, m])" if key == "ratio_margin" else " (nats)"))
     for key in ("threads_per_worker", "workers"):
         value = study.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -79,6 +84,8 @@ def load_study(path: Path) -> dict:
         raise ConfigError(f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test as "
                           f"the paper states it, and why")
     study["withdrawn"] = withdrawn
+    if not isinstance(study.get("history") or [], list):
+        raise ConfigError(f"{path}: history is a list of notes (what changed after results, and when)")
     quick = study.pop("quick", None)
     if quick is not None and (not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}):
         raise ConfigError(f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)")
@@ -173,13 +180,16 @@ class Rule:
                      last slope: a run still falling at the end of its budget failed at that budget)
       blowup_margin  an eval rose this many nats above the best eval before it
       above_l0       an eval rose above L0, the loss before the first step
-      arm_gap        its final loss is this many nats above the best final loss of any run of its arm"""
+      arm_gap        its final loss is this many nats above the best final loss of any run of its arm
+    and how a failed run's kind is read from its curve (study/runs.py failure_kind): slow_slope, nats per 10% of
+    the budget (the least-squares slope of the evals in the run's last half) below which a run is still falling."""
 
     name: str = "main"
     learn_margin: float | None = 0.25
     blowup_margin: float | None = 0.5
     above_l0: bool = True
     arm_gap: float | None = None
+    slow_slope: float = 0.01
 
     def describe(self) -> str:
         parts = ["a non-finite loss"]
@@ -196,14 +206,14 @@ class Rule:
 
 DEFAULT_ALTERNATIVES = (Rule("the arm's best + 1 nat", None, None, False, 1.0),
                         Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None))
-RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap"}
+RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap", "slow_slope"}
 
 
 def parse_rule(section, where: str, name: str) -> Rule:
     if not isinstance(section, dict) or set(section) - RULE_KEYS:
         raise ConfigError(f"{where}: a failure rule is a mapping of {', '.join(sorted(RULE_KEYS))}")
     out = Rule(**{"name": name, **{k: section[k] for k in section}})
-    for key in ("learn_margin", "blowup_margin", "arm_gap"):
+    for key in ("learn_margin", "blowup_margin", "arm_gap", "slow_slope"):
         value = getattr(out, key)
         if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
             raise ConfigError(f"{where}: {key} must be a number >= 0 or null, got {value!r}")
@@ -353,6 +363,7 @@ class StudyFile:
     sensitivity_margin: float = 0.1  # nats: LR sensitivity's equivalence margin
     ratio_margin: float = 2.0  # an LR50 ratio within [1/m, m] is "the same"
     grid_lrs: tuple = ()  # the study file's LR grid: where LR sensitivity is measured
+    history: list = field(default_factory=list)  # notes on changes made after results (study/history.py)
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -368,4 +379,5 @@ def read_study_file(path: Path) -> StudyFile:
     return StudyFile(study["name"], study["about"], float(study.get("equivalence_margin") or DEFAULT_MARGIN),
                      study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"],
                      study["rule"], study["alternatives"], float(study.get("sensitivity_margin") or 0.1),
-                     float(study.get("ratio_margin") or 2.0), tuple(study["grid"].get("optim.lr", ())))
+                     float(study.get("ratio_margin") or 2.0), tuple(study["grid"].get("optim.lr", ())),
+                     list(study.get("history") or []))

@@ -70,7 +70,7 @@ def test_one_failure_at_the_top_leaves_the_upper_end_open_and_is_a_bound():
     fit = fit_failure_curve(*RMS_PRE)
     assert fit.ci[1] is None
     assert not fit.identified and fit.bounds == (0.316, None)
-    assert fit.describe().startswith("LR50 > 0.316: 1 of 22 runs failed")
+    assert fit.describe() == "LR50 > 0.316: 0/2 failed there (fewer than 2 failures: a bracket, not an estimate)"
 
 
 def test_the_profile_is_the_maximum_a_brute_force_scan_finds():
@@ -83,14 +83,17 @@ def test_the_profile_is_the_maximum_a_brute_force_scan_finds():
         assert _profile(x50, x, y) == pytest.approx(brute, abs=1e-6)
 
 
-def test_complete_separation_is_finite_inside_its_bracket_and_says_so():
+def test_complete_separation_is_a_bracket_whatever_the_penalised_fit_returns():
+    """0/5 then 5/5: Firth's fit is finite (the bracket's geometric midpoint, its CI set by the penalty), but the
+    data say only that LR50 lies in the bracket: not identified, described as the bracket with its counts."""
     lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
     fit = fit_failure_curve(lrs, [False] * 10 + [True] * 10)
-    assert fit.identified and fit.bounds == (3e-3, 1e-2)
-    assert 3e-3 < fit.lr50 < 1e-2 and fit.lr50 == pytest.approx(math.sqrt(3e-3 * 1e-2), rel=1e-3)  # symmetric data
-    lo, hi = fit.ci
-    assert lo is not None and hi is not None and lo < fit.lr50 < hi
-    assert "10 of 20 runs failed" in fit.describe()
+    assert fit.lr50 == pytest.approx(math.sqrt(3e-3 * 1e-2), rel=1e-3)  # the penalty's midpoint
+    assert not fit.identified and fit.bounds == (3e-3, 1e-2) and fit.ends == ((0, 5), (5, 5))
+    assert fit.describe().startswith("0.003 < LR50 < 0.01: 0/5 then 5/5 failed (no LR with both outcomes")
+    # one seed of the five fails one LR early: mixed outcomes at 3e-3 identify it
+    mixed = fit_failure_curve(lrs, [False] * 5 + [True] + [False] * 4 + [True] * 10)
+    assert mixed.identified and mixed.lr50 < 1e-2 and "11 of 20 runs failed" in mixed.describe()
 
 
 def test_no_edge_no_lr50():
@@ -98,8 +101,8 @@ def test_no_edge_no_lr50():
     assert fit_failure_curve(lrs, [False] * 9).lr50 is None
     assert fit_failure_curve(lrs, [True] * 9).lr50 is None
     assert fit_failure_curve(lrs, [True, False, False] * 3).lr50 is None  # fails at the low LR only
-    assert fit_failure_curve(lrs, [False] * 9).describe() == "LR50 > 0.1: no run of 9 failed"
-    assert fit_failure_curve(lrs, [True] * 9).describe().startswith("LR50 < 0.001: 9 of 9 runs failed")
+    assert fit_failure_curve(lrs, [False] * 9).describe().startswith("LR50 > 0.1: 0/9 failed (no run failed")
+    assert fit_failure_curve(lrs, [True] * 9).describe().startswith("LR50 < 0.001: 3/3 failed there")
 
 
 def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
@@ -135,33 +138,44 @@ def test_the_lr50_ratio_ci_covers_a_known_ratio_in_90_to_99_percent_of_simulated
 
 def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
-    # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2: a ratio near 1/sqrt(10), both ends bounded
+    # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2, both separated: the brackets allow ratios
+    # 0.1..1 (3e-3 / 3e-2 .. 1e-2 / 1e-2) and say so; the likelihood-ratio test still orders the arms
     fit = lr50_ratio(lrs, [False] * 10 + [True] * 10, lrs, [False] * 15 + [True] * 5)
-    assert 0.15 < fit.ratio < 0.7 and fit.ci[0] is not None and fit.ci[1] is not None and fit.p < 0.01
-    assert fit.ci[0] < fit.ratio < fit.ci[1]
+    assert not fit.identified and fit.bounds == (pytest.approx(0.1), pytest.approx(1.0)) and fit.p < 0.01
+    assert fit.describe().startswith("LR50 ratio between 0.1 and 1 (an arm's LR50 is only bracketed")
+    assert fit.bracket_p(at_most=1.0) == pytest.approx(2 * 2 ** -5)  # A's upper end, B's lower end: 5 runs each
+    assert fit.bracket_p(at_most=0.5) is None and fit.bracket_p(0.5, 2.0) is None
+    # with mixed outcomes on both sides (one seed each fails early) the ratio is a number with a CI
+    fit = lr50_ratio(lrs, [False] * 5 + [True] + [False] * 4 + [True] * 10,
+                     lrs, [False] * 10 + [True] + [False] * 4 + [True] * 5)
+    assert fit.identified and 0.1 < fit.ratio < 1 and fit.ci[0] < fit.ratio < fit.ci[1]
     # A never fails: its LR50 lies above its largest LR (0.03) and B's below 0.03: the ratio is a bound, > 1
     fit = lr50_ratio(lrs, [False] * 20, lrs, [False] * 15 + [True] * 5)
     assert not fit.identified and fit.describe().startswith("LR50 ratio > 1")  # A: > 0.03, B: < 0.03
     # each arm one outcome: a bound only, the lowest LR of A over the highest of B
     fit = lr50_ratio([3e-3, 1e-2, 3e-2] * 3, [True] * 9, [3e-3, 1e-2, 3e-2] * 3, [False] * 9)
     assert not fit.identified and fit.bounds == (None, pytest.approx(0.1)) and fit.p < 1e-3
-    assert fit.describe().startswith("LR50 ratio < 0.1 (an arm's LR50 is only bounded")
+    assert fit.describe().startswith("LR50 ratio < 0.1 (an arm's LR50 is only bracketed")
     # nothing failed, or one LR only: nothing to fit
     assert lr50_ratio(lrs, [False] * 20, lrs, [False] * 20).ratio is None
     assert not lr50_ratio([1e-2] * 4, [True, False] * 2, [1e-2] * 4, [False] * 4).identified
 
 
 def test_the_equivalence_of_two_lr50s_within_a_factor():
-    """TOST on the log ratio by the profile's signed root: two arms with the same separated edge are within x4 of
-    each other (p < 0.05) and not outside it; an edge a decade apart is outside x2."""
-    lrs = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 4
-    same = [lr > 5e-3 for lr in lrs]
+    """TOST on the log ratio by the profile's signed root: two arms with the same mixed edge (per-seed thresholds
+    between grid LRs) are within x4 of each other (p < 0.05) and not outside it; an edge a decade apart is outside
+    x2. Separated arms are not identified: TOST is not run on them (p 1)."""
+    lrs = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 8)
+    thresholds = np.repeat(10 ** np.linspace(-2.6, -1.9, 8), 7)  # seed s fails above its own threshold
+    same = list(lrs > thresholds)
     fit = lr50_ratio(lrs, same, lrs, same)
     p_in, p_out = fit.within(4.0)
     assert fit.identified and p_in < 0.05 and p_out > 0.5
-    far = lr50_ratio(lrs, [lr > 5e-4 * 2 for lr in lrs], lrs, [lr > 2e-2 for lr in lrs])
+    far = lr50_ratio(lrs, list(lrs > thresholds / 10), lrs, list(lrs > thresholds))
     p_in, p_out = far.within(2.0)
-    assert p_in > 0.5 and p_out < 0.05
+    assert far.identified and p_in > 0.5 and p_out < 0.05
+    separated = [lr > 5e-3 for lr in lrs]
+    assert lr50_ratio(lrs, separated, lrs, separated).within(4.0) == (1.0, 1.0)
 
 
 def test_the_upper_bound_of_p_fail_falls_below_the_edge():

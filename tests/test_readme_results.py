@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from conftest import TINY, write_corpus
 
+from study.text import g
+
 REPO = Path(__file__).resolve().parent.parent
 
 REPORT = """# Stability report: s
@@ -148,15 +150,21 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     """Constructed report.json files: the placement sentence states each norm's LR50 ratio (a bound where only a
     bound is identified); the norm sentence says per placement what its claims' verdicts say, in plain words; the
     count covers every report; the table has one row per question with its verdicts and numbers."""
-    default = {"name": "norm-placement-lr", "runs": 100, "claims": [
-        _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03]),
-        _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05]),
+    place_ln = _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03])
+    place_rms = _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05])
+    place_rms["rules"] = {"lenient": {"ratio": 0.05, "identified": True, "bounds": [0.01, 0.1]},
+                          "instability alone": {"ratio": None, "penalised_ratio": 0.07, "identified": False,
+                                                "bounds": [0.01, 0.1]}}
+    common_pre = _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)
+    common_pre.update(lrs=[0.001, 0.001], gaps=[["rmsnorm/pre", 0.00316, 0.316, 0.56],
+                                                ["layernorm/pre", 0.00316, 0.316, 0.54]])
+    default = {"name": "norm-placement-lr", "runs": 100, "claims": [place_ln, place_rms,
         _claim("lr50", "rmsnorm/post", "layernorm/post", "agrees", ratio=1.1, ci=[0.8, 1.5]),
         _claim("lr_sensitivity", "rmsnorm/post", "layernorm/post", "agrees"),
         _claim("common_loss", "rmsnorm/post", "layernorm/post", "agrees"),
         _claim("lr50", "rmsnorm/pre", "layernorm/pre", "cannot tell", bounds=[0.3, None]),
         _claim("lr_sensitivity", "rmsnorm/pre", "layernorm/pre", "agrees"),
-        _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)],
+        common_pre],
         "withdrawn": [{"paper": "W", "says": "X", "why": "Y"}]}
     other = {"name": "other", "runs": 10, "claims": [_claim("best_loss", "a", "b", "cannot tell", "higher")]}
     for name, r in (("norm-placement-lr", default), ("other", other)):
@@ -169,9 +177,13 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     text = readme.read_text()
-    assert ("Where the norm sits decides stability: Post-LN fails at learning rates Pre-LN trains at (layernorm: "
-            "LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: LR50 ratio 0.01 (0.002..0.05), Holm p = 0.04)."
-            ) in text
+    # the ratio as the range over the rules that identify it, brackets where they do not; never a penalised point
+    assert ("Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
+            "by layernorm: > 33.3x (every rule brackets it), agrees (Holm p = 0.04); rmsnorm: 20.0-100.0x (2 of 3 "
+            "rules identify it; 1 only brackets it, 10-100x), agrees (Holm p = 0.04).") in text
+    assert "14.3" not in text  # 1 / 0.07, the instability fit's penalised point
+    assert "The common LR: pre: lr 0.001, x0.316 each one's own best LR, +0.54..+0.56 nats above its best loss." \
+        in text
     assert ("Which norm sits there: RMSNorm and LayerNorm have the same final loss at a learning rate safe for "
             "both (within 0.02 nats, post-norm) and the same stability (LR50 within x2, post-norm) and the same "
             "sensitivity to the learning rate (within 0.1 nats, both placements); they do not have the same final "
@@ -185,7 +197,7 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     assert _run(readme).returncode == 0, _run(readme).stderr
     assert ("trained for minutes on 2 corpora (pydocs, pystdlib; the default study on both: "
             "[replication](results/replication.md)): read them") in readme.read_text()
-    assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (a bound), Holm p = 0.04; rmsnorm: " in text
+    assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = 0.04; rmsnorm: " in text
     assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
         "report.md) |" in text
 
@@ -273,3 +285,28 @@ def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_
     assert text.splitlines()[2].startswith("Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
                                            "On one only: rmsnorm/post vs layernorm/post (loss at a common safe LR: "
                                            "agrees / cannot tell).")
+
+
+def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
+    """Every LR50 or ratio in the committed reports that is not identified (report.json `identified: false`) has a
+    penalised point from Firth's fit; the README's generated "What it found" prints none of them, as an LR50, a
+    ratio or its inverse, and gives such a claim as its brackets."""
+    readme = (REPO / "README.md").read_text()
+    found = readme.split("<!-- found: docs/results -->")[1].split("<!-- /found -->")[0]
+    unidentified = []
+    for path in sorted((REPO / "docs" / "results").glob("*/report.json")):
+        r = json.loads(path.read_text())
+        for c in r.get("claims", []):
+            fits = [c["lr50_ratio"], *c.get("rules", {}).values()] if "lr50_ratio" in c else []
+            unidentified += [f["penalised_ratio"] for f in fits if not f["identified"] and f.get("penalised_ratio")]
+            if "lr50_ratio" in c and not c["lr50_ratio"]["identified"] and f"| [{r['name']}]" in found:
+                row = next((line for line in found.splitlines() if f"[{r['name']}](" in line
+                            and c["agreement"] in line), "")
+                assert not row or "LR50 ratio in " in row or "(brackets only)" in row or "LR50" not in row
+        for a in r.get("per_arm", {}).values():
+            if not a["identified"] and a.get("penalised_lr50"):
+                unidentified.append(a["penalised_lr50"])
+    assert unidentified  # the committed studies have separated arms: the check has something to find
+    for x in unidentified:
+        for text in (f"ratio {g(x)} (", f"LR50 {g(x)} (", f" {1 / x:.1f}x", f"-{1 / x:.1f}x"):
+            assert text not in found, (x, text)
