@@ -2,7 +2,7 @@
 
     define    studyfile                                  the study file: schema, claims, protocol settings
     run       protocol, runner, cli                      the runs each stage makes; workers; the commands
-    read      runs, archive                              run directories, or a committed study's runs.json
-    analyse   arms, failure, sensitivity, paired, compare, trend, result  LR50, LR sensitivity, claims, trends
-    render    text, findings, figures, history, report   numbers, sentences, plots, history, report.md, .json
+    read      read, archive                              run directories, or a committed study's runs.json
+    analyse   arms, lr50, sensitivity, paired, claims, trend, result     LR50, LR sensitivity, claims, trends
+    render    text, findings, figures, history, report, readme  numbers, sentences, plots, reports, README
 """

@@ -3,7 +3,7 @@ when the protocol changes (scripts/redecide.py): from its runs.json (configs, ou
 report wrote one, else from report.md's Runs table (name, status, final and best val loss, L0 per run) and the
 study file.
 
-The study's failure rule judges them as it judges live runs (study/runs.py failure). What a table-only run lacks is
+The study's failure rule judges them as it judges live runs (study/read.py failure). What a table-only run lacks is
 its curve: the rule's any-eval criteria then read its final eval (a spike it recovered from cannot be seen), while
 "did not learn" reads its best eval exactly; the unigram entropy comes from the study's prepared data. No label is
 changed by hand: a verdict rests only on what the committed data show.
@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from study.runs import Run, judged
+from study.read import Run, judged
 from study.studyfile import expand, flatten, load_study
 from training.config import Config, flat, to_dict
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from study.failure import FailureFit, fit_failure_curve
-from study.runs import INSTABILITY, KINDS, OUTCOMES, Run
+from study.lr50 import FailureFit, fit_failure_curve
+from study.read import INSTABILITY, KINDS, OUTCOMES, Run
 
 
 def mean_of(xs):
@@ -74,7 +74,7 @@ class Arm:
         return [r.lr for r in done], [failed(r) for r in done]
 
     def failure(self, failed=None, seeds=None) -> FailureFit:
-        """P(fail | lr) from the floor up (study/failure.py); see curve()."""
+        """P(fail | lr) from the floor up (study/lr50.py); see curve()."""
         return fit_failure_curve(*self.curve(failed, seeds))
 
     def instability(self, seeds=None) -> FailureFit:

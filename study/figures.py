@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from study.arms import max_series, mean_of
-from study.runs import Run
+from study.read import Run
 from study.sensitivity import capped
 from study.text import fmt
 from study.trend import fitted

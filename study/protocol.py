@@ -24,8 +24,8 @@ import math
 import statistics
 from pathlib import Path
 
-from study.failure import p_fail_upper
-from study.runs import Run, find_runs, same
+from study.lr50 import p_fail_upper
+from study.read import Run, find_runs, same
 from study.studyfile import Protocol, excluded, expand
 
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.compare import claim_sentence
+from study.claims import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.history import history
+from study.read import KINDS
 from study.result import StudyResult, compute
-from study.runs import KINDS
 from study.text import fmt, interval
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from study.arms import Arm, unstable
-from study.compare import Checked, Context, Nested, check_claims, nested, ratio
-from study.failure import FailureFit, RatioFit, lr50_ratio
+from study.claims import Checked, Context, Nested, check_claims, nested, ratio
+from study.lr50 import FailureFit, RatioFit, lr50_ratio
 from study.paired import Paired, paired
 from study.protocol import floor, select_lr, split_seeds
-from study.runs import Run, arm_bests, failure, find_runs, group_arms, judge
+from study.read import Run, arm_bests, failure, find_runs, group_arms, judge
 from study.sensitivity import Sensitivity, sensitivities
 from study.studyfile import StudyFile, study_file
 from study.trend import trends

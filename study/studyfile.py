@@ -181,7 +181,7 @@ class Rule:
       blowup_margin  an eval rose this many nats above the best eval before it
       above_l0       an eval rose above L0, the loss before the first step
       arm_gap        its final loss is this many nats above the best final loss of any run of its arm
-    and how a failed run's kind is read from its curve (study/runs.py failure_kind): slow_slope, nats per 10% of
+    and how a failed run's kind is read from its curve (study/read.py failure_kind): slow_slope, nats per 10% of
     the budget (the least-squares slope of the evals in the run's last half) below which a run is still falling."""
 
     name: str = "main"

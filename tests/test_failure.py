@@ -1,4 +1,4 @@
-"""study/failure.py: the failure curve P(fail | lr) and LR50 with its 95% CI, on simulated studies with a known
+"""study/lr50.py: the failure curve P(fail | lr) and LR50 with its 95% CI, on simulated studies with a known
 edge (coverage), on separated grids and on the cases without an edge."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from study.failure import _design, _fit, _loglik, _penalized, _profile, fit_failure_curve, lr50_ratio, p_fail_upper
+from study.lr50 import _design, _fit, _loglik, _penalized, _profile, fit_failure_curve, lr50_ratio, p_fail_upper
 
 OFFSETS = np.array([-0.6, -0.3, 0.0, 0.3, 0.6])  # the grid around the edge, in decades (x 2 steps)
 

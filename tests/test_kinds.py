@@ -4,8 +4,8 @@ brackets (docs/METHODS.md): constructed runs, no training."""
 import pytest
 
 from study.arms import Arm
-from study.compare import Context, check_claims
-from study.runs import Run, failure_kind, judge
+from study.claims import Context, check_claims
+from study.read import Run, failure_kind, judge
 from study.studyfile import Rule
 
 UNIGRAM, L0, STEPS = 5.8, 6.9, 300

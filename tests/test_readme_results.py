@@ -1,4 +1,4 @@
-"""scripts/readme_results.py writes the README's Results blocks from the study reports (never by hand)."""
+"""study/readme.py (scripts/readme_results.py) writes the README's generated blocks from the reports."""
 
 import json
 import subprocess
@@ -64,11 +64,8 @@ def test_the_readme_results_are_what_the_script_writes(tmp_path):
     (tmp_path / "perf" / "results").symlink_to(REPO / "docs" / "results")
     assert _run(perf, tmp_path / "none").returncode == 0
     assert perf.read_text() == (REPO / "docs" / "performance.md").read_text()
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from readme_results import index
-    finally:
-        sys.path.pop(0)
+    from study.readme import index
+
     assert (REPO / "docs" / "results" / "README.md").read_text() == index(REPO / "docs" / "results")
 
 

@@ -13,7 +13,7 @@ from conftest import write_run
 
 import train
 from study import arms, cli, protocol, runner, studyfile
-from study import runs as study_runs
+from study import read as study_runs
 from study.report import write_report
 from study.result import wall_span
 from training.config import ConfigError, load_config
@@ -529,7 +529,7 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
         assert by_name["rmsnorm-lr0.1-s1"].lr == 0.1
     # no label is changed by hand: an archived `plateau` stays one, and the study's rule judges it from what the
     # table shows (its best eval, 5.9, never got 0.25 below the unigram entropy of the study's data)
-    from study.runs import judge
+    from study.read import judge
     from study.studyfile import Rule
 
     stuck = [r for r in judge(from_md, Rule()) if r.name.startswith("rmsnorm-lr0.1")]
@@ -812,7 +812,7 @@ def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_
     grid = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
     arm = [R(lr, s, lr > 0.03) for lr in grid for s in range(6)]
     lr, how = protocol.common_lr(arm, arm, grid, [0, 1, 2])
-    from study.failure import p_fail_upper
+    from study.lr50 import p_fail_upper
 
     bounds = {x: p_fail_upper([r.lr for r in arm], [r.failed for r in arm], x) for x in grid}
     assert lr == max(x for x in grid if bounds[x] < 0.05) and lr < 0.03 and "upper 95% bounds" in how

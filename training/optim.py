@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:  # the config's validation imports this module's registries: no import circle
+    from training.config import OptimConfig
+
 from model.args import lookup
 from model.llama import parameter_kinds
-from training.config import OptimConfig
 
 # optim.weight_decay_mode: the per-group weight_decay handed to torch's AdamW, which multiplies each decayed parameter
 # by 1 - group lr(t) * group weight_decay every step, from wd (optim.weight_decay) and the group's peak LR

@@ -6,7 +6,7 @@ whatever its data; a claim its runs cannot test enters with p = 1).
   runs trained (nested: the seeds that chose an LR never test it): the paired t test (expect higher / lower) or
   TOST at the study's margin (expect same).
 - common_loss: both arms at their common safe LR (study/protocol.py common_lr), on the common seeds: as above.
-- lr50: the two arms' failure curves fitted together (study/failure.py lr50_ratio): the likelihood-ratio test of
+- lr50: the two arms' failure curves fitted together (study/lr50.py lr50_ratio): the likelihood-ratio test of
   ratio = 1 (higher / lower), or TOST of the ratio within [1/m, m], m the study's ratio_margin (same).
 - lr_sensitivity: per-seed LR sensitivity (study/sensitivity.py), paired by seed: as best_loss, at the study's
   sensitivity_margin.
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from scipy import stats as st
 
 from study.arms import Arm
-from study.failure import RatioFit, bound_text, lr50_ratio
+from study.lr50 import RatioFit, bound_text, lr50_ratio
 from study.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from study.protocol import common_lr
-from study.runs import same
+from study.read import same
 from study.sensitivity import Sensitivity
 from study.text import g
 

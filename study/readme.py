@@ -1,0 +1,518 @@
+"""Write the README's Results blocks and the index of docs/results from the committed study reports, never by hand.
+
+Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replaced by what KIND says. A block
+between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
+the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
+`<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
+CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
+`<!-- replication: A,B -->` puts two result folders of one study on two corpora side by side (claims, LR50s, LR
+sensitivity, the common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block
+`<!-- bynorm: A,B -->` gets one sentence per result folder: each of its claims that was tested under both block
+norms, grouped by what the arms differ in, with the verdict and numbers under RMSNorm and under LayerNorm blocks,
+and how many verdicts the block norm changed (and the LR-sensitivity slopes per doubling of width, where fitted). A
+block `<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
+and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
+study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
+saved output (`--save PATH.md`: the command, the machine and its tables) as it was measured.
+
+    python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from study.text import g, interval
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication|bynorm): (?P<path>\S+) -->\n)"
+                   r"(?P<body>.*?)"
+                   r"(<!-- /(?P=kind) -->)", re.S)
+
+
+def ratio_text(r: dict) -> str:
+    """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
+    if "text" in r:  # the report's own sentence (a number where identified, else the bound)
+        return r["text"].removeprefix("LR50 ratio ")
+    if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
+        lo, hi = r["ci"]
+        bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
+        return f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; " \
+               f"{r['n']} runs)"
+    if r["ratio"] is None:
+        return f"not estimable ({r['failed']} of {r['n']} runs failed)"
+    return f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
+           f"{r['failed']} failed)"
+
+
+def bracket_text(bounds) -> str:
+    """'in 0.01..0.316 (brackets only)': what separated arms allow of a ratio."""
+    lo, hi = bounds
+    inner = f"in {g(lo)}..{g(hi)}" if lo and hi else f"> {g(lo)}" if lo else f"< {g(hi)}" if hi else "not bounded"
+    return inner + " (brackets only)"
+
+
+def _times(c: dict) -> tuple[list[float], list[tuple]]:
+    """(1/ratio of every rule that identifies a post/pre LR50 ratio, the brackets of those that do not), over the
+    study file's rules: the main one, its alternatives and instability alone."""
+    fits = [c["lr50_ratio"], *c.get("rules", {}).values()]
+    nums = [1 / f["ratio"] for f in fits if f.get("identified") and f.get("ratio")]
+    brackets = [tuple(1 / b if b else None for b in f["bounds"][::-1]) for f in fits
+                if not f.get("identified") and f.get("bounds")]
+    return nums, brackets
+
+
+def placement_sentence(place: list[dict]) -> str:
+    """Post-LN's LR50 below Pre-LN's, the range over the pre-registered rules: identified ratios as numbers, the
+    others as brackets."""
+    parts = []
+    for c in place:
+        nums, brackets = _times(c)
+        n = 1 + len(c.get("rules", {}))
+        got = (f"{min(nums):.1f}-{max(nums):.1f}x" if len(nums) > 1 else f"{nums[0]:.1f}x") if nums else ""
+        lo = min((b[0] for b in brackets if b[0]), default=None)
+        hi = max((b[1] for b in brackets if b[1]), default=None)
+        br = f"{g(lo)}-{g(hi)}x" if lo and hi else f"> {g(lo)}x" if lo else f"< {g(hi)}x" if hi else "open"
+        verb = "brackets" if len(brackets) == 1 else "bracket"
+        tail = f"; {len(brackets)} only {verb} it, {br})" if brackets else ")"
+        text = f"{got} ({len(nums)} of {n} rules identify it{tail}" if nums else f"{br} (every rule brackets it)"
+        parts.append(f"{_common(c)}: {text}, {c['agreement']} (Holm p = {c['p_holm']:.2g})")
+    return ("Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
+            "by " + "; ".join(parts) + ".")
+
+
+def loss_text(p: dict) -> str:
+    """'+0.020 nats (95% CI -0.021..+0.060, n = 3 seeds, inconclusive)' from report.json."""
+    if p["mean"] is None:
+        return "no seed where both runs trained"
+    ci = f"95% CI {p['ci'][0]:+.3f}..{p['ci'][1]:+.3f}, " if p["ci"] else ""
+    return f"{p['mean']:+.3f} nats ({ci}n = {p['n']} seed{'s' * (p['n'] != 1)}, {p['verdict']})"
+
+
+def _short(c: dict) -> str:
+    """A claim's estimate in a table cell: the ratio or difference with its CI, n and Holm p."""
+    if "lr50_ratio" in c:
+        r = c["lr50_ratio"]
+        if r["ratio"] is None:
+            text = "LR50 ratio " + bracket_text(r.get("bounds") or [None, None])
+        else:
+            text = f"LR50 ratio {g(r['ratio'])} ({interval(r['ci'])})"
+    else:
+        p = c["loss"]
+        if p["mean"] is None:
+            return "no seed where both trained"
+        ci = f" ({p['ci'][0]:+.3f}..{p['ci'][1]:+.3f})" if p["ci"] else ""
+        text = f"{p['mean']:+.3f} nats{ci}, n = {p['n']}"
+    return text + (f", Holm p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else "")
+
+
+def _common(c: dict) -> str:
+    """What a claim's two arms share (their fixed context): layernorm for layernorm/post vs layernorm/pre."""
+    b = c["B"].split("/")
+    return "/".join(part for part in c["A"].split("/") if part in b) or c["A"]
+
+
+def _matching(report: dict, want: dict) -> list[dict]:
+    return [c for c in report.get("claims", []) if c.get("A") and all(c.get(k) == v for k, v in want.items())]
+
+
+WORDS = {"lr50": "LR50", "lr_sensitivity": "LR sensitivity", "common_loss": "loss at a common safe LR",
+         "best_loss": "loss at each one's best LR"}
+
+
+def _norm_sentence(norm: list[dict], report: dict) -> str:
+    """What the norm claims say in plain words: what is the same (within the margins set before the runs), what
+    differs, and what these runs cannot tell, each with where (which placements)."""
+    m, r, sm = report.get("margin", 0.02), report.get("ratio_margin", 2), report.get("sensitivity_margin", 0.1)
+    what = {"common_loss": f"the same final loss at a learning rate safe for both (within {m:g} nats",
+            "best_loss": f"the same final loss at each one's best learning rate (within {m:g} nats",
+            "lr50": f"the same stability (LR50 within x{r:g}", "lr_sensitivity": "the same sensitivity to the learning "
+            f"rate (within {sm:g} nats"}
+    same, differ, open_ = [], [], []
+    for metric in ("common_loss", "best_loss", "lr50", "lr_sensitivity"):
+        for verdict, out in (("agrees", same), ("disagrees", differ), ("cannot tell", open_)):
+            cs = [c for c in norm if c["metric"] == metric and c["agreement"] == verdict]
+            if cs:
+                where = "both placements" if len(cs) == 2 and len({_common(c) for c in cs}) == 2 else \
+                    ", ".join(f"{_common(c)}-norm" for c in cs)
+                out.append(f"{what[metric]}, {where})")
+    parts = []
+    common = [c for c in norm if c["metric"] == "common_loss" and c.get("gaps")]
+    for c in common:
+        gaps = [gp for gp in c["gaps"] if gp[1] is not None]
+        if not gaps:
+            continue
+        xs = sorted({g(gp[2]) for gp in gaps})
+        nats = [gp[3] for gp in gaps if gp[3] is not None]
+        span = f"{min(nats):+.2f}..{max(nats):+.2f}" if len(nats) > 1 else (f"{nats[0]:+.2f}" if nats else "")
+        note = f"{_common(c)}: lr {g(c['lrs'][0])}, " + (
+            "each one's own best LR" if xs == ["1"] else f"x{'/'.join(xs)} each one's own best LR"
+            + (f", {span} nats above its best loss" if span else ""))
+        c["_gap_note"] = note
+    notes = "; ".join(c["_gap_note"] for c in common if c.get("_gap_note"))
+    if same:
+        parts.append("RMSNorm and LayerNorm have " + " and ".join(same))
+    if differ:
+        parts.append("they do not have " + " and ".join(differ))
+    if open_:
+        parts.append("whether they have " + " and ".join(open_) + ", these runs cannot tell")
+    gap = f" The common LR: {notes}." if notes else ""
+    return "Which norm sits there: " + "; ".join(parts) + "." + gap
+
+
+def found(results: Path, rel: str) -> str:
+    """The README's "What it found": sentences generated from the default study's claims (placement, then the
+    norm, per placement) and every committed report's verdict counts, then the table of questions.yaml (question |
+    verdict | key number | study)."""
+    from omegaconf import OmegaConf
+
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    default = reports["norm-placement-lr"]
+    claims = [c for c in default["claims"] if c.get("A")]
+    place = [c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
+    norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
+    lines = []
+    if place and all(c["agreement"] == "agrees" for c in place):
+        lines.append(placement_sentence(place))
+    elif place:
+        lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
+                                               for c in place) + ".")
+    if norm:
+        lines.append(_norm_sentence(norm, default) + " Numbers, n and tests in the table.")
+    counts: dict[str, int] = {}
+    for r in reports.values():
+        for c in r.get("claims", []):
+            counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
+        counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
+    corpora = sorted({_corpus(p.parent / "study.yaml") for p in results.glob("*/report.json")})
+    replicated = ("; the default study on both: [replication](" + rel + "/replication.md)"
+                  if (results / "replication.md").is_file() else "")
+    where = "one corpus" if len(corpora) == 1 else f"{len(corpora)} corpora ({', '.join(corpora)}{replicated})"
+    lines.append(f"{len(reports)} studies check {sum(counts.values())} claims of the literature ("
+                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "), all on models of 0.1-2M "
+                 f"parameters trained for minutes on {where}: read them as what these settings show.")
+    rows = ["| question | verdict | key number | study |", "|---|---|---|---|"]
+    for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
+        r = reports.get(q["study"])
+        if r is None:
+            raise ValueError(f"questions.yaml names study {q['study']!r}, which has no report.json")
+        cs = _matching(r, q["claims"])
+        if not cs:
+            raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
+        page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
+        rows.append(f"| {q['question']} | " + "; ".join(c["agreement"] for c in cs) + " | "
+                    + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
+                    + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
+    return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
+
+
+EXPECT = {("lr50", "higher"): "a higher LR50", ("lr50", "lower"): "a lower LR50",
+          ("lr_sensitivity", "higher"): "a higher LR sensitivity", ("lr_sensitivity", "lower"): "a lower LR "
+          "sensitivity", ("best_loss", "lower"): "a lower loss at its best LR", ("best_loss", "higher"): "a higher "
+          "loss at its best LR", ("common_loss", "lower"): "a lower loss at a common LR", ("common_loss", "higher"):
+          "a higher loss at a common LR"}
+
+
+def _fields(label: str, keys: list[str]) -> dict:
+    """An arm label ('layernorm/dim=32/qk_norm=none') as {field: value}, in the report's arm_keys order."""
+    return {k: part.split("=", 1)[-1] for k, part in zip(keys, label.split("/"), strict=True)}
+
+
+def _expect(c: dict, report: dict) -> str:
+    if c["expect"] == "same":
+        sm = report.get("sensitivity_margin", 0.1)
+        within = {"lr50": f"x{report.get('ratio_margin', 2):g}", "lr_sensitivity": f"{sm:g} nats"}.get(
+            c["metric"], f"{report.get('margin', 0.02):g} nats")
+        return f"the same {WORDS[c['metric']]} (within {within})"
+    return EXPECT.get((c["metric"], c["expect"]), f"{c['expect']} {WORDS[c['metric']]}")
+
+
+def by_norm_sentence(report: dict, link: str) -> str:
+    """One sentence on a study's claims that were tested under both block norms (model.norm an arm field): per
+    intervention (what the claim's arms differ in) and context, the verdict and numbers under each norm; first, how
+    many of the tests asked of both norms the block norm changed the verdict of."""
+    keys = report["arm_keys"]
+    groups: dict = {}
+    for c in report.get("claims", []):
+        if not c.get("A") or "model.norm" not in keys:
+            continue
+        a, b = _fields(c["A"], keys), _fields(c["B"], keys)
+        diff = [k for k in keys if a[k] != b[k]]
+        if "model.norm" in diff:
+            continue
+        what = " ".join(f"{k.rsplit('.', 1)[-1]}={a[k]} (vs {b[k]})" for k in diff)
+        ctx = ", ".join(f"{k.rsplit('.', 1)[-1]}={a[k]}" for k in keys if k not in diff and k != "model.norm")
+        groups.setdefault((what, _expect(c, report)), {}).setdefault(ctx, {})[a["model.norm"]] = c
+    asked = [per for g_ in groups.values() for per in g_.values() if len(per) > 1]
+    changed = sum(len({c["agreement"] for c in per.values()}) > 1 for per in asked)
+    clauses = []
+    for (what, expect), by_ctx in groups.items():
+        parts = []
+        for ctx, per in by_ctx.items():
+            at = f" at {ctx}" if ctx else ""
+            if len({c["agreement"] for c in per.values()}) == 1:
+                parts.append(f"{next(iter(per.values()))['agreement']}{at} (" + "; ".join(
+                    f"{norm}: {_short(c)}" for norm, c in sorted(per.items())) + ")")
+            else:
+                parts.append(at.strip() + ", " + ", ".join(f"{c['agreement']} under {norm} ({_short(c)})"
+                                                           for norm, c in sorted(per.items())))
+        clauses.append(f"{what}, {expect}: " + ", and ".join(parts))
+    slopes = [t for t in report.get("trends", []) if t["what"] == "LR sensitivity" and t["ci"]]
+    if slopes:
+        clauses.append(f"LR sensitivity per doubling of {slopes[0]['axis'].rsplit('.', 1)[-1]} ("
+                       + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
+                       + " only): " + "; ".join(f"{t['pair']}: {t['slope']:+.3f} nats ("
+                                                + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})" for t in slopes))
+    sens = [(g_[0], ctx, norm, c) for g_, by_ctx in groups.items() for ctx, per in by_ctx.items()
+            for norm, c in sorted(per.items()) if c.get("own_l_star")]
+    moved = [(what, ctx, norm, c) for what, ctx, norm, c in sens if c["own_l_star"]["agreement"] != c["agreement"]]
+    if moved:
+        clauses.append(f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the {len(sens)} "
+                       "LR-sensitivity verdicts change (" + "; ".join(
+                           f"{what}{' at ' + ctx if ctx else ''} under {norm}: {c['agreement']} -> "
+                           f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p = "
+                           f"{c['own_l_star']['p_holm']:.2g})" for what, ctx, norm, c in moved) + ")")
+    if not asked:
+        lead = "no claim was tested under both block norms"
+    else:
+        lead = (f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
+                "asked of both" + (" (a different verdict is not a shown difference between the norms: no test here "
+                                   "compares them)" if changed else ""))
+    papers = list(dict.fromkeys(c["paper"] for c in report.get("claims", []) if c.get("A")))
+    papers = [p for p in papers if not p.startswith("normlab")] or papers  # normlab's own questions are asides
+    return f"[{report['name']}]({link}) ({'; '.join(papers)}): {lead}: " + "; ".join(clauses) + "."
+
+
+def by_norm(paths: list[Path], rels: list[str]) -> str:
+    """The body of a `<!-- bynorm: A,B -->` block: one sentence per result folder (its report.json)."""
+    out = []
+    for path, rel in zip(paths, rels, strict=True):
+        report = json.loads((path / "report.json").read_text())
+        page = report.get("page") or ("decision.md" if report.get("decided_from") else "report.md")
+        out.append(by_norm_sentence(report, f"{rel.rstrip('/')}/{page}"))
+    return "\n\n".join(out) + "\n"
+
+
+def bits_per_nat(study_yaml: Path) -> float:
+    """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval set's target
+    tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval, so one constant per study;
+    runs that logged val/bpb agree with it)."""
+    import math
+
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from data.loader import load_tokens
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+    from study.studyfile import flatten, load_study
+    from training.config import load_config
+
+    study = load_study(study_yaml)
+    cfg = load_config(study["config"], flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))))
+    prepared = prepare(**vars(cfg.data), verbose=False)
+    tokens = load_tokens(prepared, "val")
+    seq, budget = cfg.train.seq_len, cfg.train.eval_tokens
+    n = (len(tokens) - 1) // seq if budget <= 0 else min(max(1, budget // seq), (len(tokens) - 1) // seq)
+    targets = np.asarray(tokens[1: n * seq + 1], dtype=np.int64)
+    n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
+    return len(targets) / n_bytes / math.log(2)
+
+
+def _corpus(study_yaml: Path) -> str:
+    """The data.source a committed study ran on (its `overrides`, else its base config's, else the default)."""
+    from study.studyfile import load_study
+    from training.config import Config, load_config
+
+    if not study_yaml.is_file():  # a report without a study file (init-grads): the default corpus
+        return Config().data.source
+    study = load_study(study_yaml)
+    source = ((study.get("overrides") or {}).get("data") or {}).get("source")
+    return str(source or load_config(study["config"]).data.source)
+
+
+def replication(paths: str) -> str:
+    """Two reports of one study on two corpora side by side (`<!-- replication: A,B -->`): per placement, each
+    norm's LR50 (or its bound) and LR sensitivity, the loss at the common safe LR in bits per byte, each claim's
+    verdict; then one sentence: which findings hold on both corpora, which on one only."""
+    folders = [Path(p) for p in paths.split(",")]
+    reports = [json.loads((f / "report.json").read_text()) for f in folders]
+    factors = [bits_per_nat(f / "study.yaml") for f in folders]
+    names = [f.name for f in folders]
+    rows = ["| claim | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    keyed = []
+    for c in reports[0]["claims"]:
+        others = [next((o for o in r["claims"] if (o["A"], o["B"], o["metric"], o["says"]) ==
+                        (c["A"], c["B"], c["metric"], c["says"])), None) for r in reports]
+        cells = []
+        for o, k in zip(others, factors, strict=True):
+            if o is None:
+                cells.append("-")
+            elif o["metric"] == "common_loss" and o["loss"]["mean"] is not None:
+                p = o["loss"]
+                ci = f" ({p['ci'][0] * k:+.4f}..{p['ci'][1] * k:+.4f})" if p["ci"] else ""
+                lr = f" at lr {g(o['lrs'][0])}" if o.get("lrs") else ""
+                cells.append(f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}")
+            else:
+                cells.append(f"**{o['agreement']}**: {_short(o)}")
+        keyed.append((c, [o["agreement"] if o else None for o in others]))
+        rows.append(f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
+                    + " | ".join(cells) + " |")
+    arms = ["", "| arm | " + " | ".join(f"{n}: LR50; LR sensitivity (bits per byte)" for n in names) + " |",
+            "|---|" + "---|" * len(names)]
+    for label in reports[0]["per_arm"]:
+        cells = []
+        for r, k in zip(reports, factors, strict=True):
+            a = r["per_arm"].get(label) or {}
+            s = a.get("sensitivity") or {}
+            sens = "-" if s.get("mean") is None else f"{s['mean'] * k:.3f}" + (
+                f" ({s['ci'][0] * k:.3f}..{s['ci'][1] * k:.3f})" if s.get("ci") else "")
+            cells.append(f"{a.get('text', '-')}; {sens}")
+        arms.append(f"| {label} | " + " | ".join(cells) + " |")
+    both = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: {v[0]})" for c, v in keyed
+            if len(set(v)) == 1 and v[0] in ("agrees", "disagrees")]
+    one = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: " + " / ".join(str(x) for x in v) + ")"
+           for c, v in keyed if len(set(v)) > 1]
+    sentence = ("Holds on both corpora: " + ("; ".join(both) or "no verdict") + ". On one only: "
+                + ("; ".join(one) or "none") + ". Where neither corpus decides a claim, it is in neither list.")
+    note = (f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
+            f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare.")
+    return "\n".join([sentence, "", note, "", *rows, *arms]) + "\n"
+
+
+def bench(path: Path) -> str:
+    """A saved benchmark output, its headings demoted below the page's own."""
+    return re.sub(r"^(#+) ", r"#\1 ", path.read_text(), flags=re.M).rstrip("\n") + "\n"
+
+
+def claim_line(study: str, c: dict) -> str:
+    """One claim's result as the report decided it: paper, claim, verdict, with the estimate, CI, n and p."""
+    if c.get("A") is None:
+        return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** (no arms match it)"
+    if "lr50_ratio" in c:
+        what = f"LR50 {c['A']} / {c['B']} = {ratio_text(c['lr50_ratio'])}"
+    else:
+        what = f"{c['A']} - {c['B']} = {loss_text(c['loss'])}"
+    p = f", Holm-adjusted p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else ""
+    return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** ({what}{p})"
+
+
+def claim_lines(report_json: Path) -> list[str]:
+    """A study's claims as decided, then the ones it withdrew, with why."""
+    r, study = json.loads(report_json.read_text()), report_json.parent.name
+    return [claim_line(study, c) for c in r.get("claims", [])] + [
+        f"**{study}**, {w['paper']}: {w['says']}: **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])]
+
+
+def claims(results: Path) -> str:
+    """Every study's claims, one line each (the body of a `<!-- claims: FOLDER -->` block)."""
+    lines = [f"- {line}" for path in sorted(results.glob("*/report.json")) for line in claim_lines(path)]
+    return "\n".join(lines) + "\n"
+
+
+def trend_lines(report_json: Path) -> list[str]:
+    """A study's trends as its report fitted them (study/trend.py Trend.describe)."""
+    from study.trend import Trend
+
+    return [Trend(t["what"], t["pair"], t["axis"], t["per_doubling"], [(x, e, tuple(ci) if ci else None)
+                                                                      for x, e, ci in t["points"]],
+                  t["slope"], tuple(t["ci"]) if t["ci"] else None, t["used"]).describe()
+            for t in json.loads(report_json.read_text()).get("trends", [])]
+
+
+def trends(results: Path, rel: str) -> str:
+    """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER -->` block;
+    `rel` is FOLDER as the page names it)."""
+    lines = [f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/"
+             f"{'lr_sensitivity' if line.startswith('LR sensitivity') else 'trend'}.png)): {line}"
+             for path in sorted(results.glob("*/report.json")) for line in trend_lines(path)]
+    return "\n".join(lines) + "\n"
+
+
+def about(folder: Path) -> str | None:
+    """What a study asks: the `about:` of the study file kept beside its results (equal to its config)."""
+    from omegaconf import OmegaConf
+
+    path = folder / "study.yaml"
+    return OmegaConf.load(path).get("about") if path.is_file() else None
+
+
+def index(results: Path) -> str:
+    """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
+    time, and how its claims came out."""
+    lines = ["# Results", "", "Every committed study, one line each (generated by scripts/readme_results.py from "
+             "each folder's report.json; the report.md beside it has the numbers, figures and every run).", ""]
+    for path in sorted(results.glob("*/report.json")):
+        r = json.loads(path.read_text())
+        counts = {}
+        for c in r.get("claims", []):
+            counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
+        if r.get("withdrawn"):
+            counts["withdrawn"] = len(r["withdrawn"])
+        claims = ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))) if counts else ""
+        size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "") \
+            + (f", {r['wall_min']} min" if r.get("wall_min") else "")
+        page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
+        again = "; decided again from its archived runs" if r.get("decided_from") else ""
+        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
+                     f"({size}{claims}{again})")
+        lines += [f"  - {line}" for line in claim_lines(path)]
+        lines += [f"  - trend: {line}" for line in trend_lines(path)]
+    return "\n".join(lines) + "\n"
+
+
+def update(readme: Path) -> int:
+    text = readme.read_text()
+    blocks = list(BLOCK.finditer(text))
+    if not blocks:
+        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
+                         f"<!-- /KIND -->)")
+    for m in reversed(blocks):
+        path = Path(os.path.abspath(readme.parent / m.group("path").split(",")[0]))  # not resolved: links stay
+        if not path.exists():  # page-relative
+            raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
+        kind = m.group("kind")
+        if kind == "bynorm":
+            rels = m.group("path").split(",")
+            body = by_norm([Path(os.path.abspath(readme.parent / r)) for r in rels], rels)
+        elif kind == "replication":
+            body = replication(",".join(str(Path(os.path.abspath(readme.parent / p))) for p in
+                                        m.group("path").split(",")))
+        elif kind == "found":
+            body = found(path, m.group("path").rstrip("/"))
+        elif kind == "trends":
+            body = trends(path, m.group("path").rstrip("/"))
+        else:
+            body = {"claims": claims, "bench": bench}[kind](path)
+        text = text[: m.start("body")] + body + text[m.end("body"):]
+    readme.write_text(text)
+    return len(blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--readme", type=Path, nargs="+", default=[REPO / "README.md", REPO / "docs" / "performance.md",
+                                                          REPO / "docs" / "results" / "replication.md"],
+                   help="the pages whose generated blocks to rewrite")
+    p.add_argument("--results", type=Path, default=REPO / "docs" / "results", help="folder of the study reports")
+    a = p.parse_args(argv)
+    for page in a.readme:
+        try:
+            n = update(page)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{page}: {n} generated block(s) written")
+    if a.results.is_dir():
+        (a.results / "README.md").write_text(index(a.results))
+        print(f"{a.results / 'README.md'}: index written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
