@@ -165,10 +165,88 @@ def _norm_sentence(norm: list[dict], report: dict) -> str:
     return "Which norm sits there: " + "; ".join(parts) + "." + gap
 
 
+def _x(v: float) -> str:
+    """A factor as a reader says it: two significant digits, whole numbers from 100."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.2g}"
+
+
+def _span(c: dict) -> str:
+    """A post/pre LR50 factor over the pre-registered rules: '3.8-25x (3 of 4 rules; 1 only brackets it)'."""
+    nums, brackets = _times(c)
+    n = 1 + len(c.get("rules", {}))
+    if nums:
+        text = f"{_x(min(nums))}-{_x(max(nums))}x" if max(nums) > 1.05 * min(nums) else f"{_x(nums[0])}x"
+        verb = "brackets" if len(brackets) == 1 else "bracket"
+        return text + (f" ({len(nums)} of {n} rules; {len(brackets)} only {verb} it)" if brackets else
+                       f" (all {n} rules)")
+    lo = min((b[0] for b in brackets if b[0]), default=None)
+    hi = max((b[1] for b in brackets if b[1]), default=None)
+    return (f"{_x(lo)}-{_x(hi)}x" if lo and hi else f"more than {_x(lo)}x" if lo else "an unbounded factor") + \
+        " (brackets only)"
+
+
+def headline_placement(place: list[dict]) -> str:
+    """One sentence: Post-LN's LR50 below Pre-LN's, per block norm, with the Holm p."""
+    if not all(c["agreement"] == "agrees" for c in place):
+        return "**Placement**: " + "; ".join(f"{_common(c)}: {c['agreement']}" for c in place) + "."
+    p = max(c["p_holm"] for c in place)
+    names = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+    return ("**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
+            "by " + " and ".join(f"{_span(c)} with {names.get(_common(c), _common(c))}" for c in place)
+            + f" (Holm p <= {p:.2g}; ranges over the pre-registered failure rules).")
+
+
+def headline_norm(norm: list[dict], report: dict) -> str:
+    """One sentence: what RMSNorm vs LayerNorm's claims decided, with the common LR's distance from the best."""
+    m, r = report.get("margin", 0.02), report.get("ratio_margin", 2)
+    common = [c for c in norm if c["metric"] == "common_loss"]
+    out = []
+    if common and all(c["agreement"] == "agrees" for c in common):
+        nums = ", ".join(f"{_common(c)} {c['loss']['mean']:+.3f}" for c in common)
+        n = min(c["loss"]["n"] for c in common)
+        far = [c for c in common if any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))]
+        where = "; ".join(f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR, "
+                          f"{min(gp[3] for gp in c['gaps']):+.2f} nats off its best" for c in far)
+        out.append(f"**The norm**: at an LR safe for both, RMSNorm's loss is "
+                   f"LayerNorm's within {m:g} nats in both placements ({nums} nats, n = {n}"
+                   + (f"; {where}" if where else "") + ")")
+    elif common:
+        out.append("**The norm**: the loss at a common safe LR: " + "; ".join(
+            f"{_common(c)}: {c['agreement']}" for c in common))
+    open_ = [WORDS[mt] for mt in ("lr50", "lr_sensitivity")
+             if any(c["metric"] == mt and c["agreement"] == "cannot tell" for c in norm)]
+    if open_:
+        out.append(f"equal stability (LR50 within x{r:g}) and LR sensitivity: cannot tell" if len(open_) == 2
+                   else f"equal {open_[0]}: cannot tell")
+    return "; ".join(out) + "."
+
+
+def headline_qk(report: dict) -> str | None:
+    """One sentence on qk-norm's LR50 claims (the attention-logits study), or None without them."""
+    cs = [c for c in report.get("claims", []) if c.get("A") and c["metric"] == "lr50" and c["expect"] == "higher"]
+    if not cs:
+        return None
+    agree = [c for c in cs if c["agreement"] == "agrees"]
+    nums = [c["lr50_ratio"]["ratio"] for c in agree if c["lr50_ratio"].get("identified")]
+    size = f" (x{min(nums):.2g}-{max(nums):.2g} where identified)" if len(nums) > 1 else \
+        (f" (x{nums[0]:.2g} where identified)" if nums else "")
+    rest = len(cs) - len(agree)
+    return (f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width settings"
+            f"{size}, as Wortsman et al. 2023 (Sec. 3.1.1) report"
+            + (f"; {rest} cannot tell, where runs separate and only brackets are known." if rest else "."))
+
+
+def _cell(cs: list[dict]) -> str:
+    """Verdict cell naming each sub-test: 'post: agrees; pre: cannot tell'."""
+    if len(cs) == 1:
+        return cs[0]["agreement"]
+    return "; ".join(f"{_common(c)}: {c['agreement']}" for c in cs)
+
+
 def found(results: Path, rel: str) -> str:
-    """The README's "What it found": sentences generated from the default study's claims (placement, then the
-    norm, per placement) and every committed report's verdict counts, then the table of questions.yaml (question |
-    verdict | key number | study)."""
+    """The README's "What it found": three generated sentences (placement, norm, qk-norm), the verdict counts,
+    the default study's stability map, then the table of questions.yaml (question | verdict per sub-test |
+    effect and CI | study)."""
     from omegaconf import OmegaConf
 
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
@@ -176,27 +254,26 @@ def found(results: Path, rel: str) -> str:
     claims = [c for c in default["claims"] if c.get("A")]
     place = [c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
     norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
-    lines = []
-    if place and all(c["agreement"] == "agrees" for c in place):
-        lines.append(placement_sentence(place))
-    elif place:
-        lines.append("Placement: " + "; ".join(f"{c['A']} vs {c['B']}: {c['agreement']} ({_short(c)})"
-                                               for c in place) + ".")
+    lines = [headline_placement(place)] if place else []
     if norm:
-        lines.append(_norm_sentence(norm, default) + " Numbers, n and tests in the table.")
+        lines.append(headline_norm(norm, default))
+    qk = headline_qk(reports["attention-logits"]) if "attention-logits" in reports else None
+    if qk:
+        lines.append(qk)
     counts: dict[str, int] = {}
     for r in reports.values():
         for c in r.get("claims", []):
             counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
         counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
     corpora = sorted({_corpus(p.parent / "study.yaml") for p in results.glob("*/report.json")})
-    replicated = ("; the default study on both: [replication](" + rel + "/replication.md)"
-                  if (results / "replication.md").is_file() else "")
-    where = "one corpus" if len(corpora) == 1 else f"{len(corpora)} corpora ({', '.join(corpora)}{replicated})"
-    lines.append(f"{len(reports)} studies check {sum(counts.values())} claims of the literature ("
-                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "), all on models of 0.1-2M "
-                 f"parameters trained for minutes on {where}: read them as what these settings show.")
-    rows = ["| question | verdict | key number | study |", "|---|---|---|---|"]
+    where = "one corpus" if len(corpora) == 1 else f"{len(corpora)} corpora ({', '.join(corpora)})"
+    lines.append(f"{len(reports)} studies, {sum(counts.values())} claims of the literature ("
+                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"), on 0.1-2M-parameter models "
+                 f"trained for minutes on {where}: what these settings show, no more.")
+    if (results / "norm-placement-lr" / "stability_map.png").is_file():
+        lines.append(f"![The default study's stability map: every run's outcome by LR, each arm's failure curve]"
+                     f"({rel}/norm-placement-lr/stability_map.png)")
+    rows = ["| question | verdict | effect and 95% CI | study |", "|---|---|---|---|"]
     for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
         r = reports.get(q["study"])
         if r is None:
@@ -205,7 +282,7 @@ def found(results: Path, rel: str) -> str:
         if not cs:
             raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
         page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
-        rows.append(f"| {q['question']} | " + "; ".join(c["agreement"] for c in cs) + " | "
+        rows.append(f"| {q['question']} | {_cell(cs)} | "
                     + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
                     + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
@@ -442,6 +519,9 @@ def about(folder: Path) -> str | None:
     return OmegaConf.load(path).get("about") if path.is_file() else None
 
 
+BY_NORM = ("attention-logits", "lr-sensitivity-width")  # the studies that ask one claim under both block norms
+
+
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
@@ -463,6 +543,12 @@ def index(results: Path) -> str:
                      f"({size}{claims}{again})")
         lines += [f"  - {line}" for line in claim_lines(path)]
         lines += [f"  - trend: {line}" for line in trend_lines(path)]
+    both = [p.parent for p in sorted(results.glob("*/report.json")) if p.parent.name in BY_NORM]
+    if both:
+        lines += ["", "## The instabilities, by block norm", "",
+                  "Wortsman et al. 2023's small-scale instabilities asked under RMSNorm and under LayerNorm blocks, "
+                  "one generated sentence per study (each test's n, CI and Holm p in its report).", "",
+                  by_norm(both, [p.name for p in both]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -175,26 +175,21 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     assert _run(readme).returncode == 0, _run(readme).stderr
     text = readme.read_text()
     # the ratio as the range over the rules that identify it, brackets where they do not; never a penalised point
-    assert ("Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
-            "by layernorm: > 33.3x (every rule brackets it), agrees (Holm p = 0.04); rmsnorm: 20.0-100.0x (2 of 3 "
-            "rules identify it; 1 only brackets it, 10-100x), agrees (Holm p = 0.04).") in text
-    assert "14.3" not in text  # 1 / 0.07, the instability fit's penalised point
-    assert "The common LR: pre: lr 0.001, x0.316 each one's own best LR, +0.54..+0.56 nats above its best loss." \
-        in text
-    assert ("Which norm sits there: RMSNorm and LayerNorm have the same final loss at a learning rate safe for "
-            "both (within 0.02 nats, post-norm) and the same stability (LR50 within x2, post-norm) and the same "
-            "sensitivity to the learning rate (within 0.1 nats, both placements); they do not have the same final "
-            "loss at a learning rate safe for both (within 0.02 nats, pre-norm); whether they have the same "
-            "stability (LR50 within x2, pre-norm), these runs cannot tell.") in text
-    assert "2 studies check 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
-    assert "trained for minutes on one corpus: read them" in text  # no study.yaml: the default corpus
+    assert ("**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
+            "by more than 33x (brackets only) with LayerNorm and 20-100x (2 of 3 rules; 1 only brackets it) with "
+            "RMSNorm (Holm p <= 0.04; ranges over the pre-registered failure rules).") in text
+    assert "14" not in text.split("**The norm")[0]  # 1 / 0.07, the instability fit's penalised point
+    assert ("**The norm**: the loss at a common safe LR: post: agrees; pre: disagrees; equal LR50: cannot tell."
+            ) in text
+    assert "2 studies, 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
+    assert "trained for minutes on one corpus: what these" in text  # no study.yaml: the default corpus
     (tmp_path / "results" / "other" / "study.yaml").write_text(  # the other study ran on a second corpus
         f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: {{lr: [0.1]}}\n")
     (tmp_path / "results" / "replication.md").write_text("x\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
-    assert ("trained for minutes on 2 corpora (pydocs, pystdlib; the default study on both: "
-            "[replication](results/replication.md)): read them") in readme.read_text()
-    assert "| Q1? | agrees; agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = 0.04; rmsnorm: " in text
+    assert "trained for minutes on 2 corpora (pydocs, pystdlib): what these" in readme.read_text()
+    assert ("| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = "
+            "0.04; rmsnorm: ") in text
     assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
         "report.md) |" in text
 
@@ -307,3 +302,19 @@ def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
     for x in unidentified:
         for text in (f"ratio {g(x)} (", f"LR50 {g(x)} (", f" {1 / x:.1f}x", f"-{1 / x:.1f}x"):
             assert text not in found, (x, text)
+
+
+def test_the_readme_answers_in_a_few_short_generated_sentences():
+    """The generated "What it found" is short: <= 250 words outside its table, no sentence over 60 words, the
+    stability map shown, and every verdict cell of a multi-test row names its sub-test."""
+    import re
+
+    found = (REPO / "README.md").read_text().split("<!-- found: docs/results -->")[1].split("<!-- /found -->")[0]
+    prose = [line for line in found.splitlines() if line.strip() and not line.startswith(("|", "!["))]
+    assert len(" ".join(prose).split()) <= 250
+    for sentence in re.split(r"(?<=[.;])\s+", " ".join(prose)):
+        assert len(sentence.split()) <= 60, sentence
+    assert "stability_map.png)" in found
+    for row in [line for line in found.splitlines() if line.startswith("| ") and "---" not in line][1:]:
+        verdict = row.split(" | ")[1]
+        assert ";" not in verdict or all(":" in part for part in verdict.split(";")), row
