@@ -110,6 +110,8 @@ def same(x, y) -> bool:
 def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
     """Why `run` failed under `rule` (one phrase), or None if it trained. Where the run has no curve (an archive
     that kept only its final and best losses) the any-eval criteria read the final eval, and its best."""
+    if rule.labels:  # no study file: train.py's own verdict on the run
+        return None if run.status in ("ok", "plateau") else f"train.py: {run.status}"
     s = run.summary
     final, best = s.get("final_val_loss"), s.get("best_val_loss")
     if run.status == "diverged" or final is None or not math.isfinite(final):

@@ -480,10 +480,22 @@ def claim_line(study: str, c: dict) -> str:
 
 
 def claim_lines(report_json: Path) -> list[str]:
-    """A study's claims as decided, then the ones it withdrew, with why."""
-    r, study = json.loads(report_json.read_text()), report_json.parent.name
-    return [claim_line(study, c) for c in r.get("claims", [])] + [
-        f"**{study}**, {w['paper']}: {w['says']}: **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])]
+    """A study's claims, one short line per claim of the study file (its verdict, number and n per arm pair), then
+    the ones it withdrew, with why."""
+    r = json.loads(report_json.read_text())
+    groups: dict[tuple, list[dict]] = {}
+    for c in r.get("claims", []):
+        groups.setdefault((c["paper"], c["says"]), []).append(c)
+    out = []
+    for (paper, says), cs in groups.items():
+        tested = [c for c in cs if c.get("A")]
+        if not tested:
+            out.append(f"{says} ({paper}): **not run**")
+            continue
+        parts = [(f"{_common(c)}: " if len(tested) > 1 else "") + f"**{c['agreement']}**, {_short(c)}"
+                 for c in tested]
+        out.append(f"{says} ({paper}): " + "; ".join(parts))
+    return out + [f"{w['says']} ({w['paper']}): **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])]
 
 
 def claims(results: Path) -> str:

@@ -9,6 +9,7 @@ from study.claims import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.history import history
+from study.lr50 import bound_text
 from study.read import KINDS
 from study.result import StudyResult, compute
 from study.text import fmt, interval
@@ -17,9 +18,12 @@ from study.text import fmt, interval
 def protocol_text(res: StudyResult) -> str:
     """How this report judged and compared, in one paragraph (METHODS.md has the whole)."""
     f = res.file
-    return (f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
-            "A run that failed is an outcome, never a loss; train.py's own labels (ok, plateau, collapsed, unstable, "
-            "diverged) describe single runs and decide nothing here. Stability: per arm, P(fail | lr) from the "
+    how = (f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
+           if f.given else f"No study file was given: a run failed if it had {f.rule.describe()}. ")
+    labels = ("train.py's own labels (ok, plateau, collapsed, unstable, diverged) describe single runs and decide "
+              "nothing here. " if f.given else "")
+    return (how + "A run that failed is an outcome, never a loss; " + labels +
+            "Stability: per arm, P(fail | lr) from the "
             "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
             "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR has both failed "
             "and trained runs and >= 2 runs failed, else the bracket its runs give (complete separation: the fit's "
@@ -47,6 +51,29 @@ def lr50_cell(fit) -> str:
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
+def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
+    """The report's first screen: each claim's verdict and number in one table, then the stability map."""
+    out = []
+    tested = [c for c in res.claims if c.a is not None]
+    if tested:
+        out += ["## Claims at a glance", "", "| claim | A vs B | metric | verdict | estimate | Holm p |",
+                "|---|---|---|---|---|---|"]
+        for c in tested:
+            if c.ratio is not None:
+                r = c.ratio
+                est = f"ratio {fmt(r.ratio, '.3g')} ({interval(r.ci)})" if r.identified else \
+                    f"ratio {bound_text(*r.bounds)} (brackets)"
+            else:
+                p = c.nested.paired
+                est = "-" if p.mean is None else f"{p.mean:+.3f} ({interval(p.ci, '+.3f')}), n = {p.n}"
+            out.append(f"| {c.claim['says']} | {c.a} vs {c.b} | {c.claim['metric']} | **{c.agreement}** | {est} | "
+                       f"{fmt(c.p_holm, '.2g')} |")
+        out.append("")
+    if any(f == "stability_map.png" for f, _ in made):
+        out += ["![stability map: every run's outcome by LR and each arm's failure curve](stability_map.png)", ""]
+    return out
+
+
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     runs, arms = res.runs, res.arms
     lrs = sorted({r.lr for r in runs})
@@ -58,7 +85,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
              + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
              f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
              f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
-             f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).", "", protocol_text(res), ""]
+             f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).", "", *glance(res, made),
+             protocol_text(res), ""]
     past = history(res.file.name, res.file.history)
     if past:
         lines += ["## History of the study file", "",

@@ -10,7 +10,7 @@ sensitive. The same with L* the best of any arm of the same model size is report
 charges an arm its gap to another arm's best loss. Where an arm's best LR is an end of the grid its L* is not
 bracketed (a better LR may lie beyond), and the report says so.
 Per seed where the arm ran every grid LR; per arm the mean over seeds with a 95% t interval (n - 1 df) below
-BOOTSTRAP_FROM seeds (simulated coverage 0.94-0.95 at n = 3, 5 and 8, where a percentile bootstrap covers 0.76, 0.84
+BOOTSTRAP_FROM seeds (simulated coverage 0.93-0.96 at n = 3, 5 and 8, where a percentile bootstrap covers 0.75, 0.80
 and 0.88: tests/test_sensitivity.py), a seed bootstrap from there; two arms that share seeds are compared by their
 per-seed differences (study/paired.py).
 """

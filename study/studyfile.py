@@ -190,8 +190,11 @@ class Rule:
     above_l0: bool = True
     arm_gap: float | None = None
     slow_slope: float = 0.01
+    labels: bool = False  # judge by train.py's own labels instead (runs compared without a study file)
 
     def describe(self) -> str:
+        if self.labels:
+            return "train.py's own label collapsed, unstable or diverged (ok and plateau trained)"
         parts = ["a non-finite loss"]
         if self.learn_margin is not None:
             parts.append(f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget")
@@ -364,6 +367,7 @@ class StudyFile:
     ratio_margin: float = 2.0  # an LR50 ratio within [1/m, m] is "the same"
     grid_lrs: tuple = ()  # the study file's LR grid: where LR sensitivity is measured
     history: list = field(default_factory=list)  # notes on changes made after results (study/history.py)
+    given: bool = True  # False: runs compared without a study file (train.py's labels judge them)
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -371,7 +375,8 @@ def study_file(paths: list[Path]) -> StudyFile:
     for p in paths:
         if (p / "study.yaml").is_file():
             return read_study_file(p / "study.yaml")
-    return StudyFile(", ".join(p.name for p in paths))
+    return StudyFile(", ".join(p.name for p in paths), rule=Rule(name="train.py's labels", labels=True),
+                     alternatives=(), given=False)
 
 
 def read_study_file(path: Path) -> StudyFile:

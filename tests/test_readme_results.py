@@ -82,15 +82,17 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
                          "loss": loss, "p": 0.01, "p_holm": 0.03} for c in claims]}))
     assert _run(tmp_path / "README.md").returncode == 0
     lines = (tmp_path / "results" / "README.md").read_text().splitlines()
-    assert lines[-5] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
+    # one short line per claim of the study file: its arm pairs' verdicts and numbers, grouped
+    assert lines[-3] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
         "1 cannot tell)"
-    assert lines[-4] == ("  - **a**, P: S (best_loss): **agrees** (x - y = +0.100 nats (95% CI +0.050..+0.150, "
-                         "n = 5 seeds, different), Holm-adjusted p = 0.03)")
+    assert lines[-2] == ("  - S (P): x: **agrees**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **cannot "
+                         "tell**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **agrees**, +0.100 nats "
+                         "(+0.050..+0.150), n = 5, Holm p = 0.03")
     assert lines[-1] == "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"
     readme = (tmp_path / "README.md")
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
     assert _run(readme).returncode == 0
-    assert readme.read_text().splitlines()[2:5] == [line[2:] for line in lines[-4:-1]]
+    assert readme.read_text().splitlines()[2] == lines[-2][2:]
 
 
 def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):

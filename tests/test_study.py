@@ -197,7 +197,10 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
     assert "| layernorm | rmsnorm | model.norm | 0.01 | 2 | +0.400 |" in text  # exploratory, paired seed by seed
     assert "| layernorm | rmsnorm | model.norm | 0.1 | 0 | - |" in text  # both failed: no loss to compare
     assert "**rmsnorm**: 2 of 6 runs failed under the study's rule (at lr 0.1)." in text
-    assert "| rmsnorm-0.1-0 | diverged | - | - | 2 | 5.000 | 1,000 | failed: non-finite loss |" in text
+    # no study file: the report says so and judges by train.py's own labels (plateau trains, diverged fails)
+    assert "No study file was given: a run failed if it had train.py's own label" in text
+    assert "fixed in the study file" not in text
+    assert "| rmsnorm-0.1-0 | diverged | - | - | 2 | 5.000 | 1,000 | failed: train.py: diverged |" in text
     for fig in ("loss_curves", "grad_norm_curves", "stability_map", "final_loss", "grad_heatmaps", "act_rms_depth",
                 "attn_logit_max", "loss_vs_lr"):
         assert (tmp_path / "out" / f"{fig}.png").stat().st_size > 1000
