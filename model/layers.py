@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup, qk_norm_options
-from model.norms import build_norm
+from model.args import ModelArgs, lookup
+from model.fused_norms import build_norm
 from model.ops import OPS_IMPLS
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
@@ -63,10 +63,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: a norm over each head's q and k (its own choice and eps) bounds the attention logits
-        qk, options = args.qk_norm_kind, qk_norm_options(args)
-        self.q_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
-        self.k_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
+        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default options: a gain,
+        # no bias) bounds the attention logits
+        qk = (args.qk_norm, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision)
+        self.q_norm, self.k_norm = build_norm(*qk), build_norm(*qk)
         self.softcap = args.attn_softcap
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):

@@ -26,17 +26,17 @@ def test_bench_train_compares_the_same_model_through_each_librarys_loss():
     # tiny.yaml: dim 32, GQA 4/2 heads; bench_train exits if any variant, transformers' Llama trained
     # through labels / shift_labels included, starts from a different loss than the others
     out = _script("bench_train", "--config", TINY, "--rounds", "1", "--no-compile")
-    for row in ("| ours rmsnorm (fast) |", "| ours layernorm (reference) |", "| transformers Llama |",
-                "| ours rmsnorm (fast) / ours layernorm (fast) |", "| rmsnorm (fast) |", "### rmsnorm (fast)"):
+    for row in ("| ours rmsnorm (fused) |", "| ours layernorm (reference) |", "| transformers Llama |",
+                "| ours rmsnorm (fused) / ours layernorm (fused) |", "| rmsnorm (fused) |", "### rmsnorm (fused)"):
         assert row in out
 
 
 def test_bench_train_only_keeps_the_named_variants_and_the_baseline():
     out = _script("bench_train", "--config", TINY, "--rounds", "1", "--no-compile", "--no-breakdown", "--only",
-                  "layernorm (fast)")
+                  "layernorm (fused)")
     rows = [line.split("|")[1].strip() for line in out.splitlines()
             if line.startswith("| ") and "tokens/s" not in line and " / " not in line and "pair" not in line]
-    assert rows == ["ours layernorm (fast)", "transformers Llama"]
+    assert rows == ["ours layernorm (fused)", "transformers Llama"]
 
 
 def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_path):
@@ -44,7 +44,7 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     args = ["--shapes", "4x8x64", "--dtypes", "float32", "--repeats", "2", "--no-compile"]
     isa = {k: v for k, v in os.environ.items() if k not in ISA_ENV}  # only the one set here is named
     out = _script("bench_norms", *args, "--save", str(saved), env={**isa, "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
-    for row in ("| rmsnorm | ours (fast) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fast) |",
+    for row in ("| rmsnorm | ours (fused) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fused) |",
                 "| layernorm | torch.nn.LayerNorm(bias=False) |", "| floor | copy + elementwise backward |"):
         assert row in out
     # the saved file: the command and the machine (what the ratios depend on), then exactly the printed tables

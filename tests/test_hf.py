@@ -46,7 +46,7 @@ def test_hf_initialized_llama_to_ours_same_logits(tie):
 
 
 @pytest.mark.parametrize("change", [dict(norm="layernorm"), dict(placement="post"), dict(placement="peri"),
-                                    dict(qk_norm=True), dict(qk_norm="layernorm"), dict(attn_softcap=50.0),
+                                    dict(qk_norm="rmsnorm"), dict(qk_norm="layernorm"), dict(attn_softcap=50.0),
                                     dict(logit_softcap=30.0)])
 def test_inexpressible_configs_are_refused(change):
     model = Llama(ModelArgs(**{**ARGS, **change}))
