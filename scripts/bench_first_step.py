@@ -3,10 +3,11 @@
     python scripts/bench_first_step.py [--rounds 3] [--arm NAME=OVERRIDES ...] [--set key=value ...]
 
 Arms (each its own train.py process; rounds alternate their order): `fresh` runs the default config with an
-empty kernel cache (a new TORCH_EXTENSIONS_DIR), `warm` with the cache the fresh arm left, `reference` with
-model.norm_impl=reference model.ops_impl=reference. --arm replaces them: NAME=key=value,key=value;
-a NAME starting with `fresh` gets an empty cache. The data is prepared once before the first round (not timed).
-Prints each arm's median and min..max in seconds and its ratio to the first arm per round.
+empty kernel cache (a new TORCH_EXTENSIONS_DIR), `fresh-fused` the fused classes (model.norm_impl=fused
+model.ops_impl=fused) with an empty cache, `warm-fused` them with the cache fresh-fused filled that round.
+--arm replaces them: NAME=key=value,key=value; a NAME starting with `fresh` gets an empty cache, `warm-X` the
+one `fresh-X` filled (`warm`: `fresh`'s), any other the one `fresh` filled. The data is prepared once before
+the first round (not timed). Prints each arm's median and min..max in seconds and its ratio to the first arm.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = {"fresh": [], "warm": [], "reference": ["model.norm_impl=reference", "model.ops_impl=reference"]}
+FUSED = ["model.norm_impl=fused", "model.ops_impl=fused"]
+ARMS = {"fresh": [], "fresh-fused": FUSED, "warm-fused": FUSED}
 BASE = ["train.steps=2", "train.eval_every=1000", "train.sample_tokens=0", "train.checkpoint_every=0"]
 
 
@@ -46,6 +48,13 @@ def first_step(overrides: list[str], ext_dir: Path, out: Path, timeout: float = 
     raise SystemExit(f"no first step within {timeout:.0f} s")
 
 
+def cache_of(arm: str) -> str:
+    """The fresh arm whose cache an arm uses: its own if fresh*, fresh-X's for warm-X, else fresh's."""
+    if arm.startswith("fresh"):
+        return arm
+    return "fresh" + arm[len("warm"):] if arm.startswith("warm") else "fresh"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -62,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         times = {name: [] for name in arms}
         for r in range(a.rounds):
             order = list(arms) if r % 2 == 0 else list(reversed(arms))
-            if "warm" in arms and "fresh" in arms:  # warm reads the cache fresh fills: fresh first
-                order.remove("fresh")
-                order.insert(0, "fresh")
-            for name in order:  # a fresh arm: an empty cache of its own; the others: the one fresh filled
-                ext = tmp / f"ext-{r}-{name if name.startswith('fresh') else 'fresh'}"
+            order.sort(key=lambda name: not name.startswith("fresh"))  # a warm arm reads what fresh filled
+            for name in order:
+                ext = tmp / f"ext-{r}-{cache_of(name)}"
                 times[name].append(first_step(arms[name] + a.set, ext, tmp / "runs"))
                 print(f"round {r + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
     first = next(iter(arms))
