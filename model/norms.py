@@ -217,10 +217,25 @@ def parse_options(name: str, options: dict | None, where: str = ""):
     unknown = sorted(set(options or {}) - set(valid))
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}")
+    typed = {}
+    for f in dataclasses.fields(cls):
+        if f.name in (options or {}):
+            typed[f.name] = _typed(options[f.name], f.type, f"{where}: {f.name}")
     try:
-        return cls(**(options or {}))
+        return cls(**typed)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _typed(value, kind: str, where: str):
+    """An option's value as its declared type (float | bool): 100 -> 100.0 (YAML reads `100` as an int)."""
+    if kind not in ("float", "bool"):  # a type of its own: the Options class checks it
+        return value
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{where} must be a {kind}, got {value!r}")
 
 
 def check_options(norm_options: dict) -> None:

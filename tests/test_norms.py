@@ -234,6 +234,11 @@ def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
         parse_options("rmsnorm", {"bias": True})
     with pytest.raises(ValueError, match="alpha_final must be > 0"):
         parse_options("dyt", {"alpha_final": 0.0})
+    assert parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0  # YAML's `100`: an int, taken as float
+    assert type(build_norm("dyt", 8, options={"alpha_attn": 100}).alpha0) is float
+    for bad in ({"bias": "no"}, {"alpha_attn": True}):
+        with pytest.raises(ValueError, match="must be a (bool|float)"):
+            parse_options("dyt", bad)
     ln = build_norm("layernorm", 8, options={"bias": True})
     assert ln.bias is not None and build_norm("layernorm", 8).bias is None
     from model import Llama, ModelArgs
