@@ -26,11 +26,16 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
     (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
 
-    Real-valued rather than a complex multiply: the same numbers, and torch.compile fuses it (complex ops
-    fall back to eager) and bfloat16 / float16 models work (torch.complex rejects them)."""
+    Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its width): the
+    same products and sums as the pairwise formula, bit for bit in both directions, without splitting x into
+    its pairs and stacking them back (one copy of x, the swap, instead of the stack forward and backward).
+    Real-valued rather than a complex multiply: torch.compile fuses it (complex ops fall back to eager) and
+    bfloat16 / float16 models work (torch.complex rejects them)."""
     cos, sin = (t.float()[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
-    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, T, H, hd) -> two (B, T, H, hd/2)
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+    cos2, sin2 = torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) in each pair's place
+    return (xf * cos2 + swapped * sin2).type_as(x)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
