@@ -35,9 +35,11 @@ import torch
 from benchlib import SavedOutput
 
 import model.layers
+import training.optim
 from model import Llama
 from study.studyfile import flatten, load_study
 from training.config import load_config
+from training.cpu import tune_cpu
 from training.flops import flops_per_token
 from training.optim import build_optimizer, lr_at
 from training.step import StepParts, autocast_for, train_step
@@ -50,10 +52,13 @@ def pairwise_rope(x: torch.Tensor, rope) -> torch.Tensor:
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
-# name -> what it puts back for its steps (a context manager); "current" is the code as it is
+# name -> what it puts back while its model is built and while it steps (a context manager);
+# "current" is the code as it is
+NO_FUSED_ADAMW = {"fused_adamw": lambda params: False}
 VARIANTS = {
     "current": contextlib.nullcontext,
     "pairwise RoPE": lambda: mock.patch.object(model.layers, "apply_rope", pairwise_rope),
+    "for-loop AdamW": lambda: mock.patch.multiple(training.optim, **NO_FUSED_ADAMW),
 }
 
 FAMILIES = (  # (family, substrings of the op's name), the first match wins
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     a = p.parse_args(argv)
     cfg = study_config(a.study, a.threads, a.overrides)
-    torch.set_num_threads(a.threads)
+    a.cpu = tune_cpu(a.threads, cfg.train.malloc_tuning)  # as train.py: allocator, denormals
     with SavedOutput(
         a.save, "python scripts/bench_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
     ):
@@ -281,14 +286,18 @@ def report(a, cfg) -> int:
         f"\n## One training step (cpu, {a.threads} thread(s), {tc.dtype}, "
         f"batch {tc.batch_size}x{tc.seq_len}, dim {mc.dim}, {mc.n_layers} layers, "
         f"vocab {mc.vocab_size}, norm_impl {mc.norm_impl}, ops_impl {mc.ops_impl}; "
-        f"{step_flops / 1e9:.2f} GFLOP a step; {a.rounds} alternating rounds of {a.steps} steps)\n"
+        f"{step_flops / 1e9:.2f} GFLOP a step; allocator: {a.cpu['allocator']}; "
+        f"{a.rounds} alternating rounds of {a.steps} steps)\n"
     )
     print(
         "Matmul peak (float32, best of 5): "
         + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
         + f" GFLOP/s; peak = {peak:.0f} GFLOP/s\n"
     )
-    steps = {name: make_step(cfg) for name in a.variant}
+    steps = {}
+    for name in a.variant:
+        with VARIANTS[name]():
+            steps[name] = make_step(cfg)
     times = time_variants(steps, a.variant, a.rounds, a.steps)
     first = a.variant[0]
     print(
