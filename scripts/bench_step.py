@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import math
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -60,6 +61,19 @@ VARIANTS = {
     "pairwise RoPE": lambda: mock.patch.object(model.layers, "apply_rope", pairwise_rope),
     "for-loop AdamW": lambda: mock.patch.multiple(training.optim, **NO_FUSED_ADAMW),
 }
+PREVIOUS = [name for name in VARIANTS if name != "current"]
+
+
+@contextlib.contextmanager
+def before():
+    """Every previous implementation put back at once: the step before issue 44's changes."""
+    with contextlib.ExitStack() as stack:
+        for name in PREVIOUS:
+            stack.enter_context(VARIANTS[name]())
+        yield
+
+
+VARIANTS["before (all put back)"] = before
 
 FAMILIES = (  # (family, substrings of the op's name), the first match wins
     ("matmul", ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")),
@@ -272,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = study_config(a.study, a.threads, a.overrides)
     a.cpu = tune_cpu(a.threads, cfg.train.malloc_tuning)  # as train.py: allocator, denormals
-    with SavedOutput(
-        a.save, "python scripts/bench_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    ):
+    args = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "scripts/bench_step.py", *args])
+    with SavedOutput(a.save, command):
         return report(a, cfg)
 
 

@@ -56,6 +56,23 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     assert tables == out
 
 
+def test_bench_step_alternates_variants_and_splits_the_step_by_phase_and_op_family():
+    """bench_step on the quick study's tiny model: every named variant has a row (ms, GFLOP/s, share of the
+    measured peak, speed ratio), and a breakdown's phase and family shares each add up to the whole step."""
+    out = _script("bench_step", "--study", "configs/studies/quick.yaml", "--rounds", "2", "--steps", "1",
+                  "--profile-steps", "1", "--variant", "current", "pairwise RoPE", "for-loop AdamW",
+                  "--breakdown", "current")
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "ms" not in line}
+    assert {"current", "pairwise RoPE", "for-loop AdamW"} <= rows and "peak = " in out
+    assert "| current | " in out and "| 1.00 (1.00..1.00) |" in out  # the first variant against itself
+    tables = out.split("### Where the step goes: current")[1].split("\n\n")
+    phases, families = ({k.strip(): v for k, v in (line.strip("| ").split(" | ") for line in
+                                                   t.strip().splitlines()[2:])} for t in (tables[1], tables[2]))
+    assert {"forward", "backward", "optimizer", "clip"} <= set(phases) and "matmul" in families
+    for shares in (phases, families):
+        assert sum(float(v.strip(" %")) for v in shares.values()) == pytest.approx(100, abs=0.5)
+
+
 def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp_path, corpus_file):
     data = [f"data.source=text:{corpus_file}", f"data.root={tmp_path / 'd'}", "data.vocab_size=320",
             "data.val_fraction=0.1", "train.steps=6", "train.eval_every=3"]
