@@ -1,7 +1,8 @@
-"""normlab's fused CPU kernels (C++, built on first use with torch.utils.cpp_extension, cached by torch
-under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR): the norms (norms_cpu.cpp with their autograd, row loops
-in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py) and the
-cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
+"""normlab's fused CPU kernels (C++, compiled with torch.utils.cpp_extension on first use by a fused class:
+model/fused_norms.py, model.ops_impl=fused; the reference classes, the default, never build them), cached by
+torch under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR: the norms (norms_cpu.cpp with their autograd,
+row loops in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py) and
+the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
 All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
 tensors, and it sits below model/ in the import order (it imports only torch).
 
@@ -9,7 +10,7 @@ A build is named by a hash of everything it depends on (build_name): the sources
 and, for a -march=native build, the CPU. Checkouts of one commit share a build; different sources never build
 over each other in the shared cache.
 
-Where no compiler exists the build fails once, with a warning, and every fast path runs its reference.
+Where no compiler exists the build fails once, with a warning, and every fused path runs its reference.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SOURCES = ("norms_cpu.cpp", "norms_isa_base.cpp", "norms_isa_avx2.cpp", "norms_i
            "swiglu_cpu.cpp")
 _loaded: bool | None = None  # None: not tried yet
 _built: dict = {}  # how the loaded build was made (for meta.json)
+_announced = False  # whether this process printed the compile line
 
 
 def cpu_features() -> str | None:
@@ -99,9 +101,6 @@ def kernel_available() -> bool:
     """Build (or load the cached build of) the CPU kernels once per process; False if that fails."""
     global _loaded
     if _loaded is None:
-        if os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
-            print("[normlab] loading the fused CPU kernels (compiled on first use, about a minute; then cached)",
-                  file=sys.stderr, flush=True)
         features = cpu_features()
         arch = build_target(features, bool(os.environ.get("NORMLAB_PORTABLE")))
         cflags = ["-O3", "-fopenmp"] + arch  # -fopenmp: at::parallel_for is an inline OpenMP loop
@@ -138,17 +137,18 @@ kernel_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
     """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json: the
-    fused path, or the reference and why (a fast path that falls back says so instead of doing it silently)."""
-    def fast(what: str) -> str:
+    fused path, or the reference and why (a fused path that falls back says so instead of doing it silently).
+    Only a fused implementation builds (or loads) the kernels."""
+    def fused(what: str) -> str:
         if device == "cpu":
             return "fused CPU kernel" if kernel_available() else f"reference (kernel build failed: {_built['error']})"
         if device == "cuda" and what == "norm":
             return "torch's fused F.rms_norm / F.layer_norm in float32"
         return f"reference (no fused {what} kernel on {device})"
 
-    paths = {"norm": fast("norm") if norm_impl == "fast" else "reference",
-             "cross_entropy": fast("cross_entropy") if ops_impl == "fast" else "reference",
-             "swiglu": fast("swiglu") if ops_impl == "fast" else "reference"}
+    paths = {"norm": fused("norm") if norm_impl == "fused" else "reference",
+             "cross_entropy": fused("cross_entropy") if ops_impl == "fused" else "reference",
+             "swiglu": fused("swiglu") if ops_impl == "fused" else "reference"}
     if _loaded:
         paths["build"] = dict(_built)
     return paths
@@ -171,6 +171,8 @@ def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ld
 
     build_dir = Path(_get_build_directory(name, False))
     build_dir.mkdir(parents=True, exist_ok=True)
+    if not (build_dir / f"{name}.so").is_file():  # a cached build loads in well under a second: no line
+        announce_compile(build_dir)
     with FileLock(str(build_dir / "normlab.flock")):
         (build_dir / "lock").unlink(missing_ok=True)  # torch's, left by a killed process (none is building now)
         src = build_dir / "src"
@@ -179,6 +181,15 @@ def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ld
              extra_ldflags=extra_ldflags, extra_include_paths=[str(src)], is_python_module=False,
              build_directory=str(build_dir), verbose=False)
     _register_fake()
+
+
+def announce_compile(build_dir: Path) -> None:
+    """The one line a compile prints (rank 0, once per process): what waits, how long, where it is kept."""
+    global _announced
+    if not _announced and os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
+        print(f"[normlab] compiling the fused CPU kernels (about a minute, once per machine and source version; "
+              f"cached in {build_dir.parent})", file=sys.stderr, flush=True)
+    _announced = True
 
 
 def _place(folder: Path, files: dict[str, bytes]) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -16,21 +17,17 @@ class ModelArgs:
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # a name in model/norms.py NORMS
-    norm_impl: str = "fast"  # fast | reference (the fused kernel where the norm has one: fused/norms.py)
-    ops_impl: str = "fast"  # fast | reference: cross-entropy and SwiGLU (see model/ops.py)
+    # each norm's own options, by norm name: {dyt: {alpha_attn: 0.8}} (the norm's Options in model/norms.py)
+    norm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    norm_impl: str = "reference"  # reference | fused: the fused kernels' classes (model/fused_norms.py)
+    ops_impl: str = "reference"  # reference | fused: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
-    norm_bias: bool = False  # LayerNorm only: adds the bias b; off so mean-centring is the only difference
     norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
-    qk_norm: str | bool = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS); true / false: old
+    qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), with its defaults
     qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
-    prms_fraction: float = 0.0625  # pRMSNorm's p: the RMS from the first ceil(p d) features (the paper's 6.25%)
-    dyt_alpha_attn: float = 0.5  # DyT's alpha0 in the norm before attention (Zhu et al. 2025 LLaMA 7B: 0.8)
-    dyt_alpha_ffn: float = 0.5  # ... before the feed-forward (LLaMA 7B: 0.2)
-    dyt_alpha_final: float = 0.5  # ... the final norm (LLaMA 7B: 0.2); 0.5 everywhere is the paper's non-LLM default
-    dyt_bias: bool = True  # DyT's b (the paper's LLaMA DyT has none: g * tanh(alpha x))
     embed_scale: str = "none"  # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
     rope_theta: float = 10000.0
     max_seq_len: int = 256
@@ -63,19 +60,6 @@ class ModelArgs:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
-
-    @property
-    def qk_norm_kind(self) -> str:
-        """The norm applied per head to q and k: a name in QK_NORMS, or, for the old boolean spelling, the block
-        norm (whatever it is) or none."""
-        # model.qk_norm was a bool ("the model's norm per head") before it was a choice. Old run directories'
-        # config.yaml, the committed runs.json files and study files (qknorm-control) still say true / false; they
-        # are read here, in this one place, so that they build the model they built: true -> the run's block norm
-        # (model.norm, with its options), false -> none. The value is kept as written, so a study's arms still
-        # match the runs it made.
-        if isinstance(self.qk_norm, bool):
-            return self.norm if self.qk_norm else "none"
-        return lookup(QK_NORMS, self.qk_norm, "qk_norm")
 
     @property
     def qk_eps(self) -> float:
@@ -111,8 +95,6 @@ class ModelArgs:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
-        if self.norm_bias and self.norm != "layernorm":
-            raise ValueError(f"model.norm_bias is defined for layernorm only, not model.norm={self.norm!r}")
         if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
         for name in ("init_embedding_std", "init_head_std"):
@@ -124,13 +106,7 @@ class ModelArgs:
         lookup(INIT_SCALES, self.init_scale, "init_scale")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
-        if not 0 < self.prms_fraction <= 1:
-            raise ValueError(f"model.prms_fraction must be in (0, 1], got {self.prms_fraction}")
-        for name in ("dyt_alpha_attn", "dyt_alpha_ffn", "dyt_alpha_final"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
-        if not isinstance(self.qk_norm, bool):  # the old boolean spelling is read by qk_norm_kind
-            lookup(QK_NORMS, self.qk_norm, "qk_norm")
+        lookup(QK_NORMS, self.qk_norm, "qk_norm")
         if self.qk_norm_eps is not None and self.qk_norm_eps <= 0:
             raise ValueError(f"model.qk_norm_eps must be > 0 or null, got {self.qk_norm_eps}")
         for name in ("attn_softcap", "logit_softcap"):
@@ -158,23 +134,6 @@ INIT_REFERENCE_DIM = 4096
 INIT_SCALES = {"absolute": lambda dim: 1.0, "width": lambda dim: (INIT_REFERENCE_DIM / dim) ** 0.5}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
 EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
-
-
-def qk_norm_options(args: ModelArgs) -> dict:
-    """The qk-norms' options: the block norm's (at the attention) where they are that norm (so the old
-    `qk_norm: true` builds what it built: a LayerNorm with norm_bias's bias, DyT's alpha0), else a gain and no bias."""
-    return norm_options(args, "attention") if args.qk_norm_kind == args.norm else {"bias": False}
-
-
-def norm_options(args: ModelArgs, location: str) -> dict:
-    """What the chosen norm takes from ModelArgs at `location` (attention | ffn | final; a peri block's output
-    norms count as their sublayer's): DyT's alpha0 there and its bias, pRMSNorm's fraction, LayerNorm's bias."""
-    if args.norm == "dyt":
-        alpha0 = {"attention": args.dyt_alpha_attn, "ffn": args.dyt_alpha_ffn, "final": args.dyt_alpha_final}
-        return {"bias": args.dyt_bias, "alpha0": lookup(alpha0, location, "norm location")}
-    if args.norm == "prmsnorm":
-        return {"bias": args.norm_bias, "fraction": args.prms_fraction}
-    return {"bias": args.norm_bias}
 
 
 def lookup(registry: dict, name: str, kind: str):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.args import RESIDUAL_INITS, ModelArgs, lookup, norm_options
+from model.args import RESIDUAL_INITS, ModelArgs, lookup
+from model.fused_norms import build_norm
 from model.layers import FFNS, Attention, Rope
-from model.norms import build_norm
 
 
-def _norm(args: ModelArgs, location: str) -> nn.Module:
-    """The block's norm at `location` (attention | ffn)."""
-    return build_norm(args.norm, args.dim, args.norm_eps, args.norm_impl, args.norm_precision,
-                      **norm_options(args, location))
+def model_norm(args: ModelArgs, location: str, name: str | None = None) -> nn.Module:
+    """The model's norm (args.norm unless `name`) at `location` (attention | ffn | final), with its options."""
+    name = args.norm if name is None else name
+    return build_norm(name, args.dim, args.norm_eps, args.norm_impl, args.norm_precision, location,
+                      args.norm_options.get(name))
 
 
 class Block(nn.Module):
@@ -26,8 +27,8 @@ class Block(nn.Module):
         self.layer_id = layer_id
         self.attention = Attention(args)
         self.feed_forward = lookup(FFNS, args.ffn, "ffn")(args)
-        self.attention_norm = _norm(args, "attention")
-        self.ffn_norm = _norm(args, "ffn")
+        self.attention_norm = model_norm(args, "attention")
+        self.ffn_norm = model_norm(args, "ffn")
 
     def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
         """Every matrix ~ N(0, init_std^2), the residual projections (wo, w2) with init_std / sqrt(2 n_layers) so
@@ -71,8 +72,8 @@ class PeriNormBlock(Block):
 
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__(args, layer_id)
-        self.attention_out_norm = _norm(args, "attention")
-        self.ffn_out_norm = _norm(args, "ffn")
+        self.attention_out_norm = model_norm(args, "attention")
+        self.ffn_out_norm = model_norm(args, "ffn")
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         h = x + self.attention_out_norm(self.attention(self.attention_norm(x), rope))

@@ -33,8 +33,7 @@ def check_expressible(args: ModelArgs) -> None:
     """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras: no qk-norm,
     no soft-capping of attention or output logits)."""
     unsupported = {"norm": (args.norm, "rmsnorm"), "placement": (args.placement, "pre"),
-                   "qk_norm": (args.qk_norm_kind, "none"),  # the old true / false read as they built
-                   "norm_bias": (args.norm_bias, False), "ffn": (args.ffn, "swiglu"),
+                   "qk_norm": (args.qk_norm, "none"), "ffn": (args.ffn, "swiglu"),
                    "linear_bias": (args.linear_bias, False), "embed_scale": (args.embed_scale, "none"),
                    "attn_softcap": (args.attn_softcap, 0.0), "logit_softcap": (args.logit_softcap, 0.0)}
     bad = [f"model.{k}={got!r} (needs {need!r})" for k, (got, need) in unsupported.items() if got != need]

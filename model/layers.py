@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup, qk_norm_options
-from model.norms import build_norm
+from model.args import ModelArgs, lookup
+from model.fused_norms import build_norm
 from model.ops import OPS_IMPLS
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
@@ -26,11 +26,16 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
     (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
 
-    Real-valued rather than a complex multiply: the same numbers, and torch.compile fuses it (complex ops
-    fall back to eager) and bfloat16 / float16 models work (torch.complex rejects them)."""
+    Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its width): the
+    same products and sums as the pairwise formula, bit for bit in both directions, without splitting x into
+    its pairs and stacking them back (one copy of x, the swap, instead of the stack forward and backward).
+    Real-valued rather than a complex multiply: torch.compile fuses it (complex ops fall back to eager) and
+    bfloat16 / float16 models work (torch.complex rejects them)."""
     cos, sin = (t.float()[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
-    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, T, H, hd) -> two (B, T, H, hd/2)
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+    cos2, sin2 = torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) in each pair's place
+    return (xf * cos2 + swapped * sin2).type_as(x)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -63,10 +68,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: a norm over each head's q and k (its own choice and eps) bounds the attention logits
-        qk, options = args.qk_norm_kind, qk_norm_options(args)
-        self.q_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
-        self.k_norm = build_norm(qk, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision, **options)
+        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default options: a gain,
+        # no bias) bounds the attention logits
+        qk = (args.qk_norm, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision)
+        self.q_norm, self.k_norm = build_norm(*qk), build_norm(*qk)
         self.softcap = args.attn_softcap
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):

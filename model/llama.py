@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.args import EMBED_SCALES, ModelArgs, lookup, norm_options
-from model.blocks import BLOCKS, build_block
+from model.args import EMBED_SCALES, ModelArgs, lookup
+from model.blocks import BLOCKS, build_block, model_norm
 from model.layers import rope_tables, softcap
-from model.norms import _Norm, build_norm
+from model.norms import _Norm
 from model.ops import OPS_IMPLS
 
 
@@ -45,8 +45,7 @@ class Llama(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(build_block(args, i) for i in range(args.n_layers))
         final = args.norm if lookup(BLOCKS, args.placement, "placement").final_norm else "none"
-        self.norm = build_norm(final, args.dim, args.norm_eps, args.norm_impl, args.norm_precision,
-                               **norm_options(args, "final"))
+        self.norm = model_norm(args, "final", final)
         scale = lookup(EMBED_SCALES, args.embed_scale, "embed_scale")(args.dim)
         # a learnable scalar times the embedding (DyT's LLaMA recipe: init sqrt(dim)), else none
         self.embed_scale = None if scale is None else nn.Parameter(torch.full((1,), float(scale)))  # 1-D for FSDP2

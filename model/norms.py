@@ -1,50 +1,57 @@
-"""The norms, written from their formulas, with one precision policy, one registry (NORMS) and swap_norms.
+"""The norms, written from their formulas: one precision policy, each norm's options, one registry (NORMS).
 
 Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in (at least) float32, cast the
 result back to the input dtype, then multiply by the gain (and add the bias). `precision="autocast"` is the
 naive mixed-precision norm this policy guards against, kept so its failures can be measured: the statistics
 are computed in the autocast dtype when autocast is on (bfloat16 rounds the mean square to 8 bits of mantissa;
-in float16 x^2 overflows to inf for |x| > 256 and the row becomes 0, and the backward of rsqrt, -r^3 / 2, overflows
-for an input RMS below 65504^(-1/3) = 0.025), in the input's dtype otherwise. RMSNorm and LayerNorm take the same
-`eps`, so by default the only difference between them is LayerNorm's mean-centring.
+in float16 x^2 overflows to inf for |x| > 256 and the row becomes 0, and the backward of rsqrt, -r^3 / 2,
+overflows for an input RMS below 65504^(-1/3) = 0.025), in the input's dtype otherwise. RMSNorm and LayerNorm
+take the same `eps`, so by default the only difference between them is LayerNorm's mean-centring.
 
-`impl="fast"` runs a norm through its fused kernel (fused/norms.py) where it has one (`center` is not None)
-and the device has one; otherwise, and always with `impl="reference"`, it runs the formula below. Adding a norm
-is a class here and a line in NORMS: validation, --norm, help texts, tests and studies read the registry.
+A norm's own hyperparameters are its Options (a dataclass: model.norm_options.<name> in a config, checked
+by check_options); the fused kernels are classes of their own (model/fused_norms.py). Adding a norm is a class
+here and a line in NORMS: validation, --norm, help texts, tests and studies read the registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from fused.norms import fused_norm
 from model.args import lookup
 
 Shape = int | tuple[int, ...] | list[int] | torch.Size
-NORM_IMPLS = {"reference": "the formula in eager torch ops",
-              "fast": "a fused kernel where the norm has one (fused/), else the formula"}
 NORM_PRECISIONS = {"float32": "statistics in (at least) float32, whatever the input or autocast dtype",
-                   "autocast": "statistics in the autocast dtype when autocast is on, else in the input's dtype"}
+                   "autocast": "statistics in the autocast dtype when autocast is on, else the input's dtype"}
+LOCATIONS = ("attention", "ffn", "final")  # where a model builds a norm (a peri block's output norms: their sublayer's)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A norm without options of its own."""
+
+    def at(self, location: str) -> dict:
+        """The norm's keyword arguments at `location` (one of LOCATIONS)."""
+        return dataclasses.asdict(self)
 
 
 class _Norm(nn.Module):
     """Gain (and optional bias) over the last len(normalized_shape) dims; subclasses define normalize()."""
 
-    center: bool | None = None  # the fused kernel's mode: True LayerNorm, False RMSNorm, None no kernel
+    Options = NoOptions  # the norm's own options (model.norm_options.<name>), as its keyword arguments
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference", precision: str = "float32"):
+                 bias: bool = False, precision: str = "float32"):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        lookup(NORM_IMPLS, impl, "norm_impl")  # a ValueError listing the valid ones
-        self.impl = impl
-        lookup(NORM_PRECISIONS, precision, "norm_precision")
+        lookup(NORM_PRECISIONS, precision, "norm_precision")  # a ValueError listing the valid ones
         self.precision = precision
         self.weight = nn.Parameter(torch.empty(shape)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.empty(shape)) if elementwise_affine and bias else None
@@ -63,26 +70,18 @@ class _Norm(nn.Module):
 
     def check_input(self, x: torch.Tensor) -> None:
         """ValueError unless x's last dims are normalized_shape (as torch's F.layer_norm requires)."""
-        if x.shape[-len(self.normalized_shape):] != self.normalized_shape:  # (a shorter x: its whole shape)
-            raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an input of "
-                             f"shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
+        if x.shape[-len(self.normalized_shape):] != self.normalized_shape:  # a shorter x: its whole shape
+            raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an "
+                             f"input of shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
 
     def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """The dtype the statistics are computed in (see NORM_PRECISIONS): float32 policy: at least float32
-        (bfloat16/float16 are upcast, float64 stays float64 for gradcheck)."""
+        """The dtype of the statistics (NORM_PRECISIONS): under float32, at least float32 (float64 stays)."""
         if self.precision == "autocast" and torch.is_autocast_enabled(x.device.type):
             return torch.get_autocast_dtype(x.device.type)
         return x.dtype if self.precision == "autocast" else torch.promote_types(x.dtype, torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        # the fused kernel has the float32 policy; the "autocast" policy gives it when autocast is off and x has
-        # at least float32 (compute_dtype only asked then: it costs a microsecond a call, as much as a small row)
-        if self.impl == "fast" and self.center is not None and (
-                self.precision == "float32" or self.compute_dtype(x) == torch.promote_types(x.dtype, torch.float32)):
-            y = fused_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.center)
-            if y is not None:
-                return y
         y = self.normalize(x.to(self.compute_dtype(x))).type_as(x)
         if self.weight is not None:
             y = y * self.weight
@@ -92,38 +91,57 @@ class _Norm(nn.Module):
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
-        return (f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}, "
-                f"impl={self.impl}" + (f", precision={self.precision}" if self.precision != "float32" else ""))
+        return (f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}"
+                + (f", precision={self.precision}" if self.precision != "float32" else ""))
 
 
 class RMSNorm(_Norm):
     """y = x / sqrt(mean(x^2) + eps) * g   (Zhang & Sennrich, 2019)."""
 
-    center = False
-
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(self.dims, keepdim=True) + self.eps)
+
+
+@dataclass(frozen=True)
+class LayerNormOptions(NoOptions):
+    """model.norm_options.layernorm."""
+
+    bias: bool = False  # b: off, so mean-centring is the only difference from RMSNorm
 
 
 class LayerNorm(_Norm):
     """y = (x - mean(x)) / sqrt(var(x) + eps) * g (+ b), biased variance   (Ba et al., 2016)."""
 
-    center = True
+    Options = LayerNormOptions
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         xc = x - x.mean(self.dims, keepdim=True)
         return xc * torch.rsqrt(xc.pow(2).mean(self.dims, keepdim=True) + self.eps)
 
 
+@dataclass(frozen=True)
+class PRMSNormOptions(NoOptions):
+    """model.norm_options.prmsnorm."""
+
+    fraction: float = 0.0625  # p: the RMS from the first ceil(p d) features (the paper's 6.25%)
+
+    def __post_init__(self):
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+
+
 class PRMSNorm(_Norm):
-    """y = x / sqrt(mean(x[:k]^2) + eps) * g, k = ceil(p * d): the RMS estimated from the first p of the d
-    features (Zhang & Sennrich, 2019, "partial RMSNorm"; p = 6.25% as in the paper). Over several normalized
-    dims the features are taken in flattened order."""
+    """y = x / sqrt(mean(x[:k]^2) + eps) * g, k = ceil(p d), p = fraction   (Zhang & Sennrich, 2019).
+
+    The RMS is estimated from the first k of the d features ("partial RMSNorm"; p = 6.25% in the paper, whose
+    models have k = ceil(0.0625 x 512) >= 32). Over several normalized dims, in flattened order."""
+
+    Options = PRMSNormOptions
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, impl: str = "reference", precision: str = "float32", fraction: float = 0.0625):
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, impl=impl, precision=precision)
-        self.p = fraction  # model.prms_fraction; k = ceil(p d) >= 32 in the paper's models (p d = 0.0625 x 512)
+                 bias: bool = False, precision: str = "float32", fraction: float = 0.0625):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, precision=precision)
+        self.p = fraction
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(-len(self.dims)) if len(self.dims) > 1 else x
@@ -132,17 +150,37 @@ class PRMSNorm(_Norm):
         return x * torch.rsqrt(ms.view(*ms.shape[:-1], *[1] * len(self.dims)) + self.eps)
 
 
+@dataclass(frozen=True)
+class DyTOptions:
+    """model.norm_options.dyt: alpha0 by location (the paper's LLaMA 7B recipe: 0.8 / 0.2 / 0.2) and b."""
+
+    alpha_attn: float = 0.5  # alpha0 of the norms before attention (0.5: the paper's default)
+    alpha_ffn: float = 0.5  # ... before the feed-forward
+    alpha_final: float = 0.5  # ... of the final norm
+    bias: bool = True  # b (the paper's LLaMA DyT has none)
+
+    def __post_init__(self):
+        for name in ("alpha_attn", "alpha_ffn", "alpha_final"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    def at(self, location: str) -> dict:
+        alpha0 = dict(zip(LOCATIONS, (self.alpha_attn, self.alpha_ffn, self.alpha_final), strict=True))
+        return {"alpha0": lookup(alpha0, location, "norm location"), "bias": self.bias}
+
+
 class DyT(_Norm):
-    """y = g * tanh(alpha * x) (+ b), alpha a learnable scalar   (Zhu et al., 2025, "Transformers without
-    Normalization"). Element-wise: no statistics, so eps is unused. alpha starts at alpha0: 0.5, the paper's
-    default, or per location (model.dyt_alpha_attn / _ffn / _final) as its LLaMA recipe sets it (7B: 0.8 before
-    attention, 0.2 elsewhere); b is on by default, off in that recipe (model.dyt_bias). tanh is taken in float32
-    like the other norms' statistics."""
+    """y = g * tanh(alpha x) (+ b), alpha a learnable scalar from alpha0   (Zhu et al., 2025).
+
+    "Transformers without Normalization": element-wise, no statistics, so eps is unused; tanh in float32 like
+    the other norms' statistics."""
+
+    Options = DyTOptions
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, impl: str = "reference", precision: str = "float32", alpha0: float = 0.5):
+                 bias: bool = True, precision: str = "float32", alpha0: float = 0.5):
         self.alpha, self.alpha0 = None, alpha0
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, impl=impl, precision=precision)
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, precision=precision)
         self.alpha = nn.Parameter(torch.full((1,), self.alpha0))  # 1-D: FSDP2 cannot shard a 0-dim parameter
 
     def reset_parameters(self) -> None:
@@ -157,43 +195,74 @@ class DyT(_Norm):
 class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
-    def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True, **options):
-        super().__init__()  # a norm's options (bias, precision, DyT's alpha0, ...) mean nothing here
+    Options = NoOptions
+
+    def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True,
+                 bias: bool = False, precision: str = "float32"):
+        super().__init__()
         self.weight = self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
 
-NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "prmsnorm": PRMSNorm, "dyt": DyT,
-                                     "none": NoNorm}
+NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "prmsnorm": PRMSNorm,
+                                     "dyt": DyT, "none": NoNorm}
 
 
-def build_norm(name: str, dim: Shape, eps: float = 1e-5, impl: str = "reference", precision: str = "float32",
-               **options) -> nn.Module:
-    """The norm called `name` over the last dims of shape `dim`; `impl` picks the fused kernel or the formula,
-    `precision` the dtype of its statistics (NORM_PRECISIONS); `options` are the norm's own (bias; DyT's alpha0,
-    pRMSNorm's fraction: model/args.py norm_options)."""
-    return lookup(NORMS, name, "norm")(dim, eps=eps, impl=impl, precision=precision, **options)
+def parse_options(name: str, options: dict | None, where: str = ""):
+    """Norm `name`'s Options from a mapping (model.norm_options.<name>); ValueError naming the valid ones."""
+    cls, where = lookup(NORMS, name, "norm").Options, where or f"norm {name}"
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(options or {}) - set(valid))
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}")
+    typed = {}
+    for f in dataclasses.fields(cls):
+        if f.name in (options or {}):
+            typed[f.name] = _typed(options[f.name], f.type, f"{where}: {f.name}")
+    try:
+        return cls(**typed)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
-def swap_norms(module: nn.Module, to: str, impl: str = "reference") -> int:
+def _typed(value, kind: str, where: str):
+    """An option's value as its declared type (float | bool): 100 -> 100.0 (YAML reads `100` as an int)."""
+    if kind not in ("float", "bool"):  # a type of its own: the Options class checks it
+        return value
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{where} must be a {kind}, got {value!r}")
+
+
+def check_options(norm_options: dict) -> None:
+    """ValueError unless every entry of model.norm_options names a norm and that norm's valid options."""
+    for name, options in norm_options.items():
+        lookup(NORMS, name, "norm in model.norm_options")
+        if not isinstance(options, dict):
+            raise ValueError(f"model.norm_options.{name} must be a mapping of options, got {options!r}")
+        parse_options(name, options, f"model.norm_options.{name}")
+
+
+def swap_norms(module: nn.Module, to: str) -> int:
     """Replace every LayerNorm / RMSNorm (torch's or ours) inside `module` by norm `to`; return the count.
 
     Gains are carried over; a bias is carried over when the target has one (layernorm) and dropped
-    otherwise. eps is kept. Modules already of the target type and implementation are left alone.
+    otherwise. eps is kept. Modules already of the target type are left alone.
     """
     target = lookup(NORMS, to, "norm")
-    lookup(NORM_IMPLS, impl, "norm_impl")
     sources = (nn.LayerNorm, nn.RMSNorm, _Norm)
     swaps = [(parent, child_name, child)
              for parent in module.modules()
              for child_name, child in parent.named_children()
-             if isinstance(child, sources) and not (type(child) is target and getattr(child, "impl", None) == impl)]
+             if isinstance(child, sources) and type(child) is not target]
     for parent, child_name, old in swaps:
         eps = old.eps if old.eps is not None else torch.finfo(torch.float32).eps  # nn.RMSNorm(eps=None)
         has_bias = getattr(old, "bias", None) is not None and to == "layernorm"
-        new = target(old.normalized_shape, eps=eps, bias=has_bias, impl=impl)
+        new = target(old.normalized_shape, eps=eps, bias=has_bias)
         if getattr(old, "weight", None) is not None and getattr(new, "weight", None) is not None:
             new.weight.data.copy_(old.weight.data)
         if has_bias:

@@ -59,13 +59,15 @@ class ShardedNorm(nn.Module):
     @classmethod
     def from_norm(cls, norm: nn.Module, group=None) -> ShardedNorm:
         """This rank's slice of an unsharded RMSNorm or LayerNorm (gain copied; a LayerNorm bias is refused)."""
-        if type(norm) not in (RMSNorm, LayerNorm) or len(norm.normalized_shape) != 1:
+        if not isinstance(norm, (RMSNorm, LayerNorm)) or len(norm.normalized_shape) != 1:
             raise ValueError(f"only RMSNorm and LayerNorm over one dim can be sharded, not {norm}")
         if norm.bias is not None:
-            raise ValueError("a sharded LayerNorm with a bias is not supported (model.norm_bias=false)")
+            raise ValueError("a sharded LayerNorm with a bias is not supported "
+                             "(model.norm_options.layernorm.bias=false)")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         sizes = shard_sizes(norm.normalized_shape[0], world)
-        out = cls(sizes[rank], norm.normalized_shape[0], norm.center, norm.eps, group)
+        center = isinstance(norm, LayerNorm)
+        out = cls(sizes[rank], norm.normalized_shape[0], center, norm.eps, group)
         with torch.no_grad():
             out.weight.copy_(norm.weight.split(sizes)[rank])
         return out.to(norm.weight.device)

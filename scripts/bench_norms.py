@@ -2,15 +2,15 @@
 
     python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
 
-Implementations: ours (reference formula, eager ops), ours fast (fused/norms.py), torch.nn.RMSNorm,
-torch.nn.LayerNorm without and with bias, and torch.compile of our reference. The memory floor is what
-any norm must at least cost: a copy of the tensor (forward) plus one elementwise pass producing the
-input gradient (backward). All implementations of one shape and dtype are timed in alternating rounds,
-in a fresh random order each round (median and min..max over rounds); "x floor" is the median time over
-the floor's; the paired column is the median (and IQR) of per-round ratios to
-torch.nn.LayerNorm(bias=False). "saved" counts the bytes autograd keeps for backward (saved-tensor
-hooks); "peak" the extra memory one forward+backward allocates at its peak (CUDA: the allocator's
-peak; CPU: the profiler's allocation trace).
+Implementations: ours (reference formula, eager ops), ours fused (FusedRMSNorm / FusedLayerNorm, whose kernels
+are fused/norms.py), torch.nn.RMSNorm, torch.nn.LayerNorm without and with bias, and torch.compile of our
+reference. The memory floor is what any norm must at least cost: a copy of the tensor (forward) plus one
+elementwise pass producing the input gradient (backward). All implementations of one shape and dtype are timed
+in alternating rounds, in a fresh random order each round (median and min..max over rounds); "x floor" is the
+median time over the floor's; the paired column is the median (and IQR) of per-round ratios to
+torch.nn.LayerNorm(bias=False). "saved" counts the bytes autograd keeps for backward (saved-tensor hooks);
+"peak" the extra memory one forward+backward allocates at its peak (CUDA: the allocator's peak; CPU: the
+profiler's allocation trace).
 
 CPU allocator: by default this script applies the same glibc setting as train.py (training/cpu.py);
 --no-malloc-tuning measures glibc's default, where every fresh large tensor page-faults.
@@ -29,6 +29,7 @@ import torch
 from benchlib import SavedOutput
 
 from fused import kernel_available
+from model.fused_norms import FusedLayerNorm, FusedRMSNorm
 from model.norms import LayerNorm, RMSNorm
 from training.cpu import tune_cpu
 
@@ -55,9 +56,9 @@ BASELINE = "layernorm | torch.nn.LayerNorm(bias=False)"
 
 def implementations(d: int, dtype: torch.dtype, device, compiled: bool) -> dict[str, torch.nn.Module]:
     impls = {
-        "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fast)": RMSNorm(d, impl="fast"),
+        "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fused)": FusedRMSNorm(d),
         "rmsnorm | torch.nn.RMSNorm": torch.nn.RMSNorm(d, eps=1e-5),
-        "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fast)": LayerNorm(d, impl="fast"),
+        "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fused)": FusedLayerNorm(d),
         BASELINE: torch.nn.LayerNorm(d, bias=False),
         "layernorm | torch.nn.LayerNorm": torch.nn.LayerNorm(d),
         "floor | copy + elementwise backward": Floor(),
@@ -146,7 +147,7 @@ def bench(shape, dtype, device, repeats: int, compiled: bool) -> list[dict]:
         for mode in ("fwd", "fwd+bwd"):
             ts = times[k][mode]
             row[mode] = (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3, statistics.median(ts) / floor[mode])
-        # paired per-round ratio to torch.nn.LayerNorm(bias=False), the bar the fast path has to clear
+        # paired per-round ratio to torch.nn.LayerNorm(bias=False), the bar the fused path has to clear
         ratios = sorted(t / b for t, b in zip(ts, times[BASELINE]["fwd+bwd"], strict=True))
         quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         row["vs_ln"] = (statistics.median(ratios), quart[0], quart[2])
@@ -179,7 +180,7 @@ def tables(a: argparse.Namespace) -> int:
     fast = (f"fused C++ kernel, {torch.ops.normlab.norm_loops()} loops" if kernel_available()
             else "reference fallback") if device.type == "cpu" else "torch fused kernels"
     print(f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}; allocator: {allocator}; ours (fast) = {fast}; {a.repeats} alternating rounds)\n")
+          f"{torch.__version__}; allocator: {allocator}; ours (fused) = {fast}; {a.repeats} alternating rounds)\n")
     print("| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "
           "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median (IQR) | "
           "saved for bwd MB | peak MB |")

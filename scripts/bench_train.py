@@ -79,17 +79,17 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
         m.config._attn_implementation = "sdpa"
         return m.to(device)
 
-    fast, ref = {"norm_impl": "fast", "ops_impl": "fast"}, {"norm_impl": "reference", "ops_impl": "reference"}
+    fast, ref = {"norm_impl": "fused", "ops_impl": "fused"}, {"norm_impl": "reference", "ops_impl": "reference"}
     models = {}
     for norm in ("rmsnorm", "layernorm"):
-        models[f"ours {norm} (fast)"] = (_ours(cfg, device, norm=norm, **fast), "ours")
+        models[f"ours {norm} (fused)"] = (_ours(cfg, device, norm=norm, **fast), "ours")
         models[f"ours {norm} (reference)"] = (_ours(cfg, device, norm=norm, **ref), "ours")
-    models["ours rmsnorm (fast norms), loss outside"] = (_ours(cfg, device, norm="rmsnorm", **fast), "logits")
+    models["ours rmsnorm (fused norms), loss outside"] = (_ours(cfg, device, norm="rmsnorm", **fast), "logits")
     models["transformers Llama"] = (hf_model(), "hf")
     steps = {name: make_step(m, kind, cfg.train.dtype, device) for name, (m, kind) in models.items()}
     if compile_too:
         for norm in ("rmsnorm", "layernorm"):
-            steps[f"ours {norm} (fast) compiled"] = make_step(torch.compile(_ours(cfg, device, norm=norm, **fast)),
+            steps[f"ours {norm} (fused) compiled"] = make_step(torch.compile(_ours(cfg, device, norm=norm, **fast)),
                                                               "ours", cfg.train.dtype, device)
         steps["transformers Llama compiled"] = make_step(torch.compile(hf_model()), "hf", cfg.train.dtype, device)
     return steps
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--only", action="append", metavar="TEXT",
                    help="time only the variants whose name contains TEXT (repeatable; transformers' Llama "
-                        "always runs), e.g. --only '(fast)' for more rounds of the ones that matter")
+                        "always runs), e.g. --only '(fused)' for more rounds of the ones that matter")
     p.add_argument("--no-malloc-tuning", action="store_true")
     p.add_argument("--save", metavar="FILE.md", help="also write the tables, under the command and the machine "
                    "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)")
@@ -172,10 +172,12 @@ def tables(a: argparse.Namespace) -> int:
         print(f"| {name} | {B * T / statistics.median(ts):,.0f} | {ratio_stats(ts, hf)} |")
     print("\n| pair | speed ratio: median | IQR |")
     print("|---|---|---|")
-    pairs = [("ours rmsnorm (fast)", "ours layernorm (fast)"),
+    pairs = [("ours rmsnorm (fused)", "ours rmsnorm (reference)"),
+             ("ours layernorm (fused)", "ours layernorm (reference)"),
+             ("ours rmsnorm (fused)", "ours layernorm (fused)"),
              ("ours rmsnorm (reference)", "ours layernorm (reference)"),
-             ("ours rmsnorm (fast) compiled", "ours layernorm (fast) compiled"),
-             ("ours rmsnorm (fast)", "ours rmsnorm (fast norms), loss outside")]
+             ("ours rmsnorm (fused) compiled", "ours layernorm (fused) compiled"),
+             ("ours rmsnorm (fused)", "ours rmsnorm (fused norms), loss outside")]
     for fast_one, slow_one in pairs:
         if fast_one in times and slow_one in times:
             print(f"| {fast_one} / {slow_one} | {ratio_stats(times[fast_one], times[slow_one])} |")
@@ -186,7 +188,7 @@ def tables(a: argparse.Namespace) -> int:
     print("| model | step ms (median) | without norms ms | share in norms |")
     print("|---|---|---|---|")
     for norm in ("rmsnorm", "layernorm"):
-        for impl in ("fast", "reference"):
+        for impl in ("fused", "reference"):
             pair = {}
             for n in (norm, "none"):
                 pair[n] = make_step(_ours(cfg, device, norm=n, norm_impl=impl, ops_impl=impl), "ours",
@@ -196,8 +198,8 @@ def tables(a: argparse.Namespace) -> int:
             print(f"| {norm} ({impl}) | {with_n * 1e3:.1f} | {without * 1e3:.1f} | "
                   f"{100 * (with_n - without) / with_n:.1f}% |")
 
-    print("\n## Profiler: top operators of one step, ours rmsnorm (reference) vs (fast)\n")
-    for impl in ("reference", "fast"):
+    print("\n## Profiler: top operators of one step, ours rmsnorm (reference) vs (fused)\n")
+    for impl in ("reference", "fused"):
         step = make_step(_ours(cfg, device, norm="rmsnorm", norm_impl=impl, ops_impl=impl), "ours",
                          cfg.train.dtype, device)
         step(x, y)

@@ -22,7 +22,7 @@ import torch
 from data.loader import BatchLoader, load_tokens
 from data.prepare import prepare
 from model import Llama
-from study.studyfile import load_study
+from study.studyfile import flatten, load_study
 from training import distributed
 from training.config import load_config
 from training.evaluate import evaluate
@@ -45,9 +45,7 @@ class GradProbe(StabilityProbe):
 
 def study_overrides() -> list[str]:
     """The DyT study's model / data / optim / train overrides, as key=value."""
-    s = load_study(STUDY)
-    out = [f"{section}.{k}={v}" for section, fields in s["overrides"].items() for k, v in fields.items()]
-    return [o.replace("None", "null") for o in out]
+    return flatten(load_study(STUDY)["overrides"])
 
 
 def run(init_scale: str, lr: float, seed: int, steps: int, at: list[int], extra: list[str], data_root: str,

@@ -151,7 +151,7 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
     cfgs = [load_config(study["config"], r["overrides"]) for r in runs]
     for data in {tuple(sorted(vars(c.data).items())) for c in cfgs}:
         prepare(**dict(data))
-    if any("fast" in (c.model.norm_impl, c.model.ops_impl) for c in cfgs):
+    if any("fused" in (c.model.norm_impl, c.model.ops_impl) for c in cfgs):
         from fused import kernel_available
 
         kernel_available()

@@ -9,8 +9,9 @@ from torch import nn
 
 from model.args import ModelArgs
 from model.blocks import DeepNormBlock, PostNormBlock, ReorderedNormBlock
+from model.fused_norms import build_norm
 from model.llama import Llama, parameter_kinds
-from model.norms import PRMSNorm, RMSNorm, build_norm
+from model.norms import PRMSNorm, RMSNorm
 
 ARGS = dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
 

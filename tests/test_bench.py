@@ -26,17 +26,17 @@ def test_bench_train_compares_the_same_model_through_each_librarys_loss():
     # tiny.yaml: dim 32, GQA 4/2 heads; bench_train exits if any variant, transformers' Llama trained
     # through labels / shift_labels included, starts from a different loss than the others
     out = _script("bench_train", "--config", TINY, "--rounds", "1", "--no-compile")
-    for row in ("| ours rmsnorm (fast) |", "| ours layernorm (reference) |", "| transformers Llama |",
-                "| ours rmsnorm (fast) / ours layernorm (fast) |", "| rmsnorm (fast) |", "### rmsnorm (fast)"):
+    for row in ("| ours rmsnorm (fused) |", "| ours layernorm (reference) |", "| transformers Llama |",
+                "| ours rmsnorm (fused) / ours layernorm (fused) |", "| rmsnorm (fused) |", "### rmsnorm (fused)"):
         assert row in out
 
 
 def test_bench_train_only_keeps_the_named_variants_and_the_baseline():
     out = _script("bench_train", "--config", TINY, "--rounds", "1", "--no-compile", "--no-breakdown", "--only",
-                  "layernorm (fast)")
+                  "layernorm (fused)")
     rows = [line.split("|")[1].strip() for line in out.splitlines()
             if line.startswith("| ") and "tokens/s" not in line and " / " not in line and "pair" not in line]
-    assert rows == ["ours layernorm (fast)", "transformers Llama"]
+    assert rows == ["ours layernorm (fused)", "transformers Llama"]
 
 
 def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_path):
@@ -44,7 +44,7 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     args = ["--shapes", "4x8x64", "--dtypes", "float32", "--repeats", "2", "--no-compile"]
     isa = {k: v for k, v in os.environ.items() if k not in ISA_ENV}  # only the one set here is named
     out = _script("bench_norms", *args, "--save", str(saved), env={**isa, "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
-    for row in ("| rmsnorm | ours (fast) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fast) |",
+    for row in ("| rmsnorm | ours (fused) |", "| rmsnorm | torch.nn.RMSNorm |", "| layernorm | ours (fused) |",
                 "| layernorm | torch.nn.LayerNorm(bias=False) |", "| floor | copy + elementwise backward |"):
         assert row in out
     # the saved file: the command and the machine (what the ratios depend on), then exactly the printed tables
@@ -54,6 +54,23 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     machine, _, tables = body.partition("\n")
     assert "cores, ISA: " in machine and "torch threads" in machine
     assert tables == out
+
+
+def test_bench_step_alternates_variants_and_splits_the_step_by_phase_and_op_family():
+    """bench_step on the quick study's tiny model: every named variant has a row (ms, GFLOP/s, share of the
+    measured peak, speed ratio), and a breakdown's phase and family shares each add up to the whole step."""
+    out = _script("bench_step", "--study", "configs/studies/quick.yaml", "--rounds", "2", "--steps", "1",
+                  "--profile-steps", "1", "--variant", "current", "pairwise RoPE", "for-loop AdamW",
+                  "--breakdown", "current")
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "ms" not in line}
+    assert {"current", "pairwise RoPE", "for-loop AdamW"} <= rows and "peak = " in out
+    assert "| current | " in out and "| 1.00 (1.00..1.00) |" in out  # the first variant against itself
+    tables = out.split("### Where the step goes: current")[1].split("\n\n")
+    phases, families = ({k.strip(): v for k, v in (line.strip("| ").split(" | ") for line in
+                                                   t.strip().splitlines()[2:])} for t in (tables[1], tables[2]))
+    assert {"forward", "backward", "optimizer", "clip"} <= set(phases) and "matmul" in families
+    for shares in (phases, families):
+        assert sum(float(v.strip(" %")) for v in shares.values()) == pytest.approx(100, abs=0.5)
 
 
 def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp_path, corpus_file):

@@ -57,8 +57,8 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     every unit saturated at +1 for every token, so no gradient passes it from step 1 on while the head learns the
     unigram distribution of a constant feature. summary.json says when, the status is collapsed (it was falling
     toward the unigram level: a plateau by its slope alone), the last line says why."""
-    assert run_tiny("--name", "dead", "model.norm=dyt", "model.dyt_alpha_final=1e9", "model.init_embedding_mean=1.0",
-                    "optim.lr=1e-2", "train.sample_tokens=0") == train.EXIT_OK
+    assert run_tiny("--name", "dead", "model.norm=dyt", "model.norm_options.dyt.alpha_final=1e9",
+                    "model.init_embedding_mean=1.0", "optim.lr=1e-2", "train.sample_tokens=0") == train.EXIT_OK
     summary = json.loads((tmp_path / "dead" / "summary.json").read_text())
     assert summary["status"] == "collapsed" and summary["dead_gradients_at"] == 1
     records = [r for r in read_metrics(tmp_path / "dead" / "metrics.jsonl") if "grad/absmax/trunk" in r]

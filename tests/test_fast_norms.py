@@ -1,7 +1,6 @@
 """The fused norm kernels against the reference formulas (and float64 truth), and what they save."""
 
 import copy
-import functools
 import os
 import subprocess
 import sys
@@ -12,11 +11,10 @@ import torch
 from conftest import rel_err
 
 import fused.norms as fast_norms
+from model.fused_norms import FusedLayerNorm, FusedRMSNorm
 from model.norms import LayerNorm, RMSNorm
 
-FastRMSNorm = functools.partial(RMSNorm, impl="fast")
-FastLayerNorm = functools.partial(LayerNorm, impl="fast")
-
+FastRMSNorm, FastLayerNorm = FusedRMSNorm, FusedLayerNorm
 PAIRS = [(RMSNorm, FastRMSNorm), (LayerNorm, FastLayerNorm)]
 
 
@@ -220,13 +218,14 @@ def test_every_instruction_set_of_the_portable_build_is_as_accurate(capability):
         "import torch, fused\n"
         "assert fused.kernel_available()\n"
         "print(torch.ops.normlab.norm_loops())\n"
+        "from model.fused_norms import FusedLayerNorm, FusedRMSNorm\n"
         "from model.norms import LayerNorm, RMSNorm\n"
         "g = torch.Generator().manual_seed(0)\n"
-        "for cls in (RMSNorm, LayerNorm):\n"
+        "for ref, cls in ((RMSNorm, FusedRMSNorm), (LayerNorm, FusedLayerNorm)):\n"
         "  for dt in (torch.float32, torch.bfloat16):\n"
         "    x = torch.randn(37, 3, 77, generator=g) * 3 + 1; dy = torch.randn(37, 3, 77, generator=g)\n"
-        "    m = cls(77, impl='fast'); m.weight.data.uniform_(0.5, 1.5, generator=g)\n"
-        "    t = cls(77).double(); t.load_state_dict(m.state_dict())\n"
+        "    m = cls(77); m.weight.data.uniform_(0.5, 1.5, generator=g)\n"
+        "    t = ref(77).double(); t.load_state_dict(m.state_dict())\n"
         "    xd = x.double().requires_grad_(); t(xd).backward(dy.double())\n"
         "    m = m.to(dt); xf = x.to(dt).requires_grad_(); y = m(xf); y.backward(dy.to(dt))\n"
         "    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()\n"
@@ -249,14 +248,14 @@ def _cpu_has(capability: str) -> bool:
         <= set(flags)
 
 
-@pytest.mark.parametrize("cls", [RMSNorm, LayerNorm])
+@pytest.mark.parametrize("cls", [FusedRMSNorm, FusedLayerNorm])
 def test_compiles_without_a_graph_break_and_matches_eager(cls):
     """torch.compile traces the fused norm (torch.ops.normlab.norm, its autograd in C++) with no graph break:
     AOTAutograd turns it into the norm_fwd / norm_bwd kernels, through their fake (shape-only) versions."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    norm = cls(24, impl="fast")
+    norm = cls(24)
     norm.weight.data.uniform_(0.5, 1.5)
     x = torch.randn(5, 7, 24)
 

@@ -56,7 +56,7 @@ def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=REPO, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| rmsnorm | ours (fast) | bfloat16 |" in r.stdout and "| layernorm | torch.nn.LayerNorm |" in r.stdout
+    assert "| rmsnorm | ours (fused) | bfloat16 |" in r.stdout and "| layernorm | torch.nn.LayerNorm |" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("| gpt2-124m")]
     assert len(rows) == 2 and "| bfloat16 |" in rows[0] and "| float32 |" in rows[1]
 

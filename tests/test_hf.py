@@ -46,7 +46,7 @@ def test_hf_initialized_llama_to_ours_same_logits(tie):
 
 
 @pytest.mark.parametrize("change", [dict(norm="layernorm"), dict(placement="post"), dict(placement="peri"),
-                                    dict(qk_norm=True), dict(qk_norm="layernorm"), dict(attn_softcap=50.0),
+                                    dict(qk_norm="rmsnorm"), dict(qk_norm="layernorm"), dict(attn_softcap=50.0),
                                     dict(logit_softcap=30.0)])
 def test_inexpressible_configs_are_refused(change):
     model = Llama(ModelArgs(**{**ARGS, **change}))
@@ -110,3 +110,27 @@ def test_real_valued_rope_equals_the_complex_rotation():
     expected = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2)))
                                   * torch.complex(cos.double(), sin.double())[:, None, :]).flatten(-2)
     torch.testing.assert_close(apply_rope(x, (cos, sin)).double(), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rope_is_the_pairwise_formula_bit_for_bit_forward_and_backward(dtype):
+    """apply_rope works on whole heads (x cos + swap(x) sin); the pairwise formula (a cos - b sin, a sin + b cos,
+    stacked back) gives the same bits, outputs and input gradients, on a strided slice as in the model."""
+    from model.layers import apply_rope, rope_tables
+
+    def pairwise(x, rope):
+        cos, sin = (t.float()[:, None, :] for t in rope)
+        a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
+
+    gen = torch.Generator().manual_seed(0)
+    rope = rope_tables(16, 12, 10000.0)
+    base = (torch.randn(3, 12, 128, generator=gen) * 3).to(dtype)
+    g = torch.randn(3, 12, 4, 16, generator=gen).to(dtype)
+    outs = []
+    for fn in (apply_rope, pairwise):
+        x = base.clone().requires_grad_()
+        y = fn(x[..., 32:96].view(3, 12, 4, 16), rope)  # a slice of a wider projection, as q and k are
+        y.backward(g)
+        outs.append((y, x.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

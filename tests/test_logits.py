@@ -53,30 +53,13 @@ def test_qk_norm_eps_defaults_to_the_norm_eps():
     assert att.q_norm.eps == att.k_norm.eps == 1e-4
 
 
-@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm", "dyt"])
-def test_the_old_boolean_qk_norm_builds_what_it_built(tmp_path, norm):
-    """A config.yaml written before qk_norm was a choice (`qk_norm: true` / `false`) loads, keeps its value as written
-    (a study's arms still match its runs) and builds the block norm per head / none: the same model, bit for bit,
-    as the name spelled out (for layernorm blocks with norm_bias, the qk-norms keep their bias as they did)."""
-    bias = ["model.norm_bias=true"] if norm == "layernorm" else []
-    for old, new in ((True, norm), (False, "none")):
-        path = tmp_path / "config.yaml"
-        text = to_yaml(load_config(None, [f"model.norm={norm}", *bias]))
-        path.write_text(text.replace("qk_norm: none", f"qk_norm: {str(old).lower()}"))
-        cfg = load_config(path)
-        assert cfg.model.qk_norm is old and cfg.model.qk_norm_kind == new
-        torch.manual_seed(0)
-        a = Llama(cfg.model)
-        if new == "dyt":  # not a qk_norm name of its own: only the old spelling builds it (DyT's attention alpha0)
-            assert type(a.layers[0].attention.q_norm).__name__ == "DyT"
-            continue
-        torch.manual_seed(0)
-        b = Llama(load_config(None, [f"model.norm={norm}", *bias, f"model.qk_norm={new}"]).model)
-        assert a.state_dict().keys() == b.state_dict().keys()
-        idx = torch.randint(0, 64, (2, 16))
-        assert torch.equal(a(idx)[0], b(idx)[0])
-        if norm == "layernorm" and old:
-            assert a.layers[0].attention.q_norm.bias is not None
+def test_the_old_boolean_qk_norm_is_refused_with_the_valid_names(tmp_path):
+    """`qk_norm: true` (the block norm per head, before qk_norm was a choice) is no longer read: it raises with
+    the names that replace it (qknorm-control's `true` under RMSNorm blocks is `rmsnorm`)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(load_config(None)).replace("qk_norm: none", "qk_norm: true"))
+    with pytest.raises(ConfigError, match="unknown qk_norm 'True'; valid: layernorm, none, rmsnorm"):
+        load_config(path)
 
 
 def test_a_bad_qk_norm_or_softcap_is_one_line():

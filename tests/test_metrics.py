@@ -54,7 +54,7 @@ def _rope_complex(x, theta=10000.0):
 
 def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_computation():
     torch.manual_seed(1)
-    args = tiny(norm="layernorm", qk_norm=False)
+    args = tiny(norm="layernorm", qk_norm="none")
     model = Llama(args).double()
     for p in model.parameters():  # non-trivial gains so the gain metric is checked too
         if p.dim() == 1:
@@ -98,7 +98,7 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
     from training import metrics
 
     torch.manual_seed(0)
-    model = Llama(tiny_args(max_seq_len=512, qk_norm=True))
+    model = Llama(tiny_args(max_seq_len=512, qk_norm="rmsnorm"))
     x = torch.randn(2, 512, 32) * 3
     attention = model.layers[0].attention
     with torch.no_grad():
@@ -178,7 +178,7 @@ def test_hooks_leave_no_trace(placement):
     runs = []
     for with_probe in (False, True):
         torch.manual_seed(3)
-        model = Llama(tiny(placement=placement, qk_norm=True))
+        model = Llama(tiny(placement=placement, qk_norm="rmsnorm"))
         probe = StabilityProbe(model) if with_probe else None
         logits = _step(model, x, y, probe)
         if probe:
@@ -310,7 +310,7 @@ def _dyt_inputs(model):
 
 def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_norm_layer_and_final():
     torch.manual_seed(4)
-    model = Llama(tiny(norm="dyt", dyt_bias=False))
+    model = Llama(tiny(norm="dyt", norm_options={"dyt": {"bias": False}}))
     with torch.no_grad():  # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
         for i, block in enumerate(model.layers):
             block.attention_norm.alpha.fill_(300.0 + 100 * i)
@@ -355,7 +355,7 @@ def test_trunk_gradient_max_is_exactly_zero_when_no_gradient_passes_the_final_no
     x, y = torch.randint(0, 50, (2, 3, 12), generator=torch.Generator().manual_seed(0))
     for alpha, dead in ((1e9, True), (0.5, False)):
         torch.manual_seed(5)
-        model = Llama(tiny(norm="dyt", dyt_bias=False, dyt_alpha_final=alpha))
+        model = Llama(tiny(norm="dyt", norm_options={"dyt": {"bias": False, "alpha_final": alpha}}))
         probe = StabilityProbe(model)
         _step(model, x, y, probe)
         m = probe.finish()

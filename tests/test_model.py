@@ -21,7 +21,7 @@ tiny = tiny_args
 @pytest.mark.parametrize("norm", NORM_NAMES)
 def test_causal(norm, placement):
     torch.manual_seed(0)
-    model = Llama(tiny(norm=norm, placement=placement, qk_norm=True)).eval()
+    model = Llama(tiny(norm=norm, placement=placement, qk_norm="rmsnorm")).eval()
     idx = torch.randint(0, 64, (2, 16))
     changed = idx.clone()
     changed[:, 10:] = (changed[:, 10:] + 1) % 64
@@ -76,7 +76,7 @@ def test_same_seed_same_weights_whatever_the_norm():
     states = {}
     for norm, placement in [("rmsnorm", "pre"), ("layernorm", "pre"), ("layernorm", "post"), ("none", "peri")]:
         torch.manual_seed(123)
-        model = Llama(tiny(norm=norm, placement=placement, qk_norm=True))
+        model = Llama(tiny(norm=norm, placement=placement, qk_norm="layernorm"))
         states[norm, placement] = {k: v for k, v in model.state_dict().items() if v.dim() >= 2}
     ref = states["rmsnorm", "pre"]
     for state in states.values():
@@ -111,8 +111,8 @@ def test_unknown_placement_and_bad_shapes():
     for bad in (0, -1.0):  # before: a zero-width feed-forward built without an error
         with pytest.raises(ValueError, match="ffn_dim_multiplier must be positive"):
             Llama(tiny(ffn_dim_multiplier=bad))
-    with pytest.raises(ValueError, match="norm_bias"):
-        Llama(tiny(norm="rmsnorm", norm_bias=True))
+    with pytest.raises(ValueError, match="norm rmsnorm: unknown option.s. bias; valid: none"):
+        Llama(tiny(norm="rmsnorm", norm_options={"rmsnorm": {"bias": True}}))
 
 
 def test_generate_greedy_is_deterministic_and_sampling_respects_top_k():

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from conftest import rel_err
 from torch import nn
 
-from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, build_norm, swap_norms
+from model.fused_norms import FUSED_NORMS, NORM_IMPLS, build_norm
+from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, parse_options, swap_norms
 
 SHAPES = [(8, 5, 48), (4, 3, 6, 10)]  # 1-d normalized_shape uses the last dim; multi-dim the last two
 
@@ -119,21 +120,23 @@ def test_none_is_identity_without_parameters():
 def test_unknown_norm_lists_valid_names():
     with pytest.raises(ValueError, match=f"unknown norm 'batchnorm'; valid: {', '.join(sorted(NORMS))}"):
         build_norm("batchnorm", 8)
-    with pytest.raises(ValueError, match="norm_impl"):
+    with pytest.raises(ValueError, match="unknown norm_impl 'turbo'; valid: fused, reference"):
         build_norm("rmsnorm", 8, impl="turbo")
     assert set(NORMS) >= {"rmsnorm", "layernorm", "none"}
 
 
 @pytest.mark.parametrize("name", sorted(NORMS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_registered_norm_fast_equals_reference_and_has_known_parameters(name, dtype):
-    """Whatever the registry holds: the fast implementation is the fused kernel or the formula itself, the
-    output keeps the input's shape and dtype, gradients reach every parameter, and init / decay know its
+def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(name, dtype):
+    """Whatever the registry holds: the fused implementation is a fused class or the reference class itself,
+    the output keeps the input's shape and dtype, gradients reach every parameter, and init / decay know its
     parameters."""
     from model.llama import parameter_kinds
 
     torch.manual_seed(0)
-    ref, fast = build_norm(name, (3, 8)), build_norm(name, (3, 8), impl="fast")
+    ref, fast = build_norm(name, (3, 8)), build_norm(name, (3, 8), impl="fused")
+    assert type(ref) is NORMS[name] and type(fast) is FUSED_NORMS.get(name, NORMS[name])
+    assert isinstance(fast, NORMS[name])  # a fused class is its reference class with a kernel
     for p in ref.parameters():
         p.data.add_(torch.randn_like(p) * 0.1)
     fast.load_state_dict(ref.state_dict())
@@ -182,15 +185,15 @@ def test_dyt_as_the_papers_llama_recipe_configures_it():
     from model.llama import parameter_kinds
 
     small = dict(dim=64, n_layers=2, n_heads=4, vocab_size=64, norm="dyt")
-    recipe = Llama(ModelArgs(**small, dyt_alpha_attn=0.8, dyt_alpha_ffn=0.2, dyt_alpha_final=0.2, dyt_bias=False,
-                             embed_scale="sqrt_dim"))
+    options = {"dyt": {"alpha_attn": 0.8, "alpha_ffn": 0.2, "alpha_final": 0.2, "bias": False}}
+    recipe = Llama(ModelArgs(**small, norm_options=options, embed_scale="sqrt_dim"))
     for block in recipe.layers:
         assert block.attention_norm.alpha.item() == pytest.approx(0.8) and block.attention_norm.bias is None
         assert block.ffn_norm.alpha.item() == pytest.approx(0.2)
     assert recipe.norm.alpha.item() == pytest.approx(0.2) and recipe.embed_scale.item() == 8.0
     assert parameter_kinds(recipe)["embed_scale"] == "gain"  # no weight decay, like a norm's gain
     idx = torch.randint(0, 64, (2, 8))
-    plain = Llama(ModelArgs(**small, dyt_alpha_attn=0.8, dyt_alpha_ffn=0.2, dyt_alpha_final=0.2, dyt_bias=False))
+    plain = Llama(ModelArgs(**small, norm_options=options))
     plain.load_state_dict({k: v for k, v in recipe.state_dict().items() if k != "embed_scale"})
     with torch.no_grad():  # the scalar multiplies the embedding and nothing else
         plain.tok_embeddings.weight.mul_(8.0)
@@ -208,10 +211,50 @@ def test_prmsnorm_fraction_sets_how_many_features_estimate_the_rms():
     torch.manual_seed(0)
     x = torch.randn(3, 5, 64, dtype=torch.float64)
     for fraction, k in ((0.0625, 4), (0.5, 32), (1.0, 64)):
-        norm = build_norm("prmsnorm", 64, fraction=fraction).double()
+        norm = build_norm("prmsnorm", 64, options={"fraction": fraction}).double()
         want = x / torch.sqrt(x[..., :k].pow(2).mean(-1, keepdim=True) + 1e-5)
         assert torch.allclose(norm(x), want, rtol=1e-12)
-    with pytest.raises(ValueError, match="prms_fraction must be in"):
-        from model import ModelArgs
+    from model import Llama, ModelArgs
 
-        ModelArgs(dim=64, norm="prmsnorm", prms_fraction=0.0).check()
+    with pytest.raises(ValueError, match=r"norm prmsnorm: fraction must be in \(0, 1\], got 0.0"):
+        Llama(ModelArgs(dim=64, norm="prmsnorm", norm_options={"prmsnorm": {"fraction": 0.0}}))
+
+
+def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
+    """Each norm declares its options (its Options dataclass); a model passes only the entry of the norm it
+    builds, so options of other norms (a study comparing norms sets one of them) change nothing."""
+    assert parse_options("layernorm", {"bias": True}).at("ffn") == {"bias": True}
+    assert parse_options("dyt", {"alpha_ffn": 0.2}).at("ffn") == {"alpha0": 0.2, "bias": True}
+    assert parse_options("dyt", {"alpha_ffn": 0.2}).at("attention") == {"alpha0": 0.5, "bias": True}
+    assert parse_options("rmsnorm", None).at("final") == {}
+    with pytest.raises(ValueError, match="norm dyt: unknown option.s. alpha; valid: alpha_attn, alpha_ffn, "
+                                         "alpha_final, bias"):
+        parse_options("dyt", {"alpha": 1.0})
+    with pytest.raises(ValueError, match="norm rmsnorm: unknown option.s. bias; valid: none"):
+        parse_options("rmsnorm", {"bias": True})
+    with pytest.raises(ValueError, match="alpha_final must be > 0"):
+        parse_options("dyt", {"alpha_final": 0.0})
+    assert parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0  # YAML's `100`: an int, taken as float
+    assert type(build_norm("dyt", 8, options={"alpha_attn": 100}).alpha0) is float
+    for bad in ({"bias": "no"}, {"alpha_attn": True}):
+        with pytest.raises(ValueError, match="must be a (bool|float)"):
+            parse_options("dyt", bad)
+    ln = build_norm("layernorm", 8, options={"bias": True})
+    assert ln.bias is not None and build_norm("layernorm", 8).bias is None
+    from model import Llama, ModelArgs
+
+    small = dict(dim=32, n_layers=1, n_heads=4, vocab_size=16)
+    both = {"prmsnorm": {"fraction": 0.5}, "layernorm": {"bias": True}}
+    rms = Llama(ModelArgs(**small, norm="rmsnorm", norm_options=both))
+    assert type(rms.norm) is RMSNorm and rms.layers[0].attention_norm.bias is None
+    p = Llama(ModelArgs(**small, norm="prmsnorm", norm_options=both))
+    assert p.norm.p == 0.5 and p.layers[0].attention.q_norm.__class__ is NoNorm
+
+
+def test_each_implementation_is_a_registry_of_classes_chosen_by_name():
+    """reference: the formulas; fused: the fused classes where a norm has one, else the reference class."""
+    assert NORM_IMPLS["reference"] == NORMS
+    assert {n: c.__name__ for n, c in NORM_IMPLS["fused"].items() if c is not NORMS[n]} == {
+        "rmsnorm": "FusedRMSNorm", "layernorm": "FusedLayerNorm"}
+    for name, cls in NORMS.items():
+        assert cls.__doc__ and "=" in cls.__doc__.splitlines()[0], f"{name}'s docstring gives no formula"

@@ -1,6 +1,7 @@
 """The fused cross-entropy and SwiGLU kernels against float64 truth and the torch-op references, and the
 model built with either implementation."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from conftest import rel_err
 
 from fused import SOURCES, kernel_available
 from model import Llama, ModelArgs
-from model.ops import fast_cross_entropy, fast_swiglu, reference_cross_entropy, reference_swiglu
+from model.ops import fused_cross_entropy, fused_swiglu, reference_cross_entropy, reference_swiglu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,6 +110,45 @@ def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_th
     assert seen[1][0] and {p: p.stat().st_mtime_ns for p in src.iterdir()} == written
 
 
+def test_the_compile_line_prints_only_when_a_build_is_compiled(tmp_path, monkeypatch, capsys):
+    """The kernel line ("compiling ..., about a minute") is printed when the build's library is not in the cache
+    (torch compiles then), and not when it is (a load in well under a second)."""
+    import torch.utils.cpp_extension as cpp
+
+    import fused
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(fused, "_register_fake", lambda: None)
+    name = "normlab_kernels_test"
+
+    def load(name, build_directory, **kw):  # what a compile leaves: the library
+        Path(build_directory, f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(cpp, "load", load)
+    for compiles in (True, False):
+        monkeypatch.setattr(fused, "_announced", False)
+        fused._build(name, fused.source_files(), ["-O3"], [])
+        err = capsys.readouterr().err
+        assert ("[normlab] compiling the fused CPU kernels" in err) is compiles, err
+        assert compiles is False or str(tmp_path / "ext") in err  # where it is cached
+
+
+@pytest.mark.slow
+def test_a_default_run_builds_no_kernels(tmp_path, data_args):
+    """train.py without model.norm_impl / ops_impl runs the reference classes: an empty kernel cache stays empty,
+    no kernel line is printed, and meta.json says the reference ran."""
+    ext = tmp_path / "ext"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+    cmd = [sys.executable, "train.py", "--config", "configs/train/tiny.yaml", f"log.out_dir={tmp_path}",
+           *data_args, "train.steps=2", "train.eval_every=2", "train.sample_tokens=0", "--name", "d"]
+    r = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[normlab]" not in r.stderr and not (ext.exists() and any(ext.iterdir()))
+    kernels = json.loads((tmp_path / "d" / "meta.json").read_text())["kernels"]
+    assert {kernels[k] for k in ("norm", "cross_entropy", "swiglu")} == {"reference"} and "build" not in kernels
+
+
 @pytest.mark.slow
 def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it(tmp_path):
     """Two copies of the package in other folders (a clone beside a working copy), in the suite's own
@@ -120,7 +160,7 @@ def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it
     def load(copy: Path) -> str:
         code = ("import fused; assert fused.kernel_available(); "
                 f"assert fused.__file__.startswith({str(copy)!r}), fused.__file__; "
-                "print(fused.kernel_paths('cpu', 'fast', 'fast')['build']['name'])")
+                "print(fused.kernel_paths('cpu', 'fused', 'fused')['build']['name'])")
         env = {**os.environ, "PYTHONPATH": str(copy.parent)}
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=900)
@@ -151,10 +191,10 @@ def test_kernel_builds_are_native_where_the_cpu_is_known():
 def test_fallbacks_are_named():
     from fused import kernel_paths
 
-    cuda = kernel_paths("cuda", "fast", "fast")
+    cuda = kernel_paths("cuda", "fused", "fused")
     assert cuda["cross_entropy"].startswith("reference (no fused") and cuda["swiglu"].startswith("reference (")
-    assert kernel_paths("cpu", "fast", "reference")["cross_entropy"] == "reference"
-    assert kernel_paths("cpu", "fast", "fast")["norm"] == "fused CPU kernel"
+    assert kernel_paths("cpu", "fused", "reference")["cross_entropy"] == "reference"
+    assert kernel_paths("cpu", "fused", "fused")["norm"] == "fused CPU kernel"
 
 
 def _logits(rows, vocab, dtype, seed=0, scale=3.0):
@@ -182,7 +222,7 @@ def test_matches_float64_as_closely_as_the_reference(rows, vocab, dtype):
     if (t == -1).all():
         t[0] = 0
     truth, truth_grad = _loss_and_grad(F.cross_entropy, x.double(), t)
-    fast, fast_grad = _loss_and_grad(fast_cross_entropy, x, t)
+    fast, fast_grad = _loss_and_grad(fused_cross_entropy, x, t)
     ref, ref_grad = _loss_and_grad(reference_cross_entropy, x, t)
     assert fast.dtype == ref.dtype == torch.float32 and fast_grad.dtype == ref_grad.dtype == dtype
     assert abs(fast.item() - truth.item()) <= 1e-6 * max(1.0, abs(truth.item()))
@@ -197,27 +237,27 @@ def test_matches_float64_as_closely_as_the_reference(rows, vocab, dtype):
 def test_float64_gradcheck():
     x, t = _logits(6, 11, torch.float64)
     x.requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: fast_cross_entropy(x, t, ignore_index=-1), (x,))
-    assert fast_cross_entropy(x, t).dtype == torch.float64
+    assert torch.autograd.gradcheck(lambda x: fused_cross_entropy(x, t, ignore_index=-1), (x,))
+    assert fused_cross_entropy(x, t).dtype == torch.float64
 
 
 def test_non_contiguous_logits_and_large_values():
     x, t = _logits(40, 64, torch.float32, scale=200.0)  # logits in the hundreds: no overflow in exp
     x_t = x.t().contiguous().t()  # the same values, column-major
     assert not x_t.is_contiguous()
-    torch.testing.assert_close(fast_cross_entropy(x_t, t), F.cross_entropy(x.double(), t, ignore_index=-1).float())
+    torch.testing.assert_close(fused_cross_entropy(x_t, t), F.cross_entropy(x.double(), t, ignore_index=-1).float())
 
 
 def test_nan_and_edge_cases_behave_like_torch():
     x, t = _logits(8, 16, torch.float32)
     x[3, 5] = float("nan")
-    assert fast_cross_entropy(x, t).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
+    assert fused_cross_entropy(x, t).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
     all_ignored = torch.full((8,), -1)
-    assert fast_cross_entropy(x, all_ignored).isnan() and F.cross_entropy(x, all_ignored, ignore_index=-1).isnan()
+    assert fused_cross_entropy(x, all_ignored).isnan() and F.cross_entropy(x, all_ignored, ignore_index=-1).isnan()
     bad = t.clone()
     bad[0] = 16
     with pytest.raises(IndexError, match="out of bounds"):
-        fast_cross_entropy(x, bad)
+        fused_cross_entropy(x, bad)
 
 
 def _saved_bytes(fn, x, t):
@@ -235,7 +275,7 @@ def _saved_bytes(fn, x, t):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_saves_only_the_logits_and_per_row_values(dtype):
     x, t = _logits(64, 1000, dtype)
-    fast, ref = _saved_bytes(fast_cross_entropy, x, t), _saved_bytes(reference_cross_entropy, x, t)
+    fast, ref = _saved_bytes(fused_cross_entropy, x, t), _saved_bytes(reference_cross_entropy, x, t)
     assert fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8  # logits, targets, logsumexp, count
     assert fast < ref
 
@@ -245,7 +285,7 @@ def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
 
     monkeypatch.setattr(fused.ops, "kernel_available", lambda: False)
     x, t = _logits(5, 9, torch.float32)
-    assert torch.equal(fast_cross_entropy(x, t), reference_cross_entropy(x, t))
+    assert torch.equal(fused_cross_entropy(x, t), reference_cross_entropy(x, t))
 
 
 def _swiglu_grads(fn, a, b, g):
@@ -262,7 +302,7 @@ def test_swiglu_matches_float64_at_least_as_closely_as_the_reference(shape, dtyp
     a, b, g = (torch.randn(shape, generator=gen) * 4 for _ in range(3))  # silu's both tails
     a, b = a.to(dtype), b.to(dtype)
     truth = _swiglu_grads(reference_swiglu, a.double(), b.double(), g.double())
-    fast = _swiglu_grads(fast_swiglu, a, b, g)
+    fast = _swiglu_grads(fused_swiglu, a, b, g)
     ref = _swiglu_grads(reference_swiglu, a, b, g)
     eps = torch.finfo(dtype).eps
     for f, r, t in zip(fast, ref, truth, strict=True):  # output, da, db
@@ -273,28 +313,28 @@ def test_swiglu_matches_float64_at_least_as_closely_as_the_reference(shape, dtyp
 def test_swiglu_float64_gradcheck_and_non_contiguous_inputs():
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(fast_swiglu, (a, b))
+    assert torch.autograd.gradcheck(fused_swiglu, (a, b))
     both = torch.randn(4, 10, generator=gen)
     x, y = both[:, :5], both[:, 5:]  # halves of one projection: strided views
-    torch.testing.assert_close(fast_swiglu(x, y), reference_swiglu(x, y))
+    torch.testing.assert_close(fused_swiglu(x, y), reference_swiglu(x, y))
 
 
 def test_swiglu_saves_two_tensors_not_three():
     a, b = torch.randn(64, 100), torch.randn(64, 100)
     saved = {}
-    for name, fn in (("fast", fast_swiglu), ("reference", reference_swiglu)):
+    for name, fn in (("fused", fused_swiglu), ("reference", reference_swiglu)):
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda s, sizes=sizes: sizes.append(s.numel()) or s,
                                                       lambda s: s):
             fn(a.clone().requires_grad_(), b.clone().requires_grad_())
         saved[name] = sum(sizes)
-    assert saved["fast"] == 2 * a.numel() < saved["reference"]
+    assert saved["fused"] == 2 * a.numel() < saved["reference"]
 
 
 def test_model_loss_is_the_same_with_either_implementation():
     args = ModelArgs(dim=32, n_layers=2, n_heads=4, vocab_size=97, max_seq_len=16)
     grads, losses = [], []
-    for impl in ("reference", "fast"):
+    for impl in ("reference", "fused"):
         torch.manual_seed(0)
         model = Llama(ModelArgs(**{**vars(args), "ops_impl": impl}))
         idx = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(1))
@@ -309,8 +349,8 @@ def test_model_loss_is_the_same_with_either_implementation():
 
 
 def test_unknown_ops_impl_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="fast.*reference|reference.*fast"):
-        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, ops_impl="fused"))
+    with pytest.raises(ValueError, match="unknown ops_impl 'fast'; valid: fused, reference"):
+        Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16, ops_impl="fast"))
 
 
 def test_kernel_build_retries_without_libmvec_then_falls_back(monkeypatch):

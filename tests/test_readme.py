@@ -48,7 +48,10 @@ SLOW = {
     "committed result; tests/test_bench.py runs it small",
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
     "rewrites the committed result; tests/test_bench.py runs it small",
-    "python scripts/bench_train.py --rounds 10 --only '(fast)' --no-breakdown model.dim=768 model.n_heads=12 "
+    "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' current --save "
+    "docs/results/bench/step.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py "
+    "runs it small",
+    "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 model.n_heads=12 "
     "model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 --save docs/results/bench/train-d768.md":
     "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs bench_train small",
 }

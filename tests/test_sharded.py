@@ -216,7 +216,7 @@ def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel)
 
     common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=4", "train.eval_every=2",
               "train.sample_tokens=0", "log.stats_every=2", "model.norm=dyt", "model.embed_scale=sqrt_dim",
-              "model.dyt_bias=false", "model.dyt_alpha_attn=100"]
+              "model.norm_options.dyt.bias=false", "model.norm_options.dyt.alpha_attn=100"]
     r = _torchrun_train(2, *common, "--name", "d", f"train.parallel={parallel}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps"] == 4

@@ -83,8 +83,9 @@ def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
     runs = protocol.first_runs(study)
     assert len(runs) == 30  # 3 arms x 5 LRs x 2 selection seeds: --dry-run's count
     cfg = load_config(study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-")))
-    assert (cfg.model.dim, cfg.model.dyt_alpha_attn, cfg.model.dyt_alpha_ffn, cfg.model.dyt_alpha_final) == (
-        64, 0.8, 0.2, 0.2) and not cfg.model.dyt_bias and cfg.train.steps == 300
+    assert cfg.model.dim == 64 and cfg.train.steps == 300 and cfg.model.norm_options == {
+        "dyt": {"alpha_attn": 0.8, "alpha_ffn": 0.2, "alpha_final": 0.2, "bias": False}}
+    assert (cfg.model.norm_impl, cfg.model.ops_impl) == ("fused", "fused")  # what its committed runs ran
     assert cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)  # 0.02 x sqrt(4096 / 64)
     lrs = study["grid"]["optim.lr"]
     assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1 and study["protocol"].common_seeds

@@ -49,8 +49,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["parameters"] > 0 and meta["torch"] == torch.__version__ and "commit" in meta["git"]
     assert meta["cpu"]["flush_denormal"] is True  # it changes results (1e-39 -> 0), so the run says so
-    assert meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "fused CPU kernel"  # tiny.yaml: fast paths
-    assert meta["kernels"]["build"]["name"].startswith("normlab_kernels_")
+    assert meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"  # the default implementation
     assert "model:" in (run_dir / "config.yaml").read_text()
     # and scripts/sample.py generates from its checkpoint, the same text for the same seed
     argv = [sys.executable, "scripts/sample.py", str(run_dir), "--tokens", "12", "--seed", "3"]

@@ -168,8 +168,9 @@ def validate(cfg: Config) -> Config:
     from data.sources import DataError, parse_source
     from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
+    from model.fused_norms import NORM_IMPLS
     from model.layers import FFNS
-    from model.norms import NORM_IMPLS, NORM_PRECISIONS, NORMS
+    from model.norms import NORM_PRECISIONS, NORMS, check_options
     from model.ops import OPS_IMPLS
     from training.optim import PARAMETRIZATIONS, WEIGHT_DECAY_MODES
 
@@ -224,6 +225,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
     try:
         cfg.model.check()
+        check_options(cfg.model.norm_options)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return cfg

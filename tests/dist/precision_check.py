@@ -12,7 +12,7 @@ from model import Llama, ModelArgs
 from training.distributed import teardown
 from training.parallel import shard_model
 
-ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16, qk_norm=True)
+ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16, qk_norm="rmsnorm")
 
 
 def train(how: str) -> tuple[list[float], list[str]]:

@@ -18,8 +18,8 @@ STEPS = 4
 def train(placement: str, norm: str, how: str | None, **extra) -> tuple[list[float], dict, dict]:
     torch.manual_seed(0)
     model = Llama(ModelArgs(**{**dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16,
-                                      norm=norm, placement=placement, norm_impl="fast", ops_impl="fast",
-                                      qk_norm=True), **extra}))
+                                      norm=norm, placement=placement, norm_impl="fused", ops_impl="fused",
+                                      qk_norm=norm), **extra}))
     if how:
         shard_model(model, how, tp_size=2)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # linear in the gradients: float noise stays float noise
@@ -39,7 +39,7 @@ def train(placement: str, norm: str, how: str | None, **extra) -> tuple[list[flo
 def main() -> None:
     dist.init_process_group("gloo")
     out = {}
-    # qk_norm=True (the old spelling: the block norm per head) for every placement and norm; qk-LayerNorm under
+    # qk_norm=norm (the block norm per head) for every placement and norm; qk-LayerNorm under
     # RMSNorm blocks (its own gains, Replicate DTensors fed head-sharded q and k); with both soft-caps (per head on
     # the explicit attention path, elementwise on the logits): caps of ~1x the logits' size, so they bite
     cases = [(placement, norm, {}) for placement in ("pre", "post", "peri", "reordered", "deepnorm")
