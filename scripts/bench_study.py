@@ -1,5 +1,5 @@
 """A study's throughput: where a run's wall time goes, and runs per hour with one train.py process per run (the
-old runner) vs persistent workers (`train.py --serve`, the runner's default).
+old runner) vs persistent workers (study/worker.py, the runner's default).
 
     python scripts/bench_study.py [--study configs/studies/norm-placement-lr.yaml] [--runs 4] [--rounds 3]
         [--workers 2] [--where model.dim=256] [--save docs/results/bench/study.md] [--set key=value ...]
@@ -7,9 +7,11 @@ old runner) vs persistent workers (`train.py --serve`, the runner's default).
 The runs are the study's first grid runs (--where keeps those whose overrides contain every given key=value,
 e.g. the width study's largest model), the same runs in both modes, each round in a fresh folder, run through
 study/runner.run_study on --workers workers as a study runs them. Rounds alternate the order of the two modes
-(A B, B A, ...) so that machine noise hits both alike. Per run: the wall time from launch to the end of its
-answer (sweep.json), the phases train.py records (summary.json's phases_s), and "start-up and exit", the rest:
-the interpreter, imports, configuration, leaving. Prints the breakdown per mode and the runs-per-hour ratio
+(A B, B A, ...) so that machine noise hits both alike. Per run, from the files a run writes anyway: its
+optimizer steps (each step's train/tokens_per_s in metrics.jsonl is the step's tokens over its seconds), the
+rest of the run (summary.json's wall_time_s less the steps: data, model, evals, checkpoints, logging), and
+"start-up and exit", the rest of its wall time from launch to the end of its answer (sweep.json): the
+interpreter, imports, configuration, leaving. Prints the breakdown per mode and the runs-per-hour ratio
 (persistent / process per run) per round, median and min..max.
 """
 
@@ -28,11 +30,11 @@ from benchlib import SavedOutput
 from study.protocol import first_runs
 from study.runner import run_study
 from study.studyfile import load_study
+from training.config import load_config
 from training.rundir import RunDir
 
 MODES = {"process per run": True, "persistent workers": False}  # name -> run_study's process_per_run
-PHASES = ("start-up and exit", "data", "kernels", "model", "run_dir", "evals", "steps", "steps_with_metrics",
-          "logging", "checkpoints", "finish")
+PHASES = ("start-up and exit", "steps", "the rest of the run (data, model, evals, checkpoints)")
 
 
 def one_round(study: dict, runs: list[dict], folder: Path, workers: int, process_per_run: bool) -> tuple[float, list]:
@@ -44,9 +46,12 @@ def one_round(study: dict, runs: list[dict], folder: Path, workers: int, process
         raise SystemExit(f"error: a run failed to run ({counts}); see {folder / 'logs'}")
     phases = []
     for entry in json.loads((folder / "sweep.json").read_text())["runs"]:
-        summary = RunDir(folder / "runs" / entry["name"]).read_summary()
-        inside = summary.get("phases_s") or {}
-        phases.append({"start-up and exit": entry["wall_time_s"] - summary["wall_time_s"], **inside})
+        run = RunDir(folder / "runs" / entry["name"])
+        summary, tc = run.read_summary(), load_config(run.config).train
+        steps = sum(tc.batch_size * tc.seq_len / r["train/tokens_per_s"] for r in run.records()
+                    if r.get("train/tokens_per_s"))
+        phases.append({PHASES[0]: entry["wall_time_s"] - summary["wall_time_s"], PHASES[1]: steps,
+                       PHASES[2]: summary["wall_time_s"] - steps})
     return elapsed, phases
 
 

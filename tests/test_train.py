@@ -16,12 +16,13 @@ import train
 from model.blocks import BLOCKS
 from model.norms import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
+from training.outcome import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK
 from training.rundir import read_metrics
 
 
 @pytest.mark.slow
 def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny):
-    assert run_tiny("--name", "a", "train.steps=40", "optim.lr=1e-2") == train.EXIT_OK
+    assert run_tiny("--name", "a", "train.steps=40", "optim.lr=1e-2") == EXIT_OK
     run_dir = tmp_path / "a"
     assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "meta.json", "metrics.jsonl", "summary.json",
                                                    "checkpoints"}
@@ -107,7 +108,7 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_absurd_learning_rate_diverges_cleanly(tmp_path, run_tiny):
     code = run_tiny("--name", "boom", "optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_steps=0",
                "train.steps=30")
-    assert code == train.EXIT_DIVERGED == 3
+    assert code == EXIT_DIVERGED == 3
     summary = json.loads((tmp_path / "boom" / "summary.json").read_text())
     assert summary["status"] == "diverged" and 1 < summary["diverged_at"] <= 30
     records = read_metrics(tmp_path / "boom" / "metrics.jsonl")
@@ -127,7 +128,7 @@ def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == train.EXIT_INTERRUPTED, err
+    assert proc.returncode == EXIT_INTERRUPTED, err
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     state = load_checkpoint(tmp_path / "c" / "checkpoints" / "latest.pt")
     assert summary["status"] == "interrupted" and state["step"] == summary["steps"] >= 5
@@ -170,17 +171,17 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
 class _StopAtOnce(train.StopRequest):
     """A Ctrl-C that arrived before the first step."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.requested = True
 
 
 @pytest.mark.slow
 def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, monkeypatch, run_tiny):
     monkeypatch.setattr(train, "StopRequest", _StopAtOnce)
-    assert run_tiny("--name", "last", "train.steps=1") == train.EXIT_OK  # finishes: nothing to resume
+    assert run_tiny("--name", "last", "train.steps=1") == EXIT_OK  # finishes: nothing to resume
     assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in ("ok", "plateau")
-    assert run_tiny("--name", "early", "train.steps=3") == train.EXIT_INTERRUPTED
+    assert run_tiny("--name", "early", "train.steps=3") == EXIT_INTERRUPTED
     assert load_checkpoint(tmp_path / "early" / "checkpoints" / "latest.pt")["step"] == 1
 
 
@@ -226,7 +227,7 @@ def test_broken_rng_in_checkpoint_is_exit_2(tmp_path, capsys, run_tiny):
     state["rng"]["torch"] = torch.zeros(3, dtype=torch.uint8)
     save_checkpoint(path, state)
     capsys.readouterr()
-    assert train.main(["--name", "r", "--resume", f"log.out_dir={tmp_path}"]) == train.EXIT_BAD_INPUT
+    assert train.main(["--name", "r", "--resume", f"log.out_dir={tmp_path}"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "RNG" in err[0]
 
@@ -247,7 +248,7 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch
 
     monkeypatch.setattr(train, "evaluate", nan_at_the_end)
     code = run_tiny("--name", "n", "train.steps=4", "train.eval_every=100")
-    assert code == train.EXIT_DIVERGED
+    assert code == EXIT_DIVERGED
     summary = json.loads((tmp_path / "n" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged_at"] == 4
 

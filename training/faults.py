@@ -23,7 +23,7 @@ _counts: Counter = Counter()
 
 
 def reset() -> None:
-    """Forget the counts (a new run in the same process: train.py --serve)."""
+    """Forget the counts (a new run in the same process: study/worker.py)."""
     _counts.clear()
 
 
