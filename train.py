@@ -28,8 +28,8 @@ def cli() -> argparse.ArgumentParser:
     p.add_argument("--norm", help="model.norm, e.g. layernorm (the names: default.yaml)")
     p.add_argument("--placement", help="model.placement, e.g. post (the names: default.yaml)")
     p.add_argument("--name", help="run name: the run directory is <log.out_dir>/<name>")
-    p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config fields, e.g. optim.lr=3e-3")
+    p.add_argument("--resume", action="store_true", help="continue the run --name (its checkpoint)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config fields: optim.lr=3e-3")
     return p
 
 
@@ -199,16 +199,16 @@ def start(run: Run) -> None:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
     run.logger = Logger(run.dir.path if d.is_master else None, run.dir.name, tc.steps, run.step,
                         cfg.log.wandb, cfg.log.wandb_project, to_dict(cfg))
-    spread = f"{d.data_world} data shares" + (f" x tensor parallel over {d.world_size // d.data_world}"
-                                              if d.world_size > d.data_world else "")
+    tp = d.world_size // d.data_world
+    spread = f"{d.data_world} data shares" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     resumed = f" | resumed at step {run.step}" if run.step else ""
     run.logger.message(
         f"run {run.dir.path} | {run.model.num_params():,} parameters | {cfg.model.norm} "
         f"{cfg.model.placement} | {tc.batch_size}x{tc.seq_len} tokens/step ({p.accum} "
         f"micro-batches x {spread}) | {d.device} {tc.dtype}{resumed}")
-    fallbacks = [f"{op}: {path}" for op, path in run.machine["kernels"].items()
-                 if op != "build" and path.startswith("reference (")]
-    for note in (["fast paths that fall back: " + "; ".join(fallbacks)] if fallbacks else []) + notes:
+    fallbacks = "; ".join(f"{op}: {path}" for op, path in run.machine["kernels"].items()
+                          if op != "build" and path.startswith("reference ("))
+    for note in ([f"fast paths that fall back: {fallbacks}"] if fallbacks else []) + notes:
         run.logger.message(note)
 
 

@@ -1,12 +1,14 @@
 """A study's persistent worker: `python -m study.worker [LABEL]` trains run after run in one process
-(study/runner.py's Worker starts it), so that Python, torch and the kernels are paid once, not per run.
+(study/runner.py's Worker starts it), so that Python, torch and the kernels are paid once, not per
+run.
 
-Each stdin line is a request {"argv": [train.py's arguments], "log": path}; the run's output (stdout and
-stderr, at the file-descriptor level, as a process of its own writes it) is appended to the log, and one
-line {"exit_code": N} answers on stdout ({"exit_code": 2, "error": ...} for a malformed request). LABEL is
-free text for `ps`. A run computes what `python train.py ARGV` computes: everything it depends on (seeds,
-threads, its files) is set by the run itself. A run that raises what train.py does not handle (exit 1), or
-is interrupted, ends the worker after its answer (its state is unknown); the runner starts a new one.
+Each stdin line is a request {"argv": [train.py's arguments], "log": path}; the run's output (stdout
+and stderr, at the file-descriptor level, as a process of its own writes it) is appended to the log,
+and one line {"exit_code": N} answers on stdout ({"exit_code": 2, "error": ...} for a malformed
+request). LABEL is free text for `ps`. A run computes what `python train.py ARGV` computes:
+everything it depends on (seeds, threads, its files) is set by the run itself. A run that raises
+what train.py does not handle (exit 1), or is interrupted, ends the worker after its answer (its
+state is unknown); the runner starts a new one.
 
 Like scripts/, this program stands outside the import order: it runs train.py's main in-process.
 """
@@ -39,13 +41,13 @@ def serve(requests, answers) -> int:
             continue
         code, fatal = run_logged(argv, log)
         answers.write(json.dumps({"exit_code": code}) + "\n")
-        if fatal or code in (1, EXIT_INTERRUPTED):  # a bug (state unknown), or the study is stopping
+        if fatal or code in (1, EXIT_INTERRUPTED):  # a bug (state unknown), or the study stops
             return code
     return EXIT_OK
 
 
 def run_logged(argv: list[str], log: str) -> tuple[int, bool]:
-    """train.main(argv) with file descriptors 1 and 2 sent to `log`; (exit code, must the worker end)."""
+    """train.main(argv), file descriptors 1 and 2 sent to `log`; (exit code, worker must end)."""
     code, fatal, saved = 1, False, [os.dup(1), os.dup(2)]
     faults.reset()  # fault-injection counts are per run, as in a process of its own
     with open(log, "a") as f:
@@ -57,7 +59,7 @@ def run_logged(argv: list[str], log: str) -> tuple[int, bool]:
             code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
         except KeyboardInterrupt:
             code, fatal = EXIT_INTERRUPTED, True
-        except BaseException:  # noqa: BLE001  a crash: the traceback a process prints; a fresh worker
+        except BaseException:  # noqa: BLE001  a crash: its traceback, then a fresh worker
             traceback.print_exc()
             code, fatal = 1, True
         finally:

@@ -1,11 +1,13 @@
-"""torchrun setup, the few collectives train.py needs (no-ops in one process), and how a process leaves.
+"""torchrun setup, the few collectives train.py needs (no-ops in one process), and how a process
+leaves.
 
-Errors under torchrun are of two kinds. Rank 0's work that the others wait for (its writes and reads of the
-run directory: on_master) and checks whose answer may differ by rank (agree) end as the same error on every
-rank (`shared`): rank 0 prints the line and every rank exits with its code. Any other error is one rank's
-own: that rank prints its line and leaves at once, and torchrun's agent stops the others (a peer whose
-collective fails because of it says nothing and exits 5). torchrun's report names the rank that failed first,
-with its exit code, and a rank that died without a word (kill -9, the OOM killer)."""
+Errors under torchrun are of two kinds. Rank 0's work that the others wait for (its writes and reads
+of the run directory: on_master) and checks whose answer may differ by rank (agree) end as the same
+error on every rank (`shared`): rank 0 prints the line and every rank exits with its code. Any other
+error is one rank's own: that rank prints its line and leaves at once, and torchrun's agent stops
+the others (a peer whose collective fails because of it says nothing and exits 5). torchrun's report
+names the rank that failed first, with its exit code, and a rank that died without a word (kill -9,
+the OOM killer)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
-    data_rank: int = 0  # which share of each batch this process reads: its rank, or under tensor parallelism
-    data_world: int = 1  # its tensor group's index (the ranks of a group read the same data)
+    data_rank: int = 0  # the share of each batch this process reads: its rank, or (tensor parallel)
+    data_world: int = 1  # its tensor group's index; the number of shares
     local_world: int = 1  # processes of the job on this machine (they share its memory)
 
     @property
@@ -35,7 +37,7 @@ class Dist:
 
 
 def setup(device: str = "auto") -> Dist:
-    """Read torchrun's environment; with WORLD_SIZE > 1 join the process group (nccl on GPU, gloo on CPU)."""
+    """Read torchrun's environment; with WORLD_SIZE > 1 join the process group (nccl / gloo)."""
     cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
@@ -45,14 +47,16 @@ def setup(device: str = "auto") -> Dist:
         use_tf32()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
-    return Dist(rank, local_rank, world, dev, rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return Dist(rank, local_rank, world, dev, rank, world, local_world)
 
 
 def use_tf32() -> None:
     """float32 matmuls and convolutions on TF32 tensor cores; recorded in meta.json (`tf32`).
 
-    Through the API torch.get_float32_matmul_precision() reads (inductor's max-autotune calls it): setting
-    the per-backend fp32_precision instead makes that call raise ('mix of the legacy and new APIs')."""
+    Through the API torch.get_float32_matmul_precision() reads (inductor's max-autotune calls it):
+    setting the per-backend fp32_precision instead makes that call raise ('mix of the legacy and new
+    APIs')."""
     torch.set_float32_matmul_precision("high")  # TF32 matmuls
     torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions
 
@@ -80,10 +84,10 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-# -- errors every rank raises together ------------------------------------------------------------------------------
+# -- errors every rank raises together -------------------------------------------------------------
 
 def shared(e: BaseException) -> BaseException:
-    """Mark e as raised on every rank at the same point: the ranks leave together, rank 0 says it."""
+    """Mark e as raised on every rank at the same point: they leave together, rank 0 says it."""
     e.shared_by_every_rank = True
     return e
 
@@ -93,7 +97,7 @@ def is_shared(e: BaseException) -> bool:
 
 
 def _portable(e: BaseException) -> BaseException:
-    """e itself when it pickles (to be raised again on the other ranks), else a RuntimeError saying what it was."""
+    """e itself when it pickles (to be raised on the other ranks), else a RuntimeError saying it."""
     try:
         pickle.dumps(e)
         return e
@@ -102,10 +106,11 @@ def _portable(e: BaseException) -> BaseException:
 
 
 def on_master(fn, *args, **kwargs):
-    """fn(*args, **kwargs) run by rank 0 alone, its outcome on every rank: its result, or its error (shared).
+    """fn(*args, **kwargs) run by rank 0 alone, its outcome on every rank: its result, or its error
+    (shared).
 
-    For rank 0's work that the others would otherwise wait for at their next collective without knowing it
-    failed (its writes, its reads of the run directory)."""
+    For rank 0's work that the others would otherwise wait for at their next collective without
+    knowing it failed (its writes, its reads of the run directory)."""
     if not dist.is_initialized():
         return fn(*args, **kwargs)
     outcome = None
@@ -117,7 +122,7 @@ def on_master(fn, *args, **kwargs):
             outcome = ("error", _portable(e))
     kind, value = broadcast_object(outcome)
     if kind == "error":
-        try:  # rank 0 raises its own error (its traceback is the useful one), the others rank 0's copy
+        try:  # rank 0 raises its own error (its traceback is the useful one), the others a copy
             raise shared(error if dist.get_rank() == 0 else value)
         finally:
             error = value = None  # no frame of this call keeps the exception it raised alive
@@ -125,7 +130,7 @@ def on_master(fn, *args, **kwargs):
 
 
 def first_error(error: Exception | None) -> Exception | None:
-    """The first rank's error (this rank's own object when it is that rank), None when no rank has one."""
+    """The first rank's error (this rank's own object when it is that rank), or None."""
     if not dist.is_initialized():
         return error
     errors = [None] * dist.get_world_size()
@@ -135,26 +140,28 @@ def first_error(error: Exception | None) -> Exception | None:
 
 
 def agree(error: Exception | None) -> None:
-    """Raise on every rank the first rank's error (shared), if any rank has one: for checks whose answer may
-    differ by rank (what a node's file system holds, how much memory it has)."""
+    """Raise on every rank the first rank's error (shared), if any rank has one: for checks whose
+    answer may differ by rank (what a node's file system holds, how much memory it has)."""
     first = first_error(error)
     if first is not None:
         raise shared(first if first is error else copy.copy(first))
 
 
 def looks_like_lost_contact(e: BaseException) -> bool:
-    """A collective that failed because a peer is gone (gloo: 'Connection closed by peer'), as itself or
-    inside another error's message (DCP wraps it)."""
+    """A collective that failed because a peer is gone (gloo: 'Connection closed by peer'), as
+    itself or inside another error's message (DCP wraps it)."""
     text = str(e).lower()
     return isinstance(e, getattr(dist, "DistError", ())) or any(s in text for s in (
-        "connection closed by peer", "connection reset by peer", "gloo/transport", "nccl error", "broken pipe"))
+        "connection closed by peer", "connection reset by peer", "gloo/transport", "nccl error",
+        "broken pipe"))
 
 
-# -- leaving -----------------------------------------------------------------------------------------------------
+# -- leaving ---------------------------------------------------------------------------------------
 
 def exit_now(code: int) -> None:
-    """Flush stdout and stderr and leave at once (os._exit): under torchrun, gloo's threads are never torn
-    down at interpreter exit, which could abort a rank ('terminate called without an active exception')."""
+    """Flush stdout and stderr and leave at once (os._exit): under torchrun, gloo's threads are
+    never torn down at interpreter exit, which could abort a rank ('terminate called without an
+    active exception')."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -59,6 +59,10 @@ def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None
     units to split evenly too."""
     if how not in PARALLELISMS:
         raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
+    if world == 1 and how != "ddp":
+        raise ConfigError(f"train.parallel={how} shards the model over torchrun's processes, and this is "
+                          f"one process: launch it with torchrun --nproc_per_node N, or pass "
+                          f"train.parallel=ddp to train the whole model here")
     if world == 1 or how != "tp":
         return
     if world % tp_size:

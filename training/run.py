@@ -202,7 +202,8 @@ class StopRequest:
                 if self.say:
                     kept = f"the last checkpoint (step {self.saved}) is intact: --resume continues from it" \
                         if self.saved is not None else "no checkpoint yet: --resume starts the run over"
-                    print(f"interrupted again: stopped at once; {kept}", file=sys.stderr, flush=True)
+                    # its own line after a progress bar's, and the last: nothing draws the bar again
+                    print(f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr, flush=True)
                 exit_now(EXIT_INTERRUPTED)
         os.close(self._read)
 
