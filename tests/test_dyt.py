@@ -69,7 +69,8 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     assert "collapsed: dead gradients (every gradient below the final norm 0 from step 1); final val loss" in err
     # DyT's default alpha0 0.5 on the unshifted embedding: gradients flow throughout, nothing is said (with the +1
     # shift and alpha0 0.5 the stream grows until every final unit saturates: dead from step 15 of 20)
-    assert run_tiny("--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0") == EXIT_OK
+    alive = ["--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0"]
+    assert run_tiny(*alive) == EXIT_OK
     assert json.loads((tmp_path / "alive" / "summary.json").read_text())["dead_gradients_at"] is None
     assert "dead gradients" not in capsys.readouterr().err
 

@@ -161,7 +161,7 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     r = subprocess.run([*base, "--name", "off"], cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]  # 10 would mean wandb was imported while disabled
-    last = r.stderr.strip().splitlines()[-1]  # the result line, not the progress bar drawn again after it
+    last = r.stderr.strip().splitlines()[-1]  # the result line, not the progress bar drawn again
     assert "final val loss" in last and f"-> {tmp_path / 'off'}" in last, r.stderr[-2000:]
     r = subprocess.run([*base, "--name", "on", "log.wandb=offline"], cwd=train.REPO,
                        env={**env, "WANDB_SILENT": "true"}, capture_output=True, text=True, timeout=300)
@@ -171,18 +171,20 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
 
 
 @pytest.mark.slow
-def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(tmp_path, data_args):
-    """SIGTERM during a step that takes a minute (one torch op: Python's signal handlers wait for it to
-    return), then SIGTERM again: the process ends at once (it went on to the end of the step before, and
-    `timeout` did not stop such a run in 23 minutes, issue 42), exit 130, saying so in one line; the last
-    checkpoint is intact and resumes."""
-    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "s",
-           "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000", "train.sample_tokens=0"]
-    env = {**os.environ, "NORMLAB_KILL_AT": "step:3:stall"}  # step 3 stalls, after step 2's checkpoint
-    proc = subprocess.Popen(cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(tmp_path,
+                                                                                       data_args):
+    """SIGTERM during a step that takes a minute (one torch op: Python's signal handlers wait for it
+    to return), then SIGTERM again: the process ends at once (it went on to the end of the step
+    before; `timeout` did not stop such a run in 23 minutes, issue 42), exit 130, one line saying
+    so; the last checkpoint is intact and resumes."""
+    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
+           "--name", "s", "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000",
+           "train.sample_tokens=0"]
+    env = {**os.environ, "NORMLAB_KILL_AT": "step:3:stall"}  # after step 2's checkpoint
+    proc = subprocess.Popen(cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     metrics, deadline = tmp_path / "s" / "metrics.jsonl", time.time() + 120
-    while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1 and 2 logged
+    while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1, 2 logged
         time.sleep(0.1)
     time.sleep(1.0)  # step 2's checkpoint written, step 3 inside its stall
     proc.send_signal(signal.SIGTERM)
@@ -191,19 +193,22 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_INTERRUPTED and time.time() - t0 < 5, err[-2000:]
-    last = err.strip().splitlines()[-1]
-    assert last == "interrupted again: stopped at once; the last checkpoint (step 2) is intact: --resume " \
-                   "continues from it", err[-2000:]
+    assert err.strip().splitlines()[-1] == ("interrupted again: stopped at once; the last "
+                                            "checkpoint (step 2) is intact: --resume continues "
+                                            "from it"), err
     assert load_checkpoint(tmp_path / "s" / "checkpoints" / "latest.pt")["step"] == 2
-    assert train.main(["--name", "s", "--resume", f"log.out_dir={tmp_path}", "train.steps=4"]) == EXIT_OK
+    resume = ["--name", "s", "--resume", f"log.out_dir={tmp_path}", "train.steps=4"]
+    assert train.main(resume) == EXIT_OK
     assert [r["step"] for r in read_metrics(metrics)] == list(range(0, 5))
 
 
 def test_help_answers_before_torch_is_imported():
-    """`train.py --help` in a fraction of a second (it took ~2-5 s importing torch) and points to usage.md."""
-    code = ("import runpy, sys\nsys.argv = ['train.py', '--help']\ntry:\n    runpy.run_path('train.py', "
-            "run_name='__main__')\nexcept SystemExit as e:\n    assert e.code == 0\nprint('torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=train.REPO, capture_output=True, text=True, timeout=60)
+    """`train.py --help` at once (it took 2-5 s importing torch); it points to docs/usage.md."""
+    code = ("import runpy, sys\nsys.argv = ['train.py', '--help']\ntry:\n"
+            "    runpy.run_path('train.py', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    assert e.code == 0\nprint('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=train.REPO, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip().endswith("False"), r.stdout + r.stderr
     assert "docs/usage.md" in r.stdout and "--resume" in r.stdout
 

@@ -1,5 +1,6 @@
-"""A study's persistent workers (study/worker.py, started by study/runner.Worker): many runs in one process compute what
-each computes alone with `python train.py`, and a run's failure stays that run's."""
+"""A study's persistent workers (study/worker.py, started by study/runner.Worker): many runs in one
+process compute what each computes alone with `python train.py`, and a run's failure stays that
+run's."""
 
 import json
 import os
@@ -80,13 +81,15 @@ def test_a_run_that_fails_stays_that_runs_failure(tmp_path, data_args, monkeypat
 
 
 def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_path):
-    """Not JSON, JSON without argv, argv not a list of strings: each answered with exit code 2 and one line
-    saying what a request is (a traceback ended the worker before); then a well-formed request still runs."""
+    """Not JSON, JSON without argv, argv not a list of strings: each answered with exit code 2 and
+    one line saying what a request is (a traceback ended the worker before); then a well-formed
+    request still runs."""
     log = tmp_path / "r.log"
     lines = ["not json", '{"log": "x"}', '{"argv": [1, 2], "log": "x"}', '["argv"]',
              json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(log)})]
-    r = subprocess.run([sys.executable, "-m", "study.worker", "test"], input="\n".join(lines) + "\n",
-                       capture_output=True, text=True, timeout=120, cwd=train.REPO,
+    r = subprocess.run([sys.executable, "-m", "study.worker", "test"],
+                       input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120,
+                       cwd=train.REPO,
                        env={**os.environ, "PYTHONPATH": str(train.REPO)})
     answers = [json.loads(a) for a in r.stdout.splitlines()]
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

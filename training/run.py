@@ -169,13 +169,13 @@ def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (the checkpoint is whole); a second
-    one ends the process at once, even inside a long step, leaving the last checkpoint (`saved`) intact.
+    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (the checkpoint is whole);
+    a second one ends the process at once, even inside a long step: the last checkpoint (`saved`).
 
-    The C-level handler writes each signal to a pipe at once (signal.set_wakeup_fd): a thread reads it while
-    the main thread may be inside one long torch op, where Python-level handlers wait for it to return.
-    Signals within GRACE_S of the first are the same request (a terminal's Ctrl-C reaches torchrun and its
-    processes, and torchrun sends it on)."""
+    The C-level handler writes each signal to a pipe at once (signal.set_wakeup_fd): a thread reads
+    it while the main thread may be inside one long torch op, where Python-level handlers wait for
+    it to return. Signals within GRACE_S of the first are one request (a terminal's Ctrl-C reaches
+    torchrun and its processes, and torchrun sends it on)."""
 
     GRACE_S = 1.0
 
@@ -200,10 +200,12 @@ class StopRequest:
                 self.first = now
             elif now - self.first >= self.GRACE_S:
                 if self.say:
-                    kept = f"the last checkpoint (step {self.saved}) is intact: --resume continues from it" \
-                        if self.saved is not None else "no checkpoint yet: --resume starts the run over"
+                    kept = "no checkpoint yet: --resume starts the run over" if self.saved is None \
+                        else f"the last checkpoint (step {self.saved}) is intact: --resume " \
+                        "continues from it"
                     # its own line after a progress bar's, and the last: nothing draws the bar again
-                    print(f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr, flush=True)
+                    print(f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr,
+                          flush=True)
                 exit_now(EXIT_INTERRUPTED)
         os.close(self._read)
 
