@@ -1,8 +1,8 @@
-"""Running a study's runs: workers sized to the machine, each a long-lived `train.py --serve` process that trains
-run after run (each run exactly `train.py ... --resume`, without paying for Python, torch and the kernels again),
-the sweep.json index, skip / resume on a rerun, and a clean stop (its runs checkpoint and are waited for) on
-Ctrl-C. `process_per_run` launches one train.py process per run instead (the old way; scripts/bench_study.py
-compares the two)."""
+"""Running a study's runs: workers sized to the machine, each a long-lived study/worker.py process
+that trains run after run (each run exactly `train.py ... --resume`, without paying for Python,
+torch and the kernels again), the sweep.json index, skip / resume on a rerun, and a clean stop (its
+runs checkpoint and are waited for) on Ctrl-C. `process_per_run` launches one train.py process per
+run instead (the old way; scripts/bench_study.py compares the two)."""
 
 from __future__ import annotations
 
@@ -38,23 +38,26 @@ _procs: set[subprocess.Popen] = set()  # train.py processes alive (runs, workers
 
 
 def worker_env(threads: int, gpu: str | None) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    """A run's environment: its threads, its GPU, this checkout first on the path."""
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": path}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
 
 
 class Worker:
-    """One long-lived `train.py --serve` process: it trains the runs it is sent one after another. If it dies (a
-    run's crash ends it on purpose; the OOM killer; a signal), the run it had gets that exit code and the next
-    run starts a fresh process."""
+    """One long-lived `python -m study.worker` process: it trains the runs it is sent one after
+    another. If it dies (a run's crash ends it on purpose; the OOM killer; a signal), the run it had
+    gets that exit code and the next run starts a fresh process."""
 
     def __init__(self, threads: int, gpu: str | None, label: str = ""):
         self.env, self.proc, self.label = worker_env(threads, gpu), None, label  # label: shown by ps
 
     def run(self, argv: list[str], log: Path) -> int:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--serve", self.label],
+            self.proc = subprocess.Popen([sys.executable, "-m", "study.worker", self.label],
                                          env=self.env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
             _procs.add(self.proc)

@@ -1,9 +1,10 @@
 """Shared fixtures and helpers. Test helpers live here once (import them: `from conftest import tiny_args`).
 
-NORMLAB_TEST_THREADS=N runs every test with N torch threads in-process, N threads per tiny training run
-(train.threads) and OMP_NUM_THREADS=N for the subprocesses that do not set their own; unset, tests run with
-torch's default in-process and tiny runs with tiny.yaml's one thread. Each test starts at that count, whatever
-an earlier in-process run set (train.threads changes the process-wide setting)."""
+NORMLAB_TEST_THREADS=N runs every test with N torch threads in-process, N threads per tiny training
+run (train.threads) and OMP_NUM_THREADS=N for the subprocesses that do not set their own; unset, N
+is the cores divided among pytest-xdist's workers, or in one process torch's default in-process and
+tiny.yaml's one thread for tiny runs. Each test starts at that count, whatever an earlier in-process
+run set (train.threads changes the process-wide setting)."""
 
 import json
 import os
@@ -22,7 +23,12 @@ TINY = str(REPO / "configs" / "train" / "tiny.yaml")
 # subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout an editable
 # install points at (two checkouts side by side would otherwise test each other's code)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0"))
+# under pytest-xdist each worker gets its share of the cores: torch's default of one thread per core
+# in every worker makes each OpenMP barrier wait for a thread another worker has descheduled (a
+# 2-thread step ran 20x slower beside a busy process, issue 42)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0")) or (
+    max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0)
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)

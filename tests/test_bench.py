@@ -78,6 +78,7 @@ def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp
             "data.val_fraction=0.1", "train.steps=6", "train.eval_every=3"]
     out = _script("bench_study", "--study", "configs/studies/quick.yaml", "--runs", "1", "--rounds", "1",
                   "--workers", "1", "--set", *data)
-    for row in ("| start-up and exit |", "| steps |", "| evals |", "| **total** |", "| 1 | "):
+    for row in ("| start-up and exit |", "| steps |", "| **total** |", "| 1 | ",
+                "| the rest of the run (data, model, evals, checkpoints) |"):
         assert row in out
     assert "Persistent workers / process per run: **" in out and "median of 1 rounds" in out

@@ -7,6 +7,7 @@ from model import Llama
 from model.blocks import PostNormBlock, PreNormBlock
 from model.norms import NORMS, LayerNorm, RMSNorm
 from training.config import ConfigError, load_config, to_yaml
+from training.outcome import EXIT_BAD_INPUT
 
 
 def test_precedence_defaults_yaml_cli(tmp_path):
@@ -45,7 +46,7 @@ def test_bad_values_raise_one_clear_line(override, message):
 def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys):
     for argv in (["--norm", "batchnorm"], ["--config", str(tmp_path / "missing.yaml")], ["train.stepz=3"],
                  ["--resume"]):  # (--resume of a run that does not exist starts it: tests/test_faults.py)
-        assert train.main([*argv, f"log.out_dir={tmp_path / 'runs'}"]) == train.EXIT_BAD_INPUT
+        assert train.main([*argv, f"log.out_dir={tmp_path / 'runs'}"]) == EXIT_BAD_INPUT
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ")
     assert not (tmp_path / "runs").exists()

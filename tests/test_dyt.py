@@ -12,6 +12,7 @@ from conftest import THREADS
 
 import train
 from study.studyfile import flatten, load_study
+from training.outcome import EXIT_OK
 from training.rundir import read_metrics
 
 STUDY = train.REPO / "configs" / "studies" / "dyt.yaml"
@@ -34,7 +35,7 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
               *flatten(study["overrides"]), "model.norm=dyt", "model.embed_scale=sqrt_dim", "optim.lr=3e-3",
               "train.seed=0", "optim.schedule_steps=300", "log.stats_every=10", f"train.threads={THREADS or 1}"]
     assert train.main([*common, "--name", "absolute", "model.init_scale=absolute", "train.steps=60",
-                       "train.eval_every=30"]) == train.EXIT_OK
+                       "train.eval_every=30"]) == EXIT_OK
     assert "collapsed: dead gradients (every gradient below the final norm 0 from step" in capsys.readouterr().err
     summary = json.loads((tmp_path / "absolute" / "summary.json").read_text())
     assert summary["status"] == "collapsed" and summary["dead_gradients_at"] <= 50
@@ -44,7 +45,7 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
     assert summary["best_val_loss"] > summary["unigram_entropy"]  # the unigram level, never below it
 
     assert train.main([*common, "--name", "width", "model.init_scale=width", "train.steps=100",
-                       "train.eval_every=50"]) == train.EXIT_OK
+                       "train.eval_every=50"]) == EXIT_OK
     summary = json.loads((tmp_path / "width" / "summary.json").read_text())
     at50 = _stats(tmp_path / "width", 50)
     assert at50["grad/absmax/trunk"] > 1e-3 and at50["dyt/saturated/final"] < 0.01 and at50["act/rms/layer_3"] < 20
@@ -58,7 +59,7 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     unigram distribution of a constant feature. summary.json says when, the status is collapsed (it was falling
     toward the unigram level: a plateau by its slope alone), the last line says why."""
     assert run_tiny("--name", "dead", "model.norm=dyt", "model.norm_options.dyt.alpha_final=1e9",
-                    "model.init_embedding_mean=1.0", "optim.lr=1e-2", "train.sample_tokens=0") == train.EXIT_OK
+                    "model.init_embedding_mean=1.0", "optim.lr=1e-2", "train.sample_tokens=0") == EXIT_OK
     summary = json.loads((tmp_path / "dead" / "summary.json").read_text())
     assert summary["status"] == "collapsed" and summary["dead_gradients_at"] == 1
     records = [r for r in read_metrics(tmp_path / "dead" / "metrics.jsonl") if "grad/absmax/trunk" in r]
@@ -68,7 +69,8 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     assert "collapsed: dead gradients (every gradient below the final norm 0 from step 1); final val loss" in err
     # DyT's default alpha0 0.5 on the unshifted embedding: gradients flow throughout, nothing is said (with the +1
     # shift and alpha0 0.5 the stream grows until every final unit saturates: dead from step 15 of 20)
-    assert run_tiny("--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0") == train.EXIT_OK
+    alive = ["--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0"]
+    assert run_tiny(*alive) == EXIT_OK
     assert json.loads((tmp_path / "alive" / "summary.json").read_text())["dead_gradients_at"] is None
     assert "dead gradients" not in capsys.readouterr().err
 

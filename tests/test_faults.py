@@ -15,6 +15,7 @@ from conftest import TINY
 
 import train
 from training.checkpoint import load_checkpoint, save_checkpoint
+from training.outcome import EXIT_BAD_INPUT, EXIT_STORAGE
 from training.rundir import read_metrics
 
 
@@ -45,7 +46,7 @@ def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     assert run_tiny(*args[:1], "q", *args[2:]) == 0
     assert "no checkpoint" in capsys.readouterr().err and curve(tmp_path / "q") == curve(tmp_path / "ref")
     # a different config under the same name is refused, in one line
-    assert run_tiny("--name", "q", "--resume", "optim.lr=0.1") == train.EXIT_BAD_INPUT
+    assert run_tiny("--name", "q", "--resume", "optim.lr=0.1") == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "differs from the saved" in err[0] and "optim.lr" in err[0]
 
@@ -170,7 +171,7 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypat
     capsys.readouterr()
     code = train.main(["--name", "e", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == train.EXIT_STORAGE == 4
+    assert code == EXIT_STORAGE == 4
     assert err[-1].startswith("error: cannot write the run's files") and "No space left" in err[-1]
     assert [e for e in err if e.startswith("error")] == [err[-1]] and not any("Traceback" in e for e in err)
     monkeypatch.undo()

@@ -1,7 +1,9 @@
-"""A study's persistent workers (`train.py --serve`, study/runner.Worker): many runs in one process compute what
-each computes alone with `python train.py`, and a run's failure stays that run's."""
+"""A study's persistent workers (study/worker.py, started by study/runner.Worker): many runs in one
+process compute what each computes alone with `python train.py`, and a run's failure stays that
+run's."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,7 +29,7 @@ def _same_run(a, b):
            [{k: v for k, v in r.items() if k not in TIMING} for r in rb]
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for s in (sa, sb):
-        for k in ("wall_time_s", "phases_s", "tokens_per_s"):
+        for k in ("wall_time_s", "tokens_per_s"):
             s.pop(k)
     assert sa == sb
     wa, wb = (torch.load(d / "checkpoints" / "latest.pt", weights_only=False)["model"] for d in (a, b))
@@ -76,3 +78,21 @@ def test_a_run_that_fails_stays_that_runs_failure(tmp_path, data_args, monkeypat
     killer.close()
     worker.close()
     assert worker.proc.poll() == 0  # closing its requests ends a worker
+
+
+def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_path):
+    """Not JSON, JSON without argv, argv not a list of strings: each answered with exit code 2 and
+    one line saying what a request is (a traceback ended the worker before); then a well-formed
+    request still runs."""
+    log = tmp_path / "r.log"
+    lines = ["not json", '{"log": "x"}', '{"argv": [1, 2], "log": "x"}', '["argv"]',
+             json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(log)})]
+    r = subprocess.run([sys.executable, "-m", "study.worker", "test"],
+                       input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120,
+                       cwd=train.REPO,
+                       env={**os.environ, "PYTHONPATH": str(train.REPO)})
+    answers = [json.loads(a) for a in r.stdout.splitlines()]
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert [a["exit_code"] for a in answers] == [2] * 5
+    assert all(a["error"].startswith("error: malformed request") for a in answers[:4])
+    assert "does not exist" in log.read_text()  # the last one ran: its bad config is its own line

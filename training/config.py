@@ -1,4 +1,5 @@
-"""The config schema (dataclasses) and load_config: defaults < YAML file(s) < command-line overrides.
+"""The config schema (dataclasses) and load_config: defaults < YAML file(s) < command-line
+overrides; what a --resume may change (resumed_config).
 
 A YAML file may start with `base: other.yaml` (relative to itself) to be a small diff on another file.
 Unknown keys, wrong types and invalid choices raise ConfigError with one line saying what is allowed.
@@ -245,3 +246,34 @@ def to_yaml(cfg: Config) -> str:
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
+
+
+# what a resumed run may change: its length and how it runs, not what it trains
+RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every",
+             "train.eval_every", "train.threads", "train.malloc_tuning", "train.memory_check",
+             "train.sample_tokens", "log.out_dir", "log.wandb", "log.wandb_project",
+             # how it is spread over processes (a resume on another count splits the same batch)
+             "train.parallel", "train.tp_size", "train.micro_batch_size")
+
+
+def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
+    """The saved config with the allowed changes of a --resume. A --config given again (a scheduler
+    relaunching the same command) must agree with the saved run on everything outside RESUMABLE."""
+    changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
+    if given is not None:
+        before, now = flat(to_dict(load_config(saved))), flat(to_dict(given))
+        differ = [k for k in now
+                  if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
+        if differ:
+            raise ConfigError(f"--resume: the command's config differs from the saved {saved} in "
+                              f"{differ[0]} ({before.get(differ[0])!r} -> {now[differ[0]]!r}); a "
+                              f"resume may change only: {', '.join(RESUMABLE)}")
+        changed = [k for k in changed if k in RESUMABLE]  # the others were just checked equal
+    fixed = [k for k in changed if k not in RESUMABLE]
+    if fixed:
+        raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: "
+                          f"{', '.join(RESUMABLE)}")
+    flags = dict(flags)
+    if "optim.schedule_steps" not in changed:  # the run's scheduled horizon (older runs: its steps)
+        flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
+    return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)

@@ -54,3 +54,15 @@ def evaluate(model: torch.nn.Module, tokens, cfg: Config, d: distributed.Dist, a
         out["val/bpb"] = bits_per_byte(loss_sum, n_bytes)
     return out
 
+
+
+def sample(model: torch.nn.Module, tok, tokens: int, seed: int, autocast) -> str:
+    """A short continuation of a fixed prompt, seeded: the same text for the same weights."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor([tok.encode("The ")], device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model.eval()
+    with autocast:
+        out = model.generate(prompt, tokens, temperature=0.8, top_k=50, generator=gen)
+    model.train()
+    return repr(tok.decode(out[0].tolist()))

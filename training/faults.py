@@ -1,16 +1,18 @@
-"""Fault injection for the fault tests: with NORMLAB_KILL_AT=<point>:<n> set, the process kills itself with SIGKILL
-the n-th time it reaches point(<point>); NORMLAB_KILL_AT=<point>:<n>:enospc raises the OSError a full disk raises
-there instead, and <point>:<n>:crash a RuntimeError (a bug). Every process of a torchrun job reaches the same points
-unless NORMLAB_FAULT_RANK=<r> names the one rank the fault fires on (what happens on one rank alone: its disk, its
-OOM kill, its bug). Unset (always, outside those tests), point() is a dict lookup.
+"""Fault injection for the fault tests: with NORMLAB_KILL_AT=<point>:<n> set, the process kills
+itself with SIGKILL the n-th time it reaches point(<point>); <point>:<n>:enospc raises the OSError a
+full disk raises there instead, <point>:<n>:crash a RuntimeError (a bug), and <point>:<n>:stall runs
+one torch op of tens of seconds (a long step: Python's signal handlers wait for it to return). Every
+process of a torchrun job reaches the same points unless NORMLAB_FAULT_RANK=<r> names the one rank
+the fault fires on (what happens on one rank alone: its disk, its OOM kill, its bug). Unset (always,
+outside those tests), point() is a dict lookup.
 
-Points: start (run directory chosen, nothing written), config (config.yaml written, meta.json not yet), resume
-(rank 0: a resumed run's checkpoint loaded, its config and meta.json about to be rewritten), step (after an
-optimizer step, before its metrics are logged), log (after a metrics record), eval (inside an evaluation),
-checkpoint (the new checkpoint written to its temp file, not yet renamed), checkpoint_swap (latest.pt moved to
-previous.pt, the new one not yet in place), summary (before summary.json). Rank 0 alone reaches config, resume,
-and a .pt checkpoint's checkpoint and checkpoint_swap; a sharded run's checkpoint point is every rank's.
-"""
+Points: start (run directory chosen, nothing written), config (config.yaml written, meta.json not
+yet), resume (rank 0: a resumed run's checkpoint loaded, its config and meta.json about to be
+rewritten), step (after an optimizer step, before its metrics are logged), log (after a metrics
+record), eval (inside an evaluation), checkpoint (the new checkpoint written to its temp file, not
+yet renamed), checkpoint_swap (latest.pt moved to previous.pt, the new one not yet in place),
+summary (before summary.json). Rank 0 alone reaches config, resume, and a .pt checkpoint's
+checkpoint and checkpoint_swap; a sharded run's checkpoint point is every rank's."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ _counts: Counter = Counter()
 
 
 def reset() -> None:
-    """Forget the counts (a new run in the same process: train.py --serve)."""
+    """Forget the counts (a new run in the same process: study/worker.py)."""
     _counts.clear()
 
 
@@ -42,4 +44,9 @@ def point(name: str) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {name})")
         if action == "crash":
             raise RuntimeError(f"injected crash at {name}")
+        if action == "stall":  # 60 squarings of a 3000 x 3000 matrix, in one call
+            import torch
+
+            torch.ones(3000, 3000).matrix_power(2**60)
+            return
         os.kill(os.getpid(), signal.SIGKILL)

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.config import ConfigError
+
 PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
                 "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
                 "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded"}
@@ -32,7 +34,7 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int
     """The model as training uses it: DDP-wrapped, or sharded in place by FSDP2 / tensor parallelism (returned
     as is). One process: the model itself."""
     if how not in PARALLELISMS:
-        raise ValueError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
+        raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return model
     if how == "ddp":
@@ -43,7 +45,7 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int
     if how == "fsdp":
         return _fsdp(model, init_device_mesh(device, (world,)), dtype)
     if world % tp_size:
-        raise ValueError(f"train.tp_size={tp_size} must divide the number of processes ({world})")
+        raise ConfigError(f"train.tp_size={tp_size} must divide the number of processes ({world})")
     mesh = init_device_mesh(device, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
     tensor_parallel(model, mesh["tp"])
     return _fsdp(model, mesh["dp"], dtype) if world > tp_size else model
@@ -56,25 +58,48 @@ def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None
     share of the positions; an uneven split made gloo abort on mismatched collectives) and the heads and hidden
     units to split evenly too."""
     if how not in PARALLELISMS:
-        raise ValueError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
+        raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
+    if world == 1 and how != "ddp":
+        raise ConfigError(f"train.parallel={how} shards the model over torchrun's processes, and "
+                          f"this is one process: launch it with torchrun --nproc_per_node N, or "
+                          f"pass train.parallel=ddp to train the whole model here")
     if world == 1 or how != "tp":
         return
     if world % tp_size:
         fits = max(n for n in range(1, min(tp_size, world) + 1) if world % n == 0)
-        raise ValueError(f"train.tp_size={tp_size} must divide the number of processes ({world}), e.g. "
-                         f"train.tp_size={fits}")
+        raise ConfigError(f"train.tp_size={tp_size} must divide the number of processes ({world}), "
+                          f"e.g. train.tp_size={fits}")
     if seq_len % tp_size:
-        raise ValueError(f"train.parallel=tp needs train.seq_len divisible by train.tp_size={tp_size} (each rank of a "
-                         f"tensor group holds an equal share of the positions), got {seq_len}: e.g. "
-                         f"train.seq_len={seq_len - seq_len % tp_size or tp_size}")
+        raise ConfigError(f"train.parallel=tp needs train.seq_len divisible by "
+                          f"train.tp_size={tp_size} (each rank of a tensor group holds an equal "
+                          f"share of the positions), got {seq_len}: e.g. "
+                          f"train.seq_len={seq_len - seq_len % tp_size or tp_size}")
     if args.tie_embeddings:
-        raise ValueError("tensor parallelism needs model.tie_embeddings=false (the embedding is sharded by rows "
-                         "of the vocabulary, the head by its output columns)")
+        raise ConfigError("tensor parallelism needs model.tie_embeddings=false (the embedding is "
+                          "sharded by rows of the vocabulary, the head by its output columns)")
     for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
                                                                                     args.ffn_hidden_dim)):
         if count % tp_size:
-            raise ValueError(f"tensor parallelism over {tp_size} ranks needs model {name} ({count}) divisible by "
-                             f"{tp_size}")
+            raise ConfigError(f"tensor parallelism over {tp_size} ranks needs model {name} "
+                              f"({count}) divisible by {tp_size}")
+
+
+def split_batch(tc, data_world: int) -> tuple[int, int]:
+    """(sequences per forward pass and process, micro-batches per optimizer step).
+
+    train.batch_size split into data_world shares, each into micro-batches of
+    train.micro_batch_size (0: the whole share)."""
+    per_rank = tc.batch_size // data_world
+    if tc.batch_size % data_world or per_rank == 0:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into the "
+                          f"{data_world} data-parallel shares of this job (a multiple of "
+                          f"{data_world})")
+    micro = tc.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ConfigError(f"train.micro_batch_size={micro} must divide each data-parallel share of "
+                          f"train.batch_size={tc.batch_size} ({per_rank} sequences on each of "
+                          f"{data_world} shares)")
+    return micro, per_rank // micro
 
 
 def data_coords(rank: int, world: int, how: str, tp_size: int) -> tuple[int, int]:
@@ -123,12 +148,13 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
 
     args, n = model.args, mesh.size()
     if args.tie_embeddings:
-        raise ValueError("tensor parallelism needs model.tie_embeddings=false (the embedding is sharded by rows "
-                         "of the vocabulary, the head by its output columns)")
+        raise ConfigError("tensor parallelism needs model.tie_embeddings=false (the embedding is "
+                          "sharded by rows of the vocabulary, the head by its output columns)")
     for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
                                                                                     args.ffn_hidden_dim)):
         if count % n:
-            raise ValueError(f"tensor parallelism over {n} ranks needs model {name} ({count}) divisible by {n}")
+            raise ConfigError(f"tensor parallelism over {n} ranks needs model {name} ({count}) "
+                              f"divisible by {n}")
     norm = SequenceParallel(use_local_output=True)
     parallelize_module(model, mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),

@@ -14,6 +14,8 @@ import os
 import shutil
 import signal
 import socket
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -34,39 +36,13 @@ from training.checkpoint import (
     set_rng_state,
     skipped,
 )
-from training.config import Config, ConfigError, flat, load_config, to_dict, to_yaml
+from training.config import Config, ConfigError, flat, to_dict, to_yaml
+from training.distributed import exit_now
 from training.monitor import classify, dead_gradients_at
 from training.optim import lr_at
+from training.outcome import EXIT_INTERRUPTED
 from training.parallel import is_sharded
 from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
-
-# what a resumed run may change: its length and how it runs, not what it trains
-RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every", "train.eval_every",
-             "train.threads", "train.malloc_tuning", "train.memory_check", "train.sample_tokens", "log.out_dir",
-             "log.wandb", "log.wandb_project",
-             # how it is spread over processes (a resume on another count splits the same global batch)
-             "train.parallel", "train.tp_size", "train.micro_batch_size")
-
-
-def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
-    """The saved config with the allowed changes of a --resume. A --config given again (a scheduler relaunching the
-    same command) must agree with the saved run on everything outside RESUMABLE."""
-    changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
-    if given is not None:
-        before, now = flat(to_dict(load_config(saved))), flat(to_dict(given))
-        differ = [k for k in now if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
-        if differ:
-            raise ConfigError(f"--resume: the command's config differs from the saved {saved} in {differ[0]} "
-                              f"({before.get(differ[0])!r} -> {now[differ[0]]!r}); a resume may change only: "
-                              f"{', '.join(RESUMABLE)}")
-        changed = [k for k in changed if k in RESUMABLE]  # the others were just checked equal
-    fixed = [k for k in changed if k not in RESUMABLE]
-    if fixed:
-        raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}")
-    flags = dict(flags)
-    if "optim.schedule_steps" not in changed:  # the horizon the run was scheduled with (older runs: its steps)
-        flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps
-    return load_config(saved, [o for o in overrides if o.split("=", 1)[0] in changed], flags)
 
 
 def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:
@@ -193,19 +169,58 @@ def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (so the checkpoint is whole);
-    a second Ctrl-C stops at once."""
+    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (the checkpoint is whole);
+    a second one ends the process at once, even inside a long step: the last checkpoint (`saved`).
 
-    def __init__(self):
-        self.requested = False
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    The C-level handler writes each signal to a pipe at once (signal.set_wakeup_fd): a thread reads
+    it while the main thread may be inside one long torch op, where Python-level handlers wait for
+    it to return. Signals within GRACE_S of the first are one request (a terminal's Ctrl-C reaches
+    torchrun and its processes, and torchrun sends it on)."""
 
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+    GRACE_S = 1.0
+
+    def __init__(self, say: bool = True, keep_on_error: bool = False):
+        self.requested, self.saved, self.say, self.first = False, None, say, None
+        self.keep_on_error = keep_on_error  # the handler stays when the block raises
+        self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _note(self, signum, frame):
         self.requested = True
 
+    def _watch(self) -> None:
+        while byte := os.read(self._read, 1):
+            if byte[0] not in (signal.SIGINT, signal.SIGTERM):
+                continue
+            self.requested, now = True, time.monotonic()
+            if self.first is None:
+                self.first = now
+            elif now - self.first >= self.GRACE_S:
+                if self.say:
+                    kept = "no checkpoint yet: --resume starts the run over" if self.saved is None \
+                        else f"the last checkpoint (step {self.saved}) is intact: --resume " \
+                        "continues from it"
+                    # its own line after a progress bar's, and the last: nothing draws the bar again
+                    print(f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr,
+                          flush=True)
+                exit_now(EXIT_INTERRUPTED)
+        os.close(self._read)
+
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is None or not self.keep_on_error:
+            self.restore()
+        elif self.requested:  # torchrun's SIGTERM came first: leave() need not wait for it
+            error.after_signal = True
+
     def restore(self) -> None:
+        signal.set_wakeup_fd(self._wakeup)
+        os.close(self._write)  # the thread reads the end of the pipe and ends
         for s, handler in self.previous.items():
             signal.signal(s, handler)
 

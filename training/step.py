@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from training import distributed
+from training.flops import flops_per_token, peak_flops
 from training.monitor import is_finite
-from training.optim import set_lr
+from training.optim import build_optimizer, set_lr
 from training.parallel import full, no_sync
 
 
@@ -153,6 +154,21 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
     if p.peak_flops:  # model FLOPs utilization of each device
         record["train/mfu"] = p.flops_per_step / dt / (p.peak_flops * p.world_size)
     return StepResult(record)
+
+
+def step_parts(cfg, d, model: torch.nn.Module, wrapped: torch.nn.Module, split: tuple[int, int]):
+    """A run's StepParts: its model (bare, wrapped or sharded, compiled when train.compile), a fresh
+    optimizer, the batch split (micro, accum) and the precision of train.dtype."""
+    tc, cuda = cfg.train, d.device.type == "cuda"
+    tokens = tc.batch_size * tc.seq_len
+    return StepParts(
+        model=model, ddp=wrapped, compiled=torch.compile(wrapped) if tc.compile else wrapped,
+        opt=build_optimizer(model, cfg.optim), micro=split[0], accum=split[1],
+        world_size=d.world_size, device=d.device, autocast=autocast_for(d.device, tc.dtype),
+        z_loss=tc.z_loss, clip=no_clip(cfg.optim.grad_clip), tokens_per_step=tokens,
+        scaler=scaler_for(d.device, tc.dtype),
+        flops_per_step=flops_per_token(cfg.model, tc.seq_len) * tokens,
+        peak_flops=peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if cuda else None)
 
 
 def no_clip(value: float) -> float:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from model import Llama, ModelArgs
-from training.distributed import teardown
+from training.distributed import exit_job
 from training.parallel import shard_model
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16, qk_norm="rmsnorm")
@@ -45,4 +45,4 @@ if __name__ == "__main__":
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    teardown()
+    exit_job()

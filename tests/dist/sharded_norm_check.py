@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from model.norms import LayerNorm, RMSNorm
 from model.sharded_norms import ShardedNorm, shard_sizes
-from training.distributed import teardown
+from training.distributed import exit_job
 
 
 def check(cls, dim: int) -> dict:
@@ -48,7 +48,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    teardown()  # a bounded barrier first: gloo can abort a rank that leaves while another still works
+    exit_job()  # a barrier, then os._exit: no gloo teardown at interpreter exit
 
 
 if __name__ == "__main__":
