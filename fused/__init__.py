@@ -1,8 +1,9 @@
-"""normlab's fused CPU kernels (C++, compiled with torch.utils.cpp_extension on first use by a fused class:
-model/fused_norms.py, model.ops_impl=fused; the reference classes, the default, never build them), cached by
-torch under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR: the norms (norms_cpu.cpp with their autograd,
-row loops in norms_kernel.h compiled per instruction set by norms_isa_*.cpp; called from fused/norms.py) and
-the cross-entropy and SwiGLU (cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
+"""normlab's fused CPU kernels (C++, compiled by torch.utils.cpp_extension on a fused class's first
+use: model/fused_norms.py, model.ops_impl=fused; the reference classes, the default, never build
+them), cached by torch under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR: the norms
+(norms_cpu.cpp with their autograd, row loops in norms_kernel.h compiled per instruction set by
+norms_isa_*.cpp; called from fused/norms.py) and the cross-entropy and SwiGLU
+(cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
 All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
 tensors, and it sits below model/ in the import order (it imports only torch).
 
@@ -10,7 +11,8 @@ A build is named by a hash of everything it depends on (build_name): the sources
 and, for a -march=native build, the CPU. Checkouts of one commit share a build; different sources never build
 over each other in the shared cache.
 
-Where no compiler exists the build fails once, with a warning, and every fused path runs its reference.
+Where no compiler exists the build fails once, with a warning, and every fused path runs its
+reference.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ kernel_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
     """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json: the
-    fused path, or the reference and why (a fused path that falls back says so instead of doing it silently).
+    fused path, or the reference and why (a fused path that falls back says so, not silently).
     Only a fused implementation builds (or loads) the kernels."""
     def fused(what: str) -> str:
         if device == "cpu":
@@ -171,7 +173,7 @@ def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ld
 
     build_dir = Path(_get_build_directory(name, False))
     build_dir.mkdir(parents=True, exist_ok=True)
-    if not (build_dir / f"{name}.so").is_file():  # a cached build loads in well under a second: no line
+    if not (build_dir / f"{name}.so").is_file():  # a cached build loads in under a second: no line
         announce_compile(build_dir)
     with FileLock(str(build_dir / "normlab.flock")):
         (build_dir / "lock").unlink(missing_ok=True)  # torch's, left by a killed process (none is building now)
@@ -184,11 +186,11 @@ def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ld
 
 
 def announce_compile(build_dir: Path) -> None:
-    """The one line a compile prints (rank 0, once per process): what waits, how long, where it is kept."""
+    """The one line a compile prints (rank 0, once per process): what waits, how long, where."""
     global _announced
-    if not _announced and os.environ.get("RANK", "0") == "0":  # once per job, not once per torchrun process
-        print(f"[normlab] compiling the fused CPU kernels (about a minute, once per machine and source version; "
-              f"cached in {build_dir.parent})", file=sys.stderr, flush=True)
+    if not _announced and os.environ.get("RANK", "0") == "0":  # once a job, not once a rank
+        print(f"[normlab] compiling the fused CPU kernels (about a minute, once per machine and "
+              f"source version; cached in {build_dir.parent})", file=sys.stderr, flush=True)
     _announced = True
 
 

@@ -17,16 +17,16 @@ class ModelArgs:
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
     norm: str = "rmsnorm"  # a name in model/norms.py NORMS
-    # each norm's own options, by norm name: {dyt: {alpha_attn: 0.8}} (the norm's Options in model/norms.py)
+    # each norm's own options by norm name, e.g. {dyt: {alpha_attn: 0.8}} (model/norms.py Options)
     norm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    norm_impl: str = "reference"  # reference | fused: the fused kernels' classes (model/fused_norms.py)
+    norm_impl: str = "reference"  # reference | fused: the fused classes (model/fused_norms.py)
     ops_impl: str = "reference"  # reference | fused: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
     norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
-    qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), with its defaults
+    qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), its defaults
     qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
     embed_scale: str = "none"  # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
     rope_theta: float = 10000.0

@@ -11,7 +11,7 @@ from model.layers import FFNS, Attention, Rope
 
 
 def model_norm(args: ModelArgs, location: str, name: str | None = None) -> nn.Module:
-    """The model's norm (args.norm unless `name`) at `location` (attention | ffn | final), with its options."""
+    """The model's norm (args.norm unless `name`) at `location` (attention | ffn | final)."""
     name = args.norm if name is None else name
     return build_norm(name, args.dim, args.norm_eps, args.norm_impl, args.norm_precision, location,
                       args.norm_options.get(name))

@@ -26,11 +26,11 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
     (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
 
-    Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its width): the
-    same products and sums as the pairwise formula, bit for bit in both directions, without splitting x into
-    its pairs and stacking them back (one copy of x, the swap, instead of the stack forward and backward).
-    Real-valued rather than a complex multiply: torch.compile fuses it (complex ops fall back to eager) and
-    bfloat16 / float16 models work (torch.complex rejects them)."""
+    Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its
+    width): the same products and sums as the pairwise formula, bit for bit in both directions,
+    without splitting x into its pairs and stacking them back (one copy, the swap, instead of a
+    stack each way). Real-valued rather than a complex multiply: torch.compile fuses it (complex
+    ops fall back to eager) and bfloat16 / float16 models work (torch.complex rejects them)."""
     cos, sin = (t.float()[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
     cos2, sin2 = torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
     xf = x.float()
@@ -68,8 +68,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default options: a gain,
-        # no bias) bounds the attention logits
+        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default
+        # options: a gain, no bias) bounds the attention logits
         qk = (args.qk_norm, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision)
         self.q_norm, self.k_norm = build_norm(*qk), build_norm(*qk)
         self.softcap = args.attn_softcap

@@ -1,16 +1,18 @@
-"""The norms, written from their formulas: one precision policy, each norm's options, one registry (NORMS).
+"""The norms, written from their formulas: one precision policy, their options, one registry, NORMS.
 
-Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in (at least) float32, cast the
-result back to the input dtype, then multiply by the gain (and add the bias). `precision="autocast"` is the
-naive mixed-precision norm this policy guards against, kept so its failures can be measured: the statistics
-are computed in the autocast dtype when autocast is on (bfloat16 rounds the mean square to 8 bits of mantissa;
-in float16 x^2 overflows to inf for |x| > 256 and the row becomes 0, and the backward of rsqrt, -r^3 / 2,
-overflows for an input RMS below 65504^(-1/3) = 0.025), in the input's dtype otherwise. RMSNorm and LayerNorm
-take the same `eps`, so by default the only difference between them is LayerNorm's mean-centring.
+Precision policy shared by every norm (LLaMA / Hugging Face order): normalize in (at least) float32,
+cast the result back to the input dtype, then multiply by the gain (and add the bias).
+`precision="autocast"` is the naive mixed-precision norm this policy guards against, kept so its
+failures can be measured: the statistics are computed in the autocast dtype when autocast is on
+(bfloat16 rounds the mean square to 8 bits of mantissa; in float16 x^2 overflows to inf for |x| >
+256 and the row becomes 0, and the backward of rsqrt, -r^3 / 2, overflows for an input RMS below
+65504^(-1/3) = 0.025), in the input's dtype otherwise. RMSNorm and LayerNorm take the same `eps`, so
+by default the only difference between them is LayerNorm's mean-centring.
 
-A norm's own hyperparameters are its Options (a dataclass: model.norm_options.<name> in a config, checked
-by check_options); the fused kernels are classes of their own (model/fused_norms.py). Adding a norm is a class
-here and a line in NORMS: validation, --norm, help texts, tests and studies read the registry.
+A norm's own hyperparameters are its Options (a dataclass: model.norm_options.<name> in a config,
+checked by check_options); the fused kernels are classes of their own (model/fused_norms.py). Adding
+a norm is a class here and a line in NORMS: validation, --norm, help texts, tests and studies read
+the registry.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from torch import nn
 from model.args import lookup
 
 Shape = int | tuple[int, ...] | list[int] | torch.Size
-NORM_PRECISIONS = {"float32": "statistics in (at least) float32, whatever the input or autocast dtype",
-                   "autocast": "statistics in the autocast dtype when autocast is on, else the input's dtype"}
-LOCATIONS = ("attention", "ffn", "final")  # where a model builds a norm (a peri block's output norms: their sublayer's)
+NORM_PRECISIONS = {
+    "float32": "statistics in (at least) float32, whatever the input or autocast dtype",
+    "autocast": "statistics in the autocast dtype when autocast is on, else the input's dtype",
+}
+# where a model builds a norm (a peri block's output norms count as their sublayer's)
+LOCATIONS = ("attention", "ffn", "final")
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,23 @@ class NoOptions:
 
 
 class _Norm(nn.Module):
-    """Gain (and optional bias) over the last len(normalized_shape) dims; subclasses define normalize()."""
+    """Gain (and an optional bias) over the last len(normalized_shape) dims of normalize(x)."""
 
-    Options = NoOptions  # the norm's own options (model.norm_options.<name>), as its keyword arguments
+    # the norm's own options (model.norm_options.<name>), as its keyword arguments
+    Options = NoOptions
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, precision: str = "float32"):
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+        precision: str = "float32",
+    ):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -69,16 +83,20 @@ class _Norm(nn.Module):
         raise NotImplementedError
 
     def check_input(self, x: torch.Tensor) -> None:
-        """ValueError unless x's last dims are normalized_shape (as torch's F.layer_norm requires)."""
-        if x.shape[-len(self.normalized_shape):] != self.normalized_shape:  # a shorter x: its whole shape
-            raise ValueError(f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an "
-                             f"input of shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}")
+        """ValueError unless x's last dims are normalized_shape (as F.layer_norm requires)."""
+        if x.shape[-len(self.normalized_shape) :] != self.normalized_shape:  # shorter x: all of it
+            raise ValueError(
+                f"{type(self).__name__} over normalized_shape={self.normalized_shape} got an "
+                f"input of shape {tuple(x.shape)}: its last dims must be {self.normalized_shape}"
+            )
 
     def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """The dtype of the statistics (NORM_PRECISIONS): under float32, at least float32 (float64 stays)."""
+        """The statistics' dtype (NORM_PRECISIONS): at least float32 under `float32`."""
         if self.precision == "autocast" and torch.is_autocast_enabled(x.device.type):
             return torch.get_autocast_dtype(x.device.type)
-        return x.dtype if self.precision == "autocast" else torch.promote_types(x.dtype, torch.float32)
+        return (
+            x.dtype if self.precision == "autocast" else torch.promote_types(x.dtype, torch.float32)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
@@ -91,8 +109,11 @@ class _Norm(nn.Module):
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
-        return (f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, bias={bias}"
-                + (f", precision={self.precision}" if self.precision != "float32" else ""))
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, affine={self.elementwise_affine}, "
+            f"bias={bias}"
+            + (f", precision={self.precision}" if self.precision != "float32" else "")
+        )
 
 
 class RMSNorm(_Norm):
@@ -131,15 +152,23 @@ class PRMSNormOptions(NoOptions):
 
 
 class PRMSNorm(_Norm):
-    """y = x / sqrt(mean(x[:k]^2) + eps) * g, k = ceil(p d), p = fraction   (Zhang & Sennrich, 2019).
+    """y = x / sqrt(mean(x[:k]^2) + eps) * g, k = ceil(p d), p = fraction   (Zhang & Sennrich 2019).
 
-    The RMS is estimated from the first k of the d features ("partial RMSNorm"; p = 6.25% in the paper, whose
-    models have k = ceil(0.0625 x 512) >= 32). Over several normalized dims, in flattened order."""
+    The RMS is estimated from the first k of the d features ("partial RMSNorm"; p = 6.25% in the
+    paper, whose models have k = ceil(0.0625 x 512) >= 32). Several normalized dims: in flattened
+    order."""
 
     Options = PRMSNormOptions
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = False, precision: str = "float32", fraction: float = 0.0625):
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+        precision: str = "float32",
+        fraction: float = 0.0625,
+    ):
         super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, precision=precision)
         self.p = fraction
 
@@ -152,7 +181,7 @@ class PRMSNorm(_Norm):
 
 @dataclass(frozen=True)
 class DyTOptions:
-    """model.norm_options.dyt: alpha0 by location (the paper's LLaMA 7B recipe: 0.8 / 0.2 / 0.2) and b."""
+    """model.norm_options.dyt: alpha0 by location (the LLaMA 7B recipe: 0.8 / 0.2 / 0.2) and b."""
 
     alpha_attn: float = 0.5  # alpha0 of the norms before attention (0.5: the paper's default)
     alpha_ffn: float = 0.5  # ... before the feed-forward
@@ -165,23 +194,33 @@ class DyTOptions:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
     def at(self, location: str) -> dict:
-        alpha0 = dict(zip(LOCATIONS, (self.alpha_attn, self.alpha_ffn, self.alpha_final), strict=True))
+        alpha0 = dict(
+            zip(LOCATIONS, (self.alpha_attn, self.alpha_ffn, self.alpha_final), strict=True)
+        )
         return {"alpha0": lookup(alpha0, location, "norm location"), "bias": self.bias}
 
 
 class DyT(_Norm):
     """y = g * tanh(alpha x) (+ b), alpha a learnable scalar from alpha0   (Zhu et al., 2025).
 
-    "Transformers without Normalization": element-wise, no statistics, so eps is unused; tanh in float32 like
-    the other norms' statistics."""
+    "Transformers without Normalization": element-wise, no statistics, so eps is unused; tanh in
+    float32 like the other norms' statistics."""
 
     Options = DyTOptions
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, precision: str = "float32", alpha0: float = 0.5):
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        precision: str = "float32",
+        alpha0: float = 0.5,
+    ):
         self.alpha, self.alpha0 = None, alpha0
         super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, precision=precision)
-        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))  # 1-D: FSDP2 cannot shard a 0-dim parameter
+        # 1-D: FSDP2 cannot shard a 0-dim parameter
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -197,8 +236,14 @@ class NoNorm(nn.Module):
 
     Options = NoOptions
 
-    def __init__(self, normalized_shape: Shape = (), eps: float = 0.0, elementwise_affine: bool = True,
-                 bias: bool = False, precision: str = "float32"):
+    def __init__(
+        self,
+        normalized_shape: Shape = (),
+        eps: float = 0.0,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+        precision: str = "float32",
+    ):
         super().__init__()
         self.weight = self.bias = None
 
@@ -206,17 +251,24 @@ class NoNorm(nn.Module):
         return x
 
 
-NORMS: dict[str, type[nn.Module]] = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "prmsnorm": PRMSNorm,
-                                     "dyt": DyT, "none": NoNorm}
+NORMS: dict[str, type[nn.Module]] = {
+    "rmsnorm": RMSNorm,
+    "layernorm": LayerNorm,
+    "prmsnorm": PRMSNorm,
+    "dyt": DyT,
+    "none": NoNorm,
+}
 
 
 def parse_options(name: str, options: dict | None, where: str = ""):
-    """Norm `name`'s Options from a mapping (model.norm_options.<name>); ValueError naming the valid ones."""
+    """Norm `name`'s Options from a mapping (model.norm_options.<name>); errors list the valid."""
     cls, where = lookup(NORMS, name, "norm").Options, where or f"norm {name}"
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(options or {}) - set(valid))
     if unknown:
-        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}")
+        raise ValueError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}"
+        )
     typed = {}
     for f in dataclasses.fields(cls):
         if f.name in (options or {}):
@@ -228,7 +280,7 @@ def parse_options(name: str, options: dict | None, where: str = ""):
 
 
 def _typed(value, kind: str, where: str):
-    """An option's value as its declared type (float | bool): 100 -> 100.0 (YAML reads `100` as an int)."""
+    """An option's value as its declared type (float | bool): 100 -> 100.0 (YAML reads an int)."""
     if kind not in ("float", "bool"):  # a type of its own: the Options class checks it
         return value
     if kind == "bool" and isinstance(value, bool):
@@ -239,28 +291,33 @@ def _typed(value, kind: str, where: str):
 
 
 def check_options(norm_options: dict) -> None:
-    """ValueError unless every entry of model.norm_options names a norm and that norm's valid options."""
+    """ValueError unless every entry of model.norm_options names a norm and valid options of it."""
     for name, options in norm_options.items():
         lookup(NORMS, name, "norm in model.norm_options")
         if not isinstance(options, dict):
-            raise ValueError(f"model.norm_options.{name} must be a mapping of options, got {options!r}")
+            raise ValueError(
+                f"model.norm_options.{name} must be a mapping of options, got {options!r}"
+            )
         parse_options(name, options, f"model.norm_options.{name}")
 
 
 def swap_norms(module: nn.Module, to: str) -> int:
-    """Replace every LayerNorm / RMSNorm (torch's or ours) inside `module` by norm `to`; return the count.
+    """Replace every LayerNorm / RMSNorm (torch's or ours) in `module` by norm `to`; the count.
 
     Gains are carried over; a bias is carried over when the target has one (layernorm) and dropped
     otherwise. eps is kept. Modules already of the target type are left alone.
     """
     target = lookup(NORMS, to, "norm")
     sources = (nn.LayerNorm, nn.RMSNorm, _Norm)
-    swaps = [(parent, child_name, child)
-             for parent in module.modules()
-             for child_name, child in parent.named_children()
-             if isinstance(child, sources) and type(child) is not target]
+    swaps = [
+        (parent, child_name, child)
+        for parent in module.modules()
+        for child_name, child in parent.named_children()
+        if isinstance(child, sources) and type(child) is not target
+    ]
     for parent, child_name, old in swaps:
-        eps = old.eps if old.eps is not None else torch.finfo(torch.float32).eps  # nn.RMSNorm(eps=None)
+        # nn.RMSNorm(eps=None): float32's machine epsilon
+        eps = old.eps if old.eps is not None else torch.finfo(torch.float32).eps
         has_bias = getattr(old, "bias", None) is not None and to == "layernorm"
         new = target(old.normalized_shape, eps=eps, bias=has_bias)
         if getattr(old, "weight", None) is not None and getattr(new, "weight", None) is not None:

@@ -1,5 +1,5 @@
 """The cross-entropy and the SwiGLU activation, each as a reference in torch ops and as a fused CPU kernel
-with the same math (fused/ops.py), chosen by name: `model.ops_impl` (the norms have model.norm_impl).
+with the same math (fused/ops.py), chosen by name: `model.ops_impl` (the norms: model.norm_impl).
 
 - cross_entropy(logits (N, V), targets (N,)): mean over targets != ignore_index of
   logsumexp(logits_r) - logits_r[target_r], in float32 (float64 stays float64). The kernel keeps one
@@ -26,7 +26,8 @@ def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_
                            ignore_index=ignore_index)
 
 
-def fused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:
+def fused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
+                        ) -> torch.Tensor:
     loss = kernels.fused_cross_entropy(logits, targets, ignore_index)
     return reference_cross_entropy(logits, targets, ignore_index) if loss is None else loss
 

@@ -2,15 +2,16 @@
 
     python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
 
-Implementations: ours (reference formula, eager ops), ours fused (FusedRMSNorm / FusedLayerNorm, whose kernels
-are fused/norms.py), torch.nn.RMSNorm, torch.nn.LayerNorm without and with bias, and torch.compile of our
-reference. The memory floor is what any norm must at least cost: a copy of the tensor (forward) plus one
-elementwise pass producing the input gradient (backward). All implementations of one shape and dtype are timed
-in alternating rounds, in a fresh random order each round (median and min..max over rounds); "x floor" is the
-median time over the floor's; the paired column is the median (and IQR) of per-round ratios to
-torch.nn.LayerNorm(bias=False). "saved" counts the bytes autograd keeps for backward (saved-tensor hooks);
-"peak" the extra memory one forward+backward allocates at its peak (CUDA: the allocator's peak; CPU: the
-profiler's allocation trace).
+Implementations: ours (reference formula, eager ops), ours fused (FusedRMSNorm / FusedLayerNorm,
+whose kernels are fused/norms.py), torch.nn.RMSNorm, torch.nn.LayerNorm without and with bias, and
+torch.compile of our reference. The memory floor is what any norm must at least cost: a copy of the
+tensor (forward) plus one elementwise pass producing the input gradient (backward). All
+implementations of one shape and dtype are timed in alternating rounds, in a fresh random order each
+round (median and min..max over rounds); "x floor" is the median time over the floor's; the paired
+column is the median (and IQR) of per-round ratios to torch.nn.LayerNorm(bias=False). "saved" counts
+the bytes autograd keeps for backward (saved-tensor hooks); "peak" the extra memory one
+forward+backward allocates at its peak (CUDA: the allocator's peak; CPU: the profiler's allocation
+trace).
 
 CPU allocator: by default this script applies the same glibc setting as train.py (training/cpu.py);
 --no-malloc-tuning measures glibc's default, where every fresh large tensor page-faults.
@@ -147,7 +148,7 @@ def bench(shape, dtype, device, repeats: int, compiled: bool) -> list[dict]:
         for mode in ("fwd", "fwd+bwd"):
             ts = times[k][mode]
             row[mode] = (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3, statistics.median(ts) / floor[mode])
-        # paired per-round ratio to torch.nn.LayerNorm(bias=False), the bar the fused path has to clear
+        # paired per-round ratio to torch.nn.LayerNorm(bias=False): the fused path's bar
         ratios = sorted(t / b for t, b in zip(ts, times[BASELINE]["fwd+bwd"], strict=True))
         quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         row["vs_ln"] = (statistics.median(ratios), quart[0], quart[2])

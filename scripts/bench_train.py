@@ -79,12 +79,14 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
         m.config._attn_implementation = "sdpa"
         return m.to(device)
 
-    fast, ref = {"norm_impl": "fused", "ops_impl": "fused"}, {"norm_impl": "reference", "ops_impl": "reference"}
+    fast = {"norm_impl": "fused", "ops_impl": "fused"}
+    ref = {"norm_impl": "reference", "ops_impl": "reference"}
     models = {}
     for norm in ("rmsnorm", "layernorm"):
         models[f"ours {norm} (fused)"] = (_ours(cfg, device, norm=norm, **fast), "ours")
         models[f"ours {norm} (reference)"] = (_ours(cfg, device, norm=norm, **ref), "ours")
-    models["ours rmsnorm (fused norms), loss outside"] = (_ours(cfg, device, norm="rmsnorm", **fast), "logits")
+    outside = _ours(cfg, device, norm="rmsnorm", **fast)
+    models["ours rmsnorm (fused norms), loss outside"] = (outside, "logits")
     models["transformers Llama"] = (hf_model(), "hf")
     steps = {name: make_step(m, kind, cfg.train.dtype, device) for name, (m, kind) in models.items()}
     if compile_too:

@@ -92,7 +92,8 @@ def estimate(cfg: Config, world: int, data_world: int, micro: int, device: str =
     snapshot = 4.0 * (P - a.vocab_size * d * (1 if a.tie_embeddings else 2)) / (world if sharded else 1)
 
     tokens = micro * T
-    layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm != "none" else 0) + (2 * d if a.placement == "peri" else 0)
+    layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm != "none" else 0)
+    layer += 2 * d if a.placement == "peri" else 0
     if a.attn_softcap:  # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
         layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
     if tp > 1:  # its heads and hidden units; the gathered full-width inputs of attention and feed-forward

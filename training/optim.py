@@ -74,17 +74,18 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
 
 
 def fused_adamw(params: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW (one kernel per parameter instead of a dozen ops) takes these: plain
-    floating-point tensors on CPU or CUDA (sharded DTensors keep the default implementation)."""
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and "DTensor" not in type(p.data).__name__
-               for p in params)
+    """Whether torch's fused AdamW (one kernel per parameter instead of a dozen ops) takes these:
+    plain floating-point tensors on CPU or CUDA (sharded DTensors keep the default)."""
+    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+               and "DTensor" not in type(p.data).__name__ for p in params)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over param_groups; fused where fused_adamw allows (the same update within float32 rounding)."""
+    """AdamW over param_groups; fused where fused_adamw allows (the same update up to rounding)."""
     groups = param_groups(model, cfg)
     fused = fused_adamw([p for g in groups for p in g["params"]]) or None  # None: torch's default
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+    betas = (cfg.beta1, cfg.beta2)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused)
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
