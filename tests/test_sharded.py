@@ -202,7 +202,7 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(tmp_path
     sample printed once."""
     r = _torchrun_train(2, "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
                         "--name", "r", "optim.lr=1e-2", "train.steps=30", f"train.parallel={parallel}",
-                        *(["model.qk_norm=true"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
+                        *(["model.qk_norm=rmsnorm"] if parallel == "tp" else []))  # qk gains: Replicate DTensors
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["status"] == "ok" and r.stderr.count("sample: ") == 1
