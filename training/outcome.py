@@ -21,7 +21,7 @@ EXIT_OK = 0  # finished (any status but diverged), stopped at train.stop_at, or 
 EXIT_BAD_INPUT = 2  # config, command line, data, checkpoint, too big a run: nothing written
 EXIT_DIVERGED = 3  # a result: logs and summary complete
 EXIT_STORAGE = 4  # the run's files could not be written: the last checkpoint is intact
-EXIT_PEER = 5  # another process of the job died or hung: --resume
+EXIT_PEER = 5  # another process of the job failed first, died or hung: --resume
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: checkpoint saved, --resume
 AGENT_WAIT_S = 1.0  # a peer left: how long to wait for torchrun's SIGTERM (see leave)
 
@@ -51,7 +51,7 @@ def outcome(e: BaseException, d: Dist) -> tuple[int, str]:
     if isinstance(e, (ConfigError, DataError, CheckpointError)):
         return EXIT_BAD_INPUT, named(f"error: {e}", e, d)
     if isinstance(e, KeyboardInterrupt):  # before the loop (e.g. preparing data): nothing to save
-        return EXIT_INTERRUPTED, "interrupted"
+        return EXIT_INTERRUPTED, "interrupted" if d.is_master else ""  # Ctrl-C reaches every rank
     if isinstance(e, MemoryError) or "can't allocate memory" in str(e) \
             or type(e).__name__ == "OutOfMemoryError":
         line = (f"error: out of memory: {one_line(e)}; the run is too big for this machine: lower "
