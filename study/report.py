@@ -104,12 +104,10 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     alt = list(res.alternatives)
     lines += ["", "## Arms", "",
               "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (main rule) | "
-              + "".join(f"LR50 ({name}) | " for name in alt) + "LR sensitivity (nats, 95% CI) | failed below the "
-              "floor (too slow) | train.py labels ok / plateau / collapsed / unstable / diverged / crashed | "
-              "spike score loss / grad norm (%) | tokens/s |",
-              "|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|"]
-    lines[-2] = lines[-2].replace("| LR50 (main rule) | ", "| LR50 (main rule) | LR50 (instability alone) | ")
-    lines[-1] += "---|"
+              "LR50 (instability alone) | " + "".join(f"LR50 ({name}) | " for name in alt)
+              + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | train.py labels ok / plateau "
+              "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s |",
+              "|---|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|"]
     for label, a in arms.items():
         fit, c = res.failures[label], a.outcomes()
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
