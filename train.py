@@ -22,8 +22,9 @@ DEFAULT_CONFIG = REPO / "configs" / "train" / "default.yaml"
 def cli() -> argparse.ArgumentParser:
     """The command line, built without torch: --help answers at once."""
     head, _, tail = __doc__.partition("\n\n")
-    p = argparse.ArgumentParser(description=head, epilog=tail,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=head, epilog=tail, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
     p.add_argument("--norm", help="model.norm, e.g. layernorm (the names: default.yaml)")
     p.add_argument("--placement", help="model.placement, e.g. post (the names: default.yaml)")
@@ -73,8 +74,9 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     cfg = load_config(config, a.overrides, flags)
     if a.resume:
         if not cfg.log.name:
-            raise ConfigError("--resume needs --name (the run to continue, or to start if it does "
-                              "not exist yet)")
+            raise ConfigError(
+                "--resume needs --name (the run to continue, or to start if it does not exist yet)"
+            )
         saved = Path(cfg.log.out_dir) / cfg.log.name / "config.yaml"
         if saved.is_file():  # the checkpoint holds a model and optimizer built from it
             cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
@@ -116,6 +118,7 @@ class Data:
 @dataclass
 class Run:
     """One run's state, from build() to finish(): what it trains, where, and how far it got."""
+
     cfg: Config
     d: Dist
     dir: RunDir
@@ -176,14 +179,22 @@ def inputs(cfg: Config, d: Dist) -> tuple[Data, dict]:
     # too big for this machine: refused before anything large is allocated (each rank its node)
     estimate = memory.check(cfg, d.world_size, d.data_world, micro, d.local_world, d.device)
     prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # built once, cached
-    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed,
-                         d.data_rank, d.data_world)
+    loader = BatchLoader(
+        load_tokens(prepared, "train"),
+        tc.seq_len,
+        tc.batch_size,
+        tc.seed,
+        d.data_rank,
+        d.data_world,
+    )
     val_tokens = load_tokens(prepared, "val")
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail now
     tok = Tokenizer(prepared / "tokenizer.model")
     # which fused kernels run and which paths fall back, loaded now rather than in the first step
-    kernels = {**kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
-               "attention": attention_path(cfg.model)}
+    kernels = {
+        **kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
+        "attention": attention_path(cfg.model),
+    }
     token_bytes = torch.from_numpy(tok.token_bytes())
     data = Data(tok, read_meta(prepared), loader, val_tokens, token_bytes, micro, accum)
     return data, {"kernels": kernels, "cpu": cpu, "memory": memory.describe(estimate)}
@@ -193,21 +204,33 @@ def start(run: Run) -> None:
     """Restore the newest checkpoint or write a new run's files; the logger; the first lines."""
     cfg, d, p, data, tc = run.cfg, run.d, run.parts, run.data, run.cfg.train
     if run.how == "resume":
-        run.step, notes = resume_state(run.dir, cfg, d, run.model, p.opt, p.scaler, data.loader,
-                                       run.machine)
+        run.step, notes = resume_state(
+            run.dir, cfg, d, run.model, p.opt, p.scaler, data.loader, run.machine
+        )
     else:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
-    run.logger = Logger(run.dir.path if d.is_master else None, run.dir.name, tc.steps, run.step,
-                        cfg.log.wandb, cfg.log.wandb_project, to_dict(cfg))
+    run.logger = Logger(
+        run.dir.path if d.is_master else None,
+        run.dir.name,
+        tc.steps,
+        run.step,
+        cfg.log.wandb,
+        cfg.log.wandb_project,
+        to_dict(cfg),
+    )
     tp = d.world_size // d.data_world
     spread = f"{d.data_world} data shares" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     resumed = f" | resumed at step {run.step}" if run.step else ""
     run.logger.message(
         f"run {run.dir.path} | {run.model.num_params():,} parameters | {cfg.model.norm} "
         f"{cfg.model.placement} | {tc.batch_size}x{tc.seq_len} tokens/step ({p.accum} "
-        f"micro-batches x {spread}) | {d.device} {tc.dtype}{resumed}")
-    fallbacks = "; ".join(f"{op}: {path}" for op, path in run.machine["kernels"].items()
-                          if op != "build" and path.startswith("reference ("))
+        f"micro-batches x {spread}) | {d.device} {tc.dtype}{resumed}"
+    )
+    fallbacks = "; ".join(
+        f"{op}: {path}"
+        for op, path in run.machine["kernels"].items()
+        if op != "build" and path.startswith("reference (")
+    )
     for note in ([f"fast paths that fall back: {fallbacks}"] if fallbacks else []) + notes:
         run.logger.message(note)
 
@@ -230,34 +253,56 @@ def loop(run: Run) -> None:
             if result.diverged:  # a non-finite loss or gradient norm: no update made, the run ends
                 run.status, run.diverged_at = "diverged", run.step
                 log.log(run.step, record)
-                log.message(f"diverged at step {run.step}: loss {record['train/loss']}, "
-                            f"grad norm {record['grad/norm']}")
+                log.message(
+                    f"diverged at step {run.step}: loss {record['train/loss']}, "
+                    f"grad norm {record['grad/norm']}"
+                )
                 return
             if evals.due(run.step):  # on its cadence and at the last step
                 record.update(validate(run))
-                log.message(f"step {run.step}: train loss {record['train/loss']:.4f}, "
-                            f"val loss {record['val/loss']:.4f}")
+                log.message(
+                    f"step {run.step}: train loss {record['train/loss']:.4f}, "
+                    f"val loss {record['val/loss']:.4f}"
+                )
             log.log(run.step, record)
             faults.point("log")
             # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank (never at the last step)
             run.planned_stop = run.step == tc.stop_at and run.step < tc.steps
             stop_now = run.step < tc.steps and (
-                run.planned_stop or distributed.any_rank(stop.requested, run.d.device))
+                run.planned_stop or distributed.any_rank(stop.requested, run.d.device)
+            )
             if checkpoints.due(run.step) or stop_now:
-                save_state(run.dir, cfg, run.d, run.model, run.parts.opt, run.data.loader,
-                           run.step, run.parts.scaler)
+                save_state(
+                    run.dir,
+                    cfg,
+                    run.d,
+                    run.model,
+                    run.parts.opt,
+                    run.data.loader,
+                    run.step,
+                    run.parts.scaler,
+                )
                 stop.saved = run.step
             if stop_now:
                 run.status = "interrupted"
                 why = f"train.stop_at={run.step}" if run.planned_stop else "interrupted"
-                log.message(f"stopped at step {run.step} ({why}); continue with --name "
-                            f"{run.dir.name} --resume")
+                log.message(
+                    f"stopped at step {run.step} ({why}); continue with --name "
+                    f"{run.dir.name} --resume"
+                )
                 return
 
 
 def validate(run: Run) -> dict:
-    return evaluate(run.model, run.data.val_tokens, run.cfg, run.d, run.parts.autocast,
-                    run.parts.micro, run.data.token_bytes.to(run.d.device))
+    return evaluate(
+        run.model,
+        run.data.val_tokens,
+        run.cfg,
+        run.d,
+        run.parts.autocast,
+        run.parts.micro,
+        run.data.token_bytes.to(run.d.device),
+    )
 
 
 def finish(run: Run) -> int:
@@ -281,19 +326,33 @@ def summary(run: Run, state: dict | None) -> None:
         if state is not None:
             model = Llama(cfg.model).to(run.d.device)
             model.load_state_dict(state)
-        log.message("sample: " + sample(model, run.data.tok, tc.sample_tokens, tc.seed,
-                                        run.parts.autocast))
-    s = summarize(run.dir.records(), run.status, run.step, tc.steps, run.diverged_at,
-                  run.data.meta.get("unigram_entropy"), cfg.log.spike_window, cfg.log.spike_k,
-                  time.time() - run.t_start)
+        log.message(
+            "sample: " + sample(model, run.data.tok, tc.sample_tokens, tc.seed, run.parts.autocast)
+        )
+    s = summarize(
+        run.dir.records(),
+        run.status,
+        run.step,
+        tc.steps,
+        run.diverged_at,
+        run.data.meta.get("unigram_entropy"),
+        cfg.log.spike_window,
+        cfg.log.spike_k,
+        time.time() - run.t_start,
+    )
     write_json(run.dir.summary, s)
     log.close(s)  # and its progress bar: the result line below is the last one
     final, dead = s["final_val_loss"], s["dead_gradients_at"]
-    why = "" if dead is None else \
-        f" dead gradients (every gradient below the final norm 0 from step {dead});"
-    log.message(f"{run.status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} "
-                f"(unigram entropy {s['unigram_entropy']:.3f}), {s['tokens_per_s'] or 0:,.0f} "
-                f"tokens/s -> {run.dir.path}")
+    why = (
+        ""
+        if dead is None
+        else f" dead gradients (every gradient below the final norm 0 from step {dead});"
+    )
+    log.message(
+        f"{run.status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} "
+        f"(unigram entropy {s['unigram_entropy']:.3f}), {s['tokens_per_s'] or 0:,.0f} "
+        f"tokens/s -> {run.dir.path}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ def load_tokens(prepared: str | Path, split: str) -> np.memmap:
     expected = meta[f"{split}_tokens"] * np.dtype(meta["dtype"]).itemsize
     size = path.stat().st_size if path.is_file() else None
     if size != expected:
-        raise DataError(f"prepared dataset {prepared} is damaged: {path.name} has "
-                        f"{'no file' if size is None else f'{size:,} bytes'}, meta.json says {expected:,}; "
-                        f"delete the directory to prepare it again")
+        raise DataError(
+            f"prepared dataset {prepared} is damaged: {path.name} has "
+            f"{'no file' if size is None else f'{size:,} bytes'}, meta.json says {expected:,}; "
+            f"delete the directory to prepare it again"
+        )
     return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
 
 
@@ -35,8 +37,10 @@ def read_meta(prepared: Path) -> dict:
         np.dtype(meta["dtype"])
         return meta
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"prepared dataset {prepared} is damaged: cannot read its meta.json ({e}); delete the "
-                        f"directory to prepare it again") from None
+        raise DataError(
+            f"prepared dataset {prepared} is damaged: cannot read its meta.json ({e}); delete the "
+            f"directory to prepare it again"
+        ) from None
 
 
 class BatchLoader:
@@ -48,13 +52,24 @@ class BatchLoader:
     run sees exactly the batches it would have seen, and no model RNG is ever consumed.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if batch_size % world_size:
-            raise DataError(f"batch size {batch_size} is not divisible by the {world_size} processes")
+            raise DataError(
+                f"batch size {batch_size} is not divisible by the {world_size} processes"
+            )
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.n_windows = (len(tokens) - seq_len) // seq_len  # windows that fit whatever the epoch's offset
+        self.n_windows = (
+            len(tokens) - seq_len
+        ) // seq_len  # windows that fit whatever the epoch's offset
         if self.n_windows < 1:
             raise DataError(f"{len(tokens)} tokens are too few for windows of seq_len={seq_len}")
         self.step = 0
@@ -79,7 +94,9 @@ class BatchLoader:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) of shape (batch_size / world_size, seq_len): y is x shifted by one token."""
-        windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in self.starts(step)]).astype(np.int64)
+        windows = np.stack(
+            [self.tokens[s : s + self.seq_len + 1] for s in self.starts(step)]
+        ).astype(np.int64)
         w = torch.from_numpy(windows)
         return w[:, :-1], w[:, 1:]
 
@@ -92,18 +109,31 @@ class BatchLoader:
         return self
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "seq_len": self.seq_len}
+        return {
+            "step": self.step,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
         for k in ("seed", "batch_size", "seq_len"):
             if state[k] != mine[k]:
-                raise DataError(f"checkpoint loader {k}={state[k]} differs from the config's {mine[k]}")
+                raise DataError(
+                    f"checkpoint loader {k}={state[k]} differs from the config's {mine[k]}"
+                )
         self.step = state["step"]
 
 
-def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: int, rank: int = 0,
-                 world_size: int = 1):
+def eval_batches(
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int,
+    rank: int = 0,
+    world_size: int = 1,
+):
     """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across ranks
     (window i goes to rank i % world_size), as an iterator of (x, y, counts) batches of at most batch_size.
 
@@ -112,7 +142,9 @@ def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: 
     leave the others waiting. A rank with fewer windows pads with copies of window 0 that have counts=False
     (their loss is weighted 0). Too little data raises DataError here, when called, not at the first batch."""
     available = (len(tokens) - 1) // seq_len
-    n = available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)  # 0: the whole split
+    n = (
+        available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)
+    )  # 0: the whole split
     if n < 1:
         raise DataError(f"{len(tokens)} val tokens are too few for one window of seq_len={seq_len}")
     mine = list(range(rank, n, world_size))
@@ -120,11 +152,11 @@ def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_tokens: 
     n_batches = -(-most // batch_size)
 
     def window(j: int) -> np.ndarray:
-        return tokens[j * seq_len: j * seq_len + seq_len + 1]
+        return tokens[j * seq_len : j * seq_len + seq_len + 1]
 
     def batches():
         for b in range(n_batches):
-            rows = mine[b * batch_size:(b + 1) * batch_size]
+            rows = mine[b * batch_size : (b + 1) * batch_size]
             w = torch.from_numpy(np.stack([window(j) for j in (rows or [0])]).astype(np.int64))
             yield w[:, :-1], w[:, 1:], bool(rows)
 

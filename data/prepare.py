@@ -26,13 +26,22 @@ from pathlib import Path
 
 import numpy as np
 
-from data.sources import DataError, corpus_sha256, describe, load_documents, parse_source, source_key
+from data.sources import (
+    DataError,
+    corpus_sha256,
+    describe,
+    load_documents,
+    parse_source,
+    source_key,
+)
 
 FORMAT = 1  # bump when the output layout changes, to invalidate old caches
 N_META_PIECES = 3 + 256  # unk, bos, eos and the byte-fallback pieces
 MIN_COVERAGE = 0.98  # the lowest character_coverage SentencePiece accepts
 MIN_VOCAB = 300  # the meta pieces + room for the commonest characters and some merges
-PARALLEL_BYTES = 16 << 20  # tokenize with several processes above this corpus size (below it, start-up dominates)
+PARALLEL_BYTES = (
+    16 << 20
+)  # tokenize with several processes above this corpus size (below it, start-up dominates)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -42,10 +51,24 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def tokenizer_settings(vocab_size: int) -> dict:
     """SentencePiece BPE settings: byte fallback and identity normalization make decode(encode(t)) == t."""
-    return dict(model_type="bpe", vocab_size=vocab_size, byte_fallback=True, character_coverage=0.9995,
-                normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
-                split_digits=True, allow_whitespace_only_pieces=True, max_sentence_length=1 << 14,
-                shuffle_input_sentence=False, input_sentence_size=0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    return dict(
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        max_sentence_length=1 << 14,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+    )
 
 
 def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> float:
@@ -60,12 +83,16 @@ def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> floa
     counts = [n for _, n in chars.most_common()]
     if total == 0 or room >= len(counts) or sum(counts[:room]) >= coverage * total:
         return coverage
-    covered_k, covered_before = sum(counts[:room]), sum(counts[:room - 1])
+    covered_k, covered_before = sum(counts[:room]), sum(counts[: room - 1])
     if covered_k < MIN_COVERAGE * total:  # SentencePiece refuses a coverage below 0.98
-        needed = next(k for k in range(1, len(counts) + 1) if sum(counts[:k]) >= MIN_COVERAGE * total)
-        raise DataError(f"data.vocab_size={vocab_size} is too small for this corpus: its commonest characters "
-                        f"covering {MIN_COVERAGE:.0%} of the text need data.vocab_size >= "
-                        f"{N_META_PIECES + needed + 1}")
+        needed = next(
+            k for k in range(1, len(counts) + 1) if sum(counts[:k]) >= MIN_COVERAGE * total
+        )
+        raise DataError(
+            f"data.vocab_size={vocab_size} is too small for this corpus: its commonest characters "
+            f"covering {MIN_COVERAGE:.0%} of the text need data.vocab_size >= "
+            f"{N_META_PIECES + needed + 1}"
+        )
     return (covered_before + covered_k) / 2 / total
 
 
@@ -74,9 +101,17 @@ def dataset_name(source: str, vocab_size: int, digest: str) -> str:
     return f"{slug}-v{vocab_size}-{digest[:10]}"
 
 
-def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float = 0.05, seed: int = 1337,
-            text_field: str = "text", root: str | Path = "data/prepared", max_tokens: int = 0,
-            max_tokenizer_lines: int = 2_000_000, verbose: bool = True) -> Path:
+def prepare(
+    source: str = "pydocs",
+    vocab_size: int = 4096,
+    val_fraction: float = 0.05,
+    seed: int = 1337,
+    text_field: str = "text",
+    root: str | Path = "data/prepared",
+    max_tokens: int = 0,
+    max_tokenizer_lines: int = 2_000_000,
+    verbose: bool = True,
+) -> Path:
     """The prepared directory for this source and these settings, building it if it is not cached. `max_tokens`
     (> 0) caps the training split at that many tokens; a hub source is then streamed, and read only until its
     documents hold 8 bytes per token of the budget (more than any tokenizer here needs)."""
@@ -85,11 +120,19 @@ def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float 
     if not 0 < val_fraction < 1:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
     if vocab_size < MIN_VOCAB:
-        raise DataError(f"data.vocab_size must be >= {MIN_VOCAB} ({N_META_PIECES} ids for the special and byte "
-                        f"pieces, the rest for characters and merges), got {vocab_size}")
-    key = {"format": FORMAT, **source_key(source, text_field), "vocab_size": vocab_size,
-           "val_fraction": val_fraction, "seed": seed, "max_tokenizer_lines": max_tokenizer_lines,
-           **({"max_tokens": max_tokens} if max_tokens else {})}  # absent when off: older caches keep their names
+        raise DataError(
+            f"data.vocab_size must be >= {MIN_VOCAB} ({N_META_PIECES} ids for the special and byte "
+            f"pieces, the rest for characters and merges), got {vocab_size}"
+        )
+    key = {
+        "format": FORMAT,
+        **source_key(source, text_field),
+        "vocab_size": vocab_size,
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "max_tokenizer_lines": max_tokenizer_lines,
+        **({"max_tokens": max_tokens} if max_tokens else {}),
+    }  # absent when off: older caches keep their names
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     root = Path(root)
     out = root / dataset_name(source, vocab_size, digest)
@@ -98,15 +141,28 @@ def prepare(source: str = "pydocs", vocab_size: int = 4096, val_fraction: float 
     root.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
 
-    with FileLock(str(root / f".{out.name}.lock")):  # concurrent runs (sweeps, torchrun) prepare only once
+    with FileLock(
+        str(root / f".{out.name}.lock")
+    ):  # concurrent runs (sweeps, torchrun) prepare only once
         if _is_complete(out, digest):
             return out
         tmp = root / f".{out.name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted prepare
         tmp.mkdir()
         try:
-            _build(tmp, source, key, digest, vocab_size, val_fraction, seed, text_field, max_tokenizer_lines,
-                   verbose, max_tokens)
+            _build(
+                tmp,
+                source,
+                key,
+                digest,
+                vocab_size,
+                val_fraction,
+                seed,
+                text_field,
+                max_tokenizer_lines,
+                verbose,
+                max_tokens,
+            )
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         finally:
@@ -122,8 +178,10 @@ def _is_complete(out: Path, digest: str) -> bool:
     try:
         return json.loads((out / "meta.json").read_text())["digest"] == digest
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"prepared dataset {out} is damaged: cannot read its meta.json ({e}); delete the "
-                        f"directory to prepare it again") from None
+        raise DataError(
+            f"prepared dataset {out} is damaged: cannot read its meta.json ({e}); delete the "
+            f"directory to prepare it again"
+        ) from None
 
 
 def _log(verbose: bool, msg: str) -> None:
@@ -131,8 +189,19 @@ def _log(verbose: bool, msg: str) -> None:
         print(f"[prepare] {msg}", file=sys.stderr, flush=True)
 
 
-def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_fraction: float, seed: int,
-           text_field: str, max_tokenizer_lines: int, verbose: bool, max_tokens: int = 0) -> None:
+def _build(
+    tmp: Path,
+    source: str,
+    key: dict,
+    digest: str,
+    vocab_size: int,
+    val_fraction: float,
+    seed: int,
+    text_field: str,
+    max_tokenizer_lines: int,
+    verbose: bool,
+    max_tokens: int = 0,
+) -> None:
     import datasets
     import sentencepiece as spm
 
@@ -140,36 +209,60 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     local = not source.startswith("hf:")
     if not local:  # a download: say so before it starts
         _log(verbose, f"loading {describe(source)}")
-    with _quiet(local):  # local corpora load in seconds: bars would only bury a bad-input error line
-        docs = load_documents(source, text_field, 8 * max_tokens).filter(lambda t: bool(t and t.strip()),
-                                                                         input_columns="text")
+    with _quiet(
+        local
+    ):  # local corpora load in seconds: bars would only bury a bad-input error line
+        docs = load_documents(source, text_field, 8 * max_tokens).filter(
+            lambda t: bool(t and t.strip()), input_columns="text"
+        )
     if len(docs) < 2:
-        raise DataError(f"data source {source!r} has {len(docs)} non-empty documents; need at least 2 "
-                        f"(one for train, one for val)")
+        raise DataError(
+            f"data source {source!r} has {len(docs)} non-empty documents; need at least 2 "
+            f"(one for train, one for val)"
+        )
     if local:
         _log(verbose, f"loaded {describe(source)}: {len(docs):,} documents")
     # split by document, deterministically: a seeded permutation, each split kept in corpus order
     perm = np.random.default_rng(seed).permutation(len(docs))
     n_val = min(len(docs) - 1, max(1, round(len(docs) * val_fraction)))
-    splits = {"val": docs.select(np.sort(perm[:n_val])), "train": docs.select(np.sort(perm[n_val:]))}
+    splits = {
+        "val": docs.select(np.sort(perm[:n_val])),
+        "train": docs.select(np.sort(perm[n_val:])),
+    }
 
-    _log(verbose, f"training a {vocab_size}-piece BPE tokenizer on {len(splits['train'])} train documents")
+    _log(
+        verbose,
+        f"training a {vocab_size}-piece BPE tokenizer on {len(splits['train'])} train documents",
+    )
     settings = tokenizer_settings(vocab_size)
     settings["character_coverage"] = character_coverage(
         Counter(c for line in _lines(splits["train"], max_tokenizer_lines) for c in line),
-        vocab_size, settings["character_coverage"])
+        vocab_size,
+        settings["character_coverage"],
+    )
     if settings["character_coverage"] < tokenizer_settings(vocab_size)["character_coverage"]:
-        _log(verbose, f"character_coverage lowered to {settings['character_coverage']:.4f} so that the characters fit "
-                      f"a {vocab_size}-piece vocabulary; rarer characters are encoded as bytes")
+        _log(
+            verbose,
+            f"character_coverage lowered to {settings['character_coverage']:.4f} so that the characters fit "
+            f"a {vocab_size}-piece vocabulary; rarer characters are encoded as bytes",
+        )
     proto = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=_lines(splits["train"], max_tokenizer_lines),
-                                       model_writer=proto, num_threads=os.cpu_count() or 1, minloglevel=2,
-                                       **settings)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_lines(splits["train"], max_tokenizer_lines),
+            model_writer=proto,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+            **settings,
+        )
     except RuntimeError as e:
-        reason = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]  # drop SentencePiece's source location
-        raise DataError(f"cannot train the tokenizer on {source!r}: {reason} "
-                        f"(lower data.vocab_size or use a larger corpus)") from None
+        reason = (
+            str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]
+        )  # drop SentencePiece's source location
+        raise DataError(
+            f"cannot train the tokenizer on {source!r}: {reason} "
+            f"(lower data.vocab_size or use a larger corpus)"
+        ) from None
     (tmp / "tokenizer.model").write_bytes(proto.getvalue())
 
     from data.tokenizer import Tokenizer
@@ -180,27 +273,52 @@ def _build(tmp: Path, source: str, key: dict, digest: str, vocab_size: int, val_
     n_bytes = sum(len(t.encode("utf-8")) for t in splits["train"]["text"])
     num_proc = min(os.cpu_count() or 1, 8) if n_bytes > PARALLEL_BYTES else None
     for split, ds in splits.items():
-        ids = ds.map(_Encoder(proto.getvalue()), batched=True, remove_columns=ds.column_names, num_proc=num_proc,
-                     desc=f"tokenizing {split}", load_from_cache_file=False)
-        counts[split] = _write_tokens(ids, tmp / f"{split}.bin", dtype, max_tokens if split == "train" else 0)
+        ids = ds.map(
+            _Encoder(proto.getvalue()),
+            batched=True,
+            remove_columns=ds.column_names,
+            num_proc=num_proc,
+            desc=f"tokenizing {split}",
+            load_from_cache_file=False,
+        )
+        counts[split] = _write_tokens(
+            ids, tmp / f"{split}.bin", dtype, max_tokens if split == "train" else 0
+        )
     train = np.memmap(tmp / "train.bin", dtype=dtype, mode="r")
     p = np.bincount(train, minlength=vocab_size) / len(train)
     entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
     meta = {
-        "digest": digest, "key": key, "source": source, "description": describe(source),
-        "vocab_size": tok.vocab_size, "dtype": dtype.name, "eos_id": tok.eos_id,
-        "train_tokens": counts["train"], "val_tokens": counts["val"],
-        "train_documents": len(splits["train"]), "val_documents": len(splits["val"]),
-        "corpus_bytes": n_bytes + sum(len(t.encode("utf-8")) for t in splits["val"]["text"]),  # UTF-8 bytes
+        "digest": digest,
+        "key": key,
+        "source": source,
+        "description": describe(source),
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "eos_id": tok.eos_id,
+        "train_tokens": counts["train"],
+        "val_tokens": counts["val"],
+        "train_documents": len(splits["train"]),
+        "val_documents": len(splits["val"]),
+        "corpus_bytes": n_bytes
+        + sum(len(t.encode("utf-8")) for t in splits["val"]["text"]),  # UTF-8 bytes
         "corpus_sha256": corpus_sha256(docs["text"]),
         "unigram_entropy": entropy,  # nats per token: the loss of a model that learned only token frequencies
         "tokenizer": settings,
-        "versions": {"python": sys.version.split()[0], "sentencepiece": spm.__version__,
-                     "datasets": datasets.__version__, "numpy": np.__version__},
+        "versions": {
+            "python": sys.version.split()[0],
+            "sentencepiece": spm.__version__,
+            "datasets": datasets.__version__,
+            "numpy": np.__version__,
+        },
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # written last: marks completion
-    _log(verbose, f"{counts['train']:,} train / {counts['val']:,} val tokens, unigram entropy "
-                  f"{entropy:.3f} nats, {time.time() - t0:.1f}s")
+    (tmp / "meta.json").write_text(
+        json.dumps(meta, indent=2) + "\n"
+    )  # written last: marks completion
+    _log(
+        verbose,
+        f"{counts['train']:,} train / {counts['val']:,} val tokens, unigram entropy "
+        f"{entropy:.3f} nats, {time.time() - t0:.1f}s",
+    )
 
 
 @contextmanager
@@ -264,26 +382,45 @@ def _write_tokens(ds, path: Path, dtype: np.dtype, limit: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--source", default="pydocs",
-                   help="pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--source",
+        default="pydocs",
+        help="pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]",
+    )
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--text-field", default="text", help="column holding the text (hf sources)")
     p.add_argument("--root", default="data/prepared")
-    p.add_argument("--max-tokens", type=int, default=0, help="cap the training split at this many tokens (0: all)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="cap the training split at this many tokens (0: all)",
+    )
     args = p.parse_args(argv)
     try:
         parse_source(args.source)
-        out = prepare(args.source, args.vocab_size, args.val_fraction, args.seed, args.text_field, args.root,
-                      args.max_tokens)
+        out = prepare(
+            args.source,
+            args.vocab_size,
+            args.val_fraction,
+            args.seed,
+            args.text_field,
+            args.root,
+            args.max_tokens,
+        )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = json.loads((out / "meta.json").read_text())
-    print(f"{out}: {meta['corpus_bytes']:,} bytes, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
-          f"tokens, vocab {meta['vocab_size']}, unigram entropy {meta['unigram_entropy']:.3f} nats")
+    print(
+        f"{out}: {meta['corpus_bytes']:,} bytes, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
+        f"tokens, vocab {meta['vocab_size']}, unigram entropy {meta['unigram_entropy']:.3f} nats"
+    )
     return 0
 
 

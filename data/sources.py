@@ -21,8 +21,20 @@ KINDS = ("pydocs", "pystdlib", "text:PATH_OR_GLOB", "hf:NAME[:CONFIG][@SPLIT][#R
 EMBEDDED = ("pydocs", "pystdlib")
 
 # Standard-library parts that are tests, demos, vendored code or side-effect toys rather than documentation.
-_SKIP = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "pydoc_data", "this", "antigravity",
-         "site-packages", "__pycache__", "__phello__"}
+_SKIP = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "this",
+    "antigravity",
+    "site-packages",
+    "__pycache__",
+    "__phello__",
+}
 
 
 class DataError(ValueError):
@@ -42,10 +54,17 @@ def source_key(spec: str, text_field: str = "text") -> dict:
     """A cheap identity of the source for the prepare cache (computed without reading the corpus)."""
     kind, arg = parse_source(spec)
     if kind in EMBEDDED:
-        return {"source": spec, "python": sys.version, "implementation": platform.python_implementation()}
+        return {
+            "source": spec,
+            "python": sys.version,
+            "implementation": platform.python_implementation(),
+        }
     if kind == "text":
         files = _text_files(arg)
-        return {"source": spec, "files": [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]}
+        return {
+            "source": spec,
+            "files": [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files],
+        }
     return {"source": spec, "text_field": text_field}
 
 
@@ -85,8 +104,10 @@ def _load_text(pattern: str):
                 while fh.read(1 << 24):
                     pass
         except UnicodeDecodeError as e:
-            raise DataError(f"text source file {f!r} is not UTF-8 text (byte {e.start}: {e.reason}); give plain "
-                            f"text files") from None
+            raise DataError(
+                f"text source file {f!r} is not UTF-8 text (byte {e.start}: {e.reason}); give plain "
+                f"text files"
+            ) from None
         except OSError as e:
             raise DataError(f"cannot read text source file {f!r}: {e.strerror or e}") from None
     if all(os.path.getsize(f) == 0 for f in files):
@@ -95,9 +116,13 @@ def _load_text(pattern: str):
 
 
 def _text_files(pattern: str) -> list[str]:
-    files = sorted(f for f in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(f))
+    files = sorted(
+        f for f in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(f)
+    )
     if not files:
-        raise DataError(f"text source {pattern!r} matches no files; give a path or glob of plain-text files")
+        raise DataError(
+            f"text source {pattern!r} matches no files; give a path or glob of plain-text files"
+        )
     return files
 
 
@@ -119,15 +144,23 @@ def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
 
     huggingface_hub.utils.logging.set_verbosity_error()
     try:
-        ds = datasets.load_dataset(name, config, split=split, revision=revision, streaming=bool(max_bytes))
+        ds = datasets.load_dataset(
+            name, config, split=split, revision=revision, streaming=bool(max_bytes)
+        )
         columns = ds.column_names if not max_bytes else list(next(iter(ds)).keys())
-    except Exception as e:  # offline, unknown name, bad split or revision...: one line, not a stack trace
+    except (
+        Exception
+    ) as e:  # offline, unknown name, bad split or revision...: one line, not a stack trace
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise DataError(f"could not load Hugging Face dataset {arg!r} ({reason}); without network use "
-                        f"data.source=pydocs, pystdlib or text:PATH") from None
+        raise DataError(
+            f"could not load Hugging Face dataset {arg!r} ({reason}); without network use "
+            f"data.source=pydocs, pystdlib or text:PATH"
+        ) from None
     if text_field not in columns:
-        raise DataError(f"dataset {arg!r} has no text field {text_field!r}; columns: {', '.join(columns)}"
-                        f" (set data.text_field)")
+        raise DataError(
+            f"dataset {arg!r} has no text field {text_field!r}; columns: {', '.join(columns)}"
+            f" (set data.text_field)"
+        )
     if max_bytes:  # streamed: read documents in order until they hold max_bytes
         texts, total = [], 0
         for row in ds:
@@ -137,7 +170,11 @@ def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
             if total >= max_bytes:
                 break
         return datasets.Dataset.from_dict({"text": texts})
-    return ds.select_columns([text_field]).rename_column(text_field, "text") if text_field != "text" else ds
+    return (
+        ds.select_columns([text_field]).rename_column(text_field, "text")
+        if text_field != "text"
+        else ds
+    )
 
 
 def pydocs_documents() -> list[str]:
@@ -159,8 +196,12 @@ def pydocs_documents() -> list[str]:
 def stdlib_files() -> list[tuple[str, str]]:
     """(path, path relative to the standard library) of every module file pydocs and pystdlib read, in order."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    return [(path, os.path.relpath(path, stdlib)) for name in sorted(sys.stdlib_module_names)
-            if name not in _SKIP and not name.startswith("_") for path in _module_files(stdlib, name)]
+    return [
+        (path, os.path.relpath(path, stdlib))
+        for name in sorted(sys.stdlib_module_names)
+        if name not in _SKIP and not name.startswith("_")
+        for path in _module_files(stdlib, name)
+    ]
 
 
 def pystdlib_documents() -> list[str]:
@@ -186,7 +227,11 @@ def _module_files(stdlib: str, name: str) -> list[str]:
     files = []
     for folder, dirs, names in os.walk(os.path.join(stdlib, name)):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP and not d.startswith("test"))
-        files += [os.path.join(folder, f) for f in sorted(names) if f.endswith(".py") and not f.startswith("test")]
+        files += [
+            os.path.join(folder, f)
+            for f in sorted(names)
+            if f.endswith(".py") and not f.startswith("test")
+        ]
     return files
 
 
@@ -200,7 +245,9 @@ def _file_docs(path: str, rel: str) -> str:
     module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
     parts = [d for d in [ast.get_docstring(tree)] if d]
     for node in ast.walk(tree):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+        if isinstance(
+            node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        ) and not node.name.startswith("_"):
             doc = ast.get_docstring(node)
             if doc:
                 parts.append(f"{node.name}:\n{doc}")

@@ -32,8 +32,14 @@ import torch
 
 HERE = Path(__file__).parent
 # the translation units compiled and linked into one library (they include the headers)
-SOURCES = ("norms_cpu.cpp", "norms_isa_base.cpp", "norms_isa_avx2.cpp", "norms_isa_avx512.cpp", "cross_entropy_cpu.cpp",
-           "swiglu_cpu.cpp")
+SOURCES = (
+    "norms_cpu.cpp",
+    "norms_isa_base.cpp",
+    "norms_isa_avx2.cpp",
+    "norms_isa_avx512.cpp",
+    "cross_entropy_cpu.cpp",
+    "swiglu_cpu.cpp",
+)
 _loaded: bool | None = None  # None: not tried yet
 _built: dict = {}  # how the loaded build was made (for meta.json)
 _announced = False  # whether this process printed the compile line
@@ -59,15 +65,20 @@ def build_target(features: str | None, portable: bool) -> list[str]:
 
 def source_files(folder: Path = HERE) -> dict[str, bytes]:
     """Every .cpp and .h under `folder` (fused/), by path relative to it: what a build compiles, byte for byte."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.suffix in (".cpp", ".h") and p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.suffix in (".cpp", ".h") and p.is_file()
+    }
 
 
 def compiler_identity() -> str:
     """The C++ compiler torch's build runs ($CXX, else c++) and the first line of its --version."""
     cxx = os.environ.get("CXX", "c++")
     try:
-        out = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
         version = (out.strip().splitlines() or ["(no version)"])[0]
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         version = f"(not runnable: {type(e).__name__})"
@@ -77,12 +88,20 @@ def compiler_identity() -> str:
 def torch_identity() -> str:
     """torch's version and where it and Python's headers are installed (the build's command lines name them: one
     environment's build is not rebuilt over by another's of the same version)."""
-    return (f"torch {torch.__version__} at {Path(torch.__file__).parent}; python {sys.version_info[0]}."
-            f"{sys.version_info[1]}{getattr(sys, 'abiflags', '')} at {sysconfig.get_paths()['include']}")
+    return (
+        f"torch {torch.__version__} at {Path(torch.__file__).parent}; python {sys.version_info[0]}."
+        f"{sys.version_info[1]}{getattr(sys, 'abiflags', '')} at {sysconfig.get_paths()['include']}"
+    )
 
 
-def build_name(files: dict[str, bytes], cflags: list[str], ldflags: list[str], compiler: str,
-               features: str | None, toolchain: str | None = None) -> str:
+def build_name(
+    files: dict[str, bytes],
+    cflags: list[str],
+    ldflags: list[str],
+    compiler: str,
+    features: str | None,
+    toolchain: str | None = None,
+) -> str:
     """The extension's name: normlab_kernels_<native|portable>_<hash of everything the build depends on>, the
     sources' bytes (source_files), the translation units, the compile and link flags, the compiler
     (compiler_identity), torch (toolchain: torch_identity() unless given), the machine's architecture and, for a
@@ -91,10 +110,16 @@ def build_name(files: dict[str, bytes], cflags: list[str], ldflags: list[str], c
     checkouts that named their builds alike (by the CPU alone) rebuilt over each other on every load; now a build
     is reused exactly when it would come out the same."""
     native = "-march=native" in cflags
-    key = {"files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
-           "sources": list(SOURCES), "cflags": list(cflags), "ldflags": list(ldflags), "compiler": compiler,
-           "toolchain": torch_identity() if toolchain is None else toolchain, "machine": platform.machine(),
-           "cpu": features if native else None}
+    key = {
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        "sources": list(SOURCES),
+        "cflags": list(cflags),
+        "ldflags": list(ldflags),
+        "compiler": compiler,
+        "toolchain": torch_identity() if toolchain is None else toolchain,
+        "machine": platform.machine(),
+        "cpu": features if native else None,
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return f"normlab_kernels_{'native' if native else 'portable'}_{digest}"
 
@@ -109,23 +134,34 @@ def kernel_available() -> bool:
         if arch:  # one copy of the norms' loops, for this CPU; the portable build has one per instruction set
             cflags.append("-DNORMLAB_NATIVE")
         attempts = [(cflags, ["-fopenmp"])]
-        if sys.platform.startswith("linux"):  # first with glibc's vector exp (libmvec), then without
+        if sys.platform.startswith(
+            "linux"
+        ):  # first with glibc's vector exp (libmvec), then without
             attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
-        files, compiler = source_files(), compiler_identity()  # read once: what is hashed is what is built
+        files, compiler = (
+            source_files(),
+            compiler_identity(),
+        )  # read once: what is hashed is what is built
         for extra_cflags, extra_ldflags in attempts:
             name = build_name(files, extra_cflags, extra_ldflags, compiler, features)
             try:
                 _build(name, files, extra_cflags, extra_ldflags)
                 _loaded = True
-                _built.update(name=name, cflags=extra_cflags, norm_loops=torch.ops.normlab.norm_loops())
+                _built.update(
+                    name=name, cflags=extra_cflags, norm_loops=torch.ops.normlab.norm_loops()
+                )
                 break
             except Exception as e:  # no compiler, no headers...: stay correct, just slower
                 error = e
         else:
-            warnings.warn(f"normlab: fused CPU kernels unavailable, using the reference paths ({error})",
-                          stacklevel=2)
+            warnings.warn(
+                f"normlab: fused CPU kernels unavailable, using the reference paths ({error})",
+                stacklevel=2,
+            )
             _loaded = False
-            _built.update(error=str(error).strip().splitlines()[0][:200] if str(error) else repr(error))
+            _built.update(
+                error=str(error).strip().splitlines()[0][:200] if str(error) else repr(error)
+            )
     return _loaded
 
 
@@ -141,22 +177,31 @@ def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
     """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json: the
     fused path, or the reference and why (a fused path that falls back says so, not silently).
     Only a fused implementation builds (or loads) the kernels."""
+
     def fused(what: str) -> str:
         if device == "cpu":
-            return "fused CPU kernel" if kernel_available() else f"reference (kernel build failed: {_built['error']})"
+            return (
+                "fused CPU kernel"
+                if kernel_available()
+                else f"reference (kernel build failed: {_built['error']})"
+            )
         if device == "cuda" and what == "norm":
             return "torch's fused F.rms_norm / F.layer_norm in float32"
         return f"reference (no fused {what} kernel on {device})"
 
-    paths = {"norm": fused("norm") if norm_impl == "fused" else "reference",
-             "cross_entropy": fused("cross_entropy") if ops_impl == "fused" else "reference",
-             "swiglu": fused("swiglu") if ops_impl == "fused" else "reference"}
+    paths = {
+        "norm": fused("norm") if norm_impl == "fused" else "reference",
+        "cross_entropy": fused("cross_entropy") if ops_impl == "fused" else "reference",
+        "swiglu": fused("swiglu") if ops_impl == "fused" else "reference",
+    }
     if _loaded:
         paths["build"] = dict(_built)
     return paths
 
 
-def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ldflags: list[str]) -> None:
+def _build(
+    name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ldflags: list[str]
+) -> None:
     """torch's load() of `files`, copied into the build directory first, under an OS file lock.
 
     The copy: torch's load() runs ninja, which rebuilds when a command line changes, and the command lines name the
@@ -176,12 +221,21 @@ def _build(name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ld
     if not (build_dir / f"{name}.so").is_file():  # a cached build loads in under a second: no line
         announce_compile(build_dir)
     with FileLock(str(build_dir / "normlab.flock")):
-        (build_dir / "lock").unlink(missing_ok=True)  # torch's, left by a killed process (none is building now)
+        (build_dir / "lock").unlink(
+            missing_ok=True
+        )  # torch's, left by a killed process (none is building now)
         src = build_dir / "src"
         _place(src, files)
-        load(name=name, sources=[str(src / s) for s in SOURCES], extra_cflags=extra_cflags,
-             extra_ldflags=extra_ldflags, extra_include_paths=[str(src)], is_python_module=False,
-             build_directory=str(build_dir), verbose=False)
+        load(
+            name=name,
+            sources=[str(src / s) for s in SOURCES],
+            extra_cflags=extra_cflags,
+            extra_ldflags=extra_ldflags,
+            extra_include_paths=[str(src)],
+            is_python_module=False,
+            build_directory=str(build_dir),
+            verbose=False,
+        )
     _register_fake()
 
 
@@ -189,8 +243,12 @@ def announce_compile(build_dir: Path) -> None:
     """The one line a compile prints (rank 0, once per process): what waits, how long, where."""
     global _announced
     if not _announced and os.environ.get("RANK", "0") == "0":  # once a job, not once a rank
-        print(f"[normlab] compiling the fused CPU kernels (about a minute, once per machine and "
-              f"source version; cached in {build_dir.parent})", file=sys.stderr, flush=True)
+        print(
+            f"[normlab] compiling the fused CPU kernels (about a minute, once per machine and "
+            f"source version; cached in {build_dir.parent})",
+            file=sys.stderr,
+            flush=True,
+        )
     _announced = True
 
 
@@ -229,7 +287,9 @@ def _register_fake() -> None:
 
     @torch.library.register_fake("normlab::cross_entropy_fwd")
     def _(logits, target, ignore_index):
-        rows = logits.new_empty(logits.shape[0], dtype=torch.promote_types(logits.dtype, torch.float32))
+        rows = logits.new_empty(
+            logits.shape[0], dtype=torch.promote_types(logits.dtype, torch.float32)
+        )
         return rows, rows.new_empty(logits.shape[0])
 
     @torch.library.register_fake("normlab::cross_entropy_bwd")

@@ -23,22 +23,40 @@ def _supported(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     """The kernel's dtype combinations: weight in x's dtype, or float32 under a 16-bit x."""
     if x.dtype not in _DTYPES:
         return False
-    return weight is None or weight.dtype == x.dtype or (weight.dtype == torch.float32 and x.dtype != torch.float64)
+    return (
+        weight is None
+        or weight.dtype == x.dtype
+        or (weight.dtype == torch.float32 and x.dtype != torch.float64)
+    )
 
 
 def _dtensor(t: torch.Tensor | None) -> bool:
     return type(t).__name__ == "DTensor"  # without importing torch.distributed
 
 
-def fused_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float, center: bool) -> torch.Tensor | None:
+def fused_norm(
+    x: torch.Tensor,
+    shape: tuple[int, ...],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    center: bool,
+) -> torch.Tensor | None:
     """normalize(x) * weight (+ bias) over the last dims `shape` of x (already checked to match), centred
     (LayerNorm) or not (RMSNorm), through a fused path of x's device; None where there is none."""
     if x.device.type == "cpu":
-        if x.numel() == 0 or not _supported(x, weight) or _dtensor(x) or _dtensor(weight) or _dtensor(bias) \
-                or not kernel_available():
+        if (
+            x.numel() == 0
+            or not _supported(x, weight)
+            or _dtensor(x)
+            or _dtensor(weight)
+            or _dtensor(bias)
+            or not kernel_available()
+        ):
             return None  # empty: the formula gives empty outputs and zero gain gradients; DTensor: its own ops
-        if weight is not None and weight.dim() != 1:  # several normalized dims: one gain per flattened element
+        if (
+            weight is not None and weight.dim() != 1
+        ):  # several normalized dims: one gain per flattened element
             weight, bias = weight.reshape(-1), None if bias is None else bias.reshape(-1)
         return torch.ops.normlab.norm(x, math.prod(shape), weight, bias, eps, center)
     if x.device.type == "cuda":

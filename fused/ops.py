@@ -18,8 +18,13 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _kernel_for(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype in _DTYPES and type(t).__name__ != "DTensor" for t in tensors) \
+    return (
+        all(
+            t.device.type == "cpu" and t.dtype in _DTYPES and type(t).__name__ != "DTensor"
+            for t in tensors
+        )
         and kernel_available()
+    )
 
 
 class _FusedCrossEntropy(torch.autograd.Function):
@@ -34,11 +39,15 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, targets, lse, count = ctx.saved_tensors
-        dlogits = torch.ops.normlab.cross_entropy_bwd(grad / count, logits, targets, lse, ctx.ignore_index)
+        dlogits = torch.ops.normlab.cross_entropy_bwd(
+            grad / count, logits, targets, lse, ctx.ignore_index
+        )
         return dlogits, None, None
 
 
-def fused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor | None:
+def fused_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
+) -> torch.Tensor | None:
     if not _kernel_for(logits):
         return None
     return _FusedCrossEntropy.apply(logits.contiguous(), targets.long().contiguous(), ignore_index)

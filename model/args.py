@@ -22,8 +22,12 @@ class ModelArgs:
     norm_impl: str = "reference"  # reference | fused: the fused classes (model/fused_norms.py)
     ops_impl: str = "reference"  # reference | fused: cross-entropy and SwiGLU (see model/ops.py)
     norm_eps: float = 1e-5
-    norm_precision: str = "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
-    placement: str = "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
+    norm_precision: str = (
+        "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
+    )
+    placement: str = (
+        "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
+    )
     ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
     qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), its defaults
@@ -33,12 +37,24 @@ class ModelArgs:
     max_seq_len: int = 256
     tie_embeddings: bool = False
     init_std: float = 0.02
-    init_residual: str = "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
-    init_embedding_std: float | None = None  # None -> init_std (Takase et al. 2023 study larger embeddings)
-    init_embedding_mean: float = 0.0  # != 0: every token's features start shifted by this (a mean shift)
-    attn_softcap: float = 0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
-    logit_softcap: float = 0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
-    init_head_std: float | None = None  # the output head's std; None -> init_std (an untied head only)
+    init_residual: str = (
+        "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
+    )
+    init_embedding_std: float | None = (
+        None  # None -> init_std (Takase et al. 2023 study larger embeddings)
+    )
+    init_embedding_mean: float = (
+        0.0  # != 0: every token's features start shifted by this (a mean shift)
+    )
+    attn_softcap: float = (
+        0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
+    )
+    logit_softcap: float = (
+        0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
+    )
+    init_head_std: float | None = (
+        None  # the output head's std; None -> init_std (an untied head only)
+    )
     init_scale: str = "absolute"  # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
 
     @property
@@ -86,23 +102,35 @@ class ModelArgs:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
         for name in ("n_kv_heads", "hidden_dim"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive or null, got {getattr(self, name)}")
+                raise ValueError(
+                    f"model.{name} must be positive or null, got {getattr(self, name)}"
+                )
         if self.ffn_dim_multiplier is not None and self.ffn_dim_multiplier <= 0:
-            raise ValueError(f"model.ffn_dim_multiplier must be positive or null, got {self.ffn_dim_multiplier}")
+            raise ValueError(
+                f"model.ffn_dim_multiplier must be positive or null, got {self.ffn_dim_multiplier}"
+            )
         if self.dim % self.n_heads:
-            raise ValueError(f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}")
+            raise ValueError(
+                f"model.dim={self.dim} must be divisible by model.n_heads={self.n_heads}"
+            )
         if self.n_heads % self.kv_heads:
-            raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}")
+            raise ValueError(
+                f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
         if self.norm_eps <= 0 or self.init_std < 0 or self.rope_theta <= 0:
-            raise ValueError("model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0")
+            raise ValueError(
+                "model.norm_eps and model.rope_theta must be > 0 and model.init_std >= 0"
+            )
         for name in ("init_embedding_std", "init_head_std"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"model.{name} must be >= 0 or null, got {getattr(self, name)}")
         if self.init_head_std is not None and self.tie_embeddings:
-            raise ValueError("model.init_head_std needs an untied head (model.tie_embeddings=false): a tied head is "
-                             "the embedding, drawn with model.init_embedding_std")
+            raise ValueError(
+                "model.init_head_std needs an untied head (model.tie_embeddings=false): a tied head is "
+                "the embedding, drawn with model.init_embedding_std"
+            )
         lookup(INIT_SCALES, self.init_scale, "init_scale")
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
@@ -112,13 +140,21 @@ class ModelArgs:
         for name in ("attn_softcap", "logit_softcap"):
             if not getattr(self, name) >= 0:  # also catches nan
                 raise ValueError(f"model.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        if self.norm_precision not in ("float32", "autocast"):  # model/norms.py NORM_PRECISIONS (torch-free here)
-            raise ValueError(f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32")
+        if self.norm_precision not in (
+            "float32",
+            "autocast",
+        ):  # model/norms.py NORM_PRECISIONS (torch-free here)
+            raise ValueError(
+                f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32"
+            )
         return self
 
 
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
-RESIDUAL_INITS = {"scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5, "plain": lambda n_layers: 1.0}
+RESIDUAL_INITS = {
+    "scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5,
+    "plain": lambda n_layers: 1.0,
+}
 # qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's qk-layernorm),
 # chosen apart from the block norm; a gain per head dimension, shared by the heads, no bias
 QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
@@ -133,7 +169,7 @@ INIT_REFERENCE_DIM = 4096
 # null, the head's with init_head_std null); an explicit init_embedding_std or init_head_std is absolute either way
 INIT_SCALES = {"absolute": lambda dim: 1.0, "width": lambda dim: (INIT_REFERENCE_DIM / dim) ** 0.5}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
-EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim ** 0.5}
+EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim**0.5}
 
 
 def lookup(registry: dict, name: str, kind: str):

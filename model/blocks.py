@@ -13,8 +13,15 @@ from model.layers import FFNS, Attention, Rope
 def model_norm(args: ModelArgs, location: str, name: str | None = None) -> nn.Module:
     """The model's norm (args.norm unless `name`) at `location` (attention | ffn | final)."""
     name = args.norm if name is None else name
-    return build_norm(name, args.dim, args.norm_eps, args.norm_impl, args.norm_precision, location,
-                      args.norm_options.get(name))
+    return build_norm(
+        name,
+        args.dim,
+        args.norm_eps,
+        args.norm_impl,
+        args.norm_precision,
+        location,
+        args.norm_options.get(name),
+    )
 
 
 class Block(nn.Module):
@@ -104,7 +111,9 @@ class DeepNormBlock(Block):
     def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
         beta = (8 * n_layers) ** -0.25
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):  # same draws as Block's (normal_ scales one stream of numbers)
+            if isinstance(
+                module, nn.Linear
+            ):  # same draws as Block's (normal_ scales one stream of numbers)
                 scaled = name not in ("attention.wq", "attention.wk")
                 nn.init.normal_(module.weight, 0.0, init_std * beta if scaled else init_std)
                 if module.bias is not None:
@@ -117,8 +126,13 @@ class DeepNormBlock(Block):
         return self.ffn_norm(self.alpha * h + self.feed_forward(h))
 
 
-BLOCKS: dict[str, type[Block]] = {"pre": PreNormBlock, "post": PostNormBlock, "peri": PeriNormBlock,
-                                  "reordered": ReorderedNormBlock, "deepnorm": DeepNormBlock}
+BLOCKS: dict[str, type[Block]] = {
+    "pre": PreNormBlock,
+    "post": PostNormBlock,
+    "peri": PeriNormBlock,
+    "reordered": ReorderedNormBlock,
+    "deepnorm": DeepNormBlock,
+}
 
 
 def build_block(args: ModelArgs, layer_id: int) -> Block:

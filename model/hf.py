@@ -32,11 +32,21 @@ _KEYS = {
 def check_expressible(args: ModelArgs) -> None:
     """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras: no qk-norm,
     no soft-capping of attention or output logits)."""
-    unsupported = {"norm": (args.norm, "rmsnorm"), "placement": (args.placement, "pre"),
-                   "qk_norm": (args.qk_norm, "none"), "ffn": (args.ffn, "swiglu"),
-                   "linear_bias": (args.linear_bias, False), "embed_scale": (args.embed_scale, "none"),
-                   "attn_softcap": (args.attn_softcap, 0.0), "logit_softcap": (args.logit_softcap, 0.0)}
-    bad = [f"model.{k}={got!r} (needs {need!r})" for k, (got, need) in unsupported.items() if got != need]
+    unsupported = {
+        "norm": (args.norm, "rmsnorm"),
+        "placement": (args.placement, "pre"),
+        "qk_norm": (args.qk_norm, "none"),
+        "ffn": (args.ffn, "swiglu"),
+        "linear_bias": (args.linear_bias, False),
+        "embed_scale": (args.embed_scale, "none"),
+        "attn_softcap": (args.attn_softcap, 0.0),
+        "logit_softcap": (args.logit_softcap, 0.0),
+    }
+    bad = [
+        f"model.{k}={got!r} (needs {need!r})"
+        for k, (got, need) in unsupported.items()
+        if got != need
+    ]
     if bad:
         raise ValueError("transformers' LlamaForCausalLM cannot express " + ", ".join(bad))
 
@@ -55,11 +65,20 @@ def hf_config(args: ModelArgs):
 
     check_expressible(args)
     return LlamaConfig(
-        vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.ffn_hidden_dim,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.max_seq_len, rms_norm_eps=args.norm_eps, rope_theta=args.rope_theta,
-        tie_word_embeddings=args.tie_embeddings, initializer_range=args.matrix_std, hidden_act="silu",
-        attention_bias=False, mlp_bias=False,
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        intermediate_size=args.ffn_hidden_dim,
+        num_hidden_layers=args.n_layers,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.max_seq_len,
+        rms_norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        tie_word_embeddings=args.tie_embeddings,
+        initializer_range=args.matrix_std,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
     )
 
 
@@ -100,11 +119,19 @@ def args_from_hf(config) -> ModelArgs:
         raise ValueError("our Llama cannot express this LlamaConfig: " + "; ".join(problems))
     theta, _ = _rope(config)
     return ModelArgs(
-        dim=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads,
-        n_kv_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
-        hidden_dim=config.intermediate_size, norm="rmsnorm", placement="pre", norm_eps=config.rms_norm_eps,
-        rope_theta=theta, max_seq_len=config.max_position_embeddings,
-        tie_embeddings=bool(config.tie_word_embeddings), init_std=config.initializer_range,
+        dim=config.hidden_size,
+        n_layers=config.num_hidden_layers,
+        n_heads=config.num_attention_heads,
+        n_kv_heads=config.num_key_value_heads,
+        vocab_size=config.vocab_size,
+        hidden_dim=config.intermediate_size,
+        norm="rmsnorm",
+        placement="pre",
+        norm_eps=config.rms_norm_eps,
+        rope_theta=theta,
+        max_seq_len=config.max_position_embeddings,
+        tie_embeddings=bool(config.tie_word_embeddings),
+        init_std=config.initializer_range,
     )
 
 

@@ -15,10 +15,16 @@ from model.ops import OPS_IMPLS
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> Rope:
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None
+) -> Rope:
     """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as LLaMA)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.int64, device=device).float(), inv_freq)
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
+    angles = torch.outer(
+        torch.arange(max_seq_len, dtype=torch.int64, device=device).float(), inv_freq
+    )
     return angles.cos(), angles.sin()
 
 
@@ -48,11 +54,17 @@ def expand_kv(q: torch.Tensor) -> bool:
     the memory-efficient and cuDNN kernels need equal head counts). Elsewhere enable_gqa (no copy of k and v).
     The dtype that counts is the one SDPA runs in: under autocast q may be float32 here (RoPE's float32 tables
     promote it) while SDPA casts it to the autocast dtype."""
-    return runs_in_float32(q.device.type, q.dtype, torch.is_autocast_enabled(q.device.type),
-                           torch.get_autocast_dtype(q.device.type))
+    return runs_in_float32(
+        q.device.type,
+        q.dtype,
+        torch.is_autocast_enabled(q.device.type),
+        torch.get_autocast_dtype(q.device.type),
+    )
 
 
-def runs_in_float32(device: str, dtype: torch.dtype, autocast: bool, autocast_dtype: torch.dtype) -> bool:
+def runs_in_float32(
+    device: str, dtype: torch.dtype, autocast: bool, autocast_dtype: torch.dtype
+) -> bool:
     """expand_kv's decision from plain values (testable without a GPU)."""
     return device == "cuda" and (autocast_dtype if autocast else dtype) == torch.float32
 
@@ -78,13 +90,16 @@ class Attention(nn.Module):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""
         B, T, _ = x.shape
         linears = [self.wq, self.wk] + ([self.wv] if values else [])
-        if _is_dtensor(self.wq.weight):  # tensor parallel: each projection is its own column-sharded matmul
+        if _is_dtensor(
+            self.wq.weight
+        ):  # tensor parallel: each projection is its own column-sharded matmul
             q, k, *v = (m(x) for m in linears)
         else:  # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
             heads = [self.n_heads, self.n_kv_heads] + ([self.n_kv_heads] if values else [])
             bias = torch.cat([m.bias for m in linears]) if self.wq.bias is not None else None
             q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
-                [h * self.head_dim for h in heads], dim=-1)
+                [h * self.head_dim for h in heads], dim=-1
+            )
         # heads from the shapes (-1): under tensor parallelism a rank holds n_heads / tp of them
         q = apply_rope(self.q_norm(q.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
         k = apply_rope(self.k_norm(k.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
@@ -101,7 +116,9 @@ class Attention(nn.Module):
             y = explicit_attention(q, k, v, self.softcap)
         else:
             gqa = q.shape[1] != k.shape[1]
-            if gqa and expand_kv(q):  # share each kv head with its query group explicitly: keeps a fused kernel
+            if gqa and expand_kv(
+                q
+            ):  # share each kv head with its query group explicitly: keeps a fused kernel
                 k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
                 gqa = False
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
@@ -113,14 +130,20 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     return cap * torch.tanh(x / cap) if cap else x
 
 
-def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float = 0.0) -> torch.Tensor:
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float = 0.0
+) -> torch.Tensor:
     """softmax(causal mask(softcap(q k^T / sqrt(d_head)))) v, with the logits materialized: q (B, H, T, hd), k and v
     (B, kv, T, hd), kv dividing H. The products run in the matmul's dtype (autocast's, as SDPA would), the scaling,
     cap and softmax in float32 (float64 stays float64), the weights cast back to v's dtype; cap 0 is SDPA's math."""
     H, T, hd = q.shape[1], q.shape[2], q.shape[3]
-    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))  # each kv head to its query group
+    k, v = (
+        t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v)
+    )  # each kv head to its query group
     scores = q @ k.transpose(-1, -2)  # (B, H, T, T)
-    logits = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(hd), cap)
+    logits = softcap(
+        scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(hd), cap
+    )
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     weights = logits.masked_fill(~causal, float("-inf")).softmax(-1)
     return weights.to(v.dtype) @ v
@@ -129,9 +152,13 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: f
 def attention_path(args: ModelArgs) -> str:
     """Which attention computation a model of these args runs (for meta.json's `kernels`)."""
     if args.attn_softcap:
-        return (f"explicit q k^T / sqrt(d) -> softcap {args.attn_softcap:g} -> causal mask -> softmax -> v "
-                f"(SDPA's fused kernels never materialize the logits to cap)")
-    return "torch scaled_dot_product_attention (causal; its fused kernels where the device has them)"
+        return (
+            f"explicit q k^T / sqrt(d) -> softcap {args.attn_softcap:g} -> causal mask -> softmax -> v "
+            f"(SDPA's fused kernels never materialize the logits to cap)"
+        )
+    return (
+        "torch scaled_dot_product_attention (causal; its fused kernels where the device has them)"
+    )
 
 
 class FeedForward(nn.Module):
@@ -143,7 +170,9 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
         self.w2 = nn.Linear(hidden, args.dim, bias=args.linear_bias)
         self.w3 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
-        self.swiglu = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").swiglu  # silu(a) * b, maybe fused
+        self.swiglu = lookup(
+            OPS_IMPLS, args.ops_impl, "ops_impl"
+        ).swiglu  # silu(a) * b, maybe fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.swiglu(self.w1(x), self.w3(x)))
@@ -181,5 +210,9 @@ class Relu2FeedForward(ReluFeedForward):
         return self.w2(F.relu(self.w1(x)).square())
 
 
-FFNS: dict[str, type[nn.Module]] = {"swiglu": FeedForward, "relu": ReluFeedForward, "gelu": GeluFeedForward,
-                                    "relu2": Relu2FeedForward}
+FFNS: dict[str, type[nn.Module]] = {
+    "swiglu": FeedForward,
+    "relu": ReluFeedForward,
+    "gelu": GeluFeedForward,
+    "relu2": Relu2FeedForward,
+}

@@ -26,9 +26,13 @@ def parameter_kinds(model: nn.Module) -> dict[str, str]:
                 kind = "bias"
             elif isinstance(module, nn.Linear):
                 kind = "matrix"
-            elif isinstance(module, (_Norm, nn.LayerNorm, nn.RMSNorm)) or hasattr(module, "normalized_shape"):
+            elif isinstance(module, (_Norm, nn.LayerNorm, nn.RMSNorm)) or hasattr(
+                module, "normalized_shape"
+            ):
                 kind = "gain"
-            elif isinstance(module, Llama) and pname == "embed_scale":  # a scalar gain on the embedding
+            elif (
+                isinstance(module, Llama) and pname == "embed_scale"
+            ):  # a scalar gain on the embedding
                 kind = "gain"
             else:
                 raise TypeError(f"parameter_kinds: no rule for {type(module).__name__}.{pname}")
@@ -48,13 +52,17 @@ class Llama(nn.Module):
         self.norm = model_norm(args, "final", final)
         scale = lookup(EMBED_SCALES, args.embed_scale, "embed_scale")(args.dim)
         # a learnable scalar times the embedding (DyT's LLaMA recipe: init sqrt(dim)), else none
-        self.embed_scale = None if scale is None else nn.Parameter(torch.full((1,), float(scale)))  # 1-D for FSDP2
+        self.embed_scale = (
+            None if scale is None else nn.Parameter(torch.full((1,), float(scale)))
+        )  # 1-D for FSDP2
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cross_entropy = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").cross_entropy
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # derived from args: not in checkpoints
+        self.register_buffer(
+            "rope_cos", cos, persistent=False
+        )  # derived from args: not in checkpoints
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
@@ -62,7 +70,9 @@ class Llama(nn.Module):
         """Casts and moves the module as usual, but the RoPE tables stay float32 (recomputed on the new device):
         a bfloat16 model rotates q and k with float32 angles, as LLaMA does."""
         super()._apply(fn, recurse)
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.rope_cos.device)
+        cos, sin = rope_tables(
+            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.rope_cos.device
+        )
         self.rope_cos, self.rope_sin = cos, sin
         return self
 
@@ -84,13 +94,16 @@ class Llama(nn.Module):
         if not self.args.tie_embeddings:
             nn.init.normal_(self.output.weight, 0.0, a.head_std)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab) for token ids idx (B, T), soft-capped when model.logit_softcap > 0 (float32 then),
         and the mean cross-entropy of those logits when targets are given (targets == -1 are ignored)."""
         T = idx.shape[1]
         if T > self.args.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}")
+            raise ValueError(
+                f"sequence length {T} exceeds model.max_seq_len={self.args.max_seq_len}"
+            )
         rope = (self.rope_cos[:T], self.rope_sin[:T])
         h = self.tok_embeddings(idx)
         if self.embed_scale is not None:
@@ -98,19 +111,29 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))
-        if self.args.logit_softcap:  # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
-            logits = softcap(logits.to(torch.promote_types(logits.dtype, torch.float32)), self.args.logit_softcap)
+        if (
+            self.args.logit_softcap
+        ):  # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
+            logits = softcap(
+                logits.to(torch.promote_types(logits.dtype, torch.float32)), self.args.logit_softcap
+            )
         loss = None
         if targets is not None:
             loss = self.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy decoding."""
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.args.max_seq_len:])[0][:, -1, :].float()
+            logits = self(idx[:, -self.args.max_seq_len :])[0][:, -1, :].float()
             if temperature <= 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:

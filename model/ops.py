@@ -21,13 +21,19 @@ import torch.nn.functional as F
 from fused import ops as kernels
 
 
-def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets,
-                           ignore_index=ignore_index)
+def reference_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
+) -> torch.Tensor:
+    return F.cross_entropy(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)),
+        targets,
+        ignore_index=ignore_index,
+    )
 
 
-def fused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
-                        ) -> torch.Tensor:
+def fused_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
+) -> torch.Tensor:
     loss = kernels.fused_cross_entropy(logits, targets, ignore_index)
     return reference_cross_entropy(logits, targets, ignore_index) if loss is None else loss
 
@@ -46,5 +52,7 @@ class Ops(NamedTuple):
     swiglu: object
 
 
-OPS_IMPLS = {"reference": Ops(reference_cross_entropy, reference_swiglu),
-             "fused": Ops(fused_cross_entropy, fused_swiglu)}
+OPS_IMPLS = {
+    "reference": Ops(reference_cross_entropy, reference_swiglu),
+    "fused": Ops(fused_cross_entropy, fused_swiglu),
+}

@@ -26,8 +26,10 @@ def shard_sizes(dim: int, world: int) -> list[int]:
     """How `dim` features split over `world` ranks: as torch.tensor_split does (the first dim % world ranks get
     one more). ValueError if a rank would get none."""
     if dim < world:
-        raise ValueError(f"cannot shard a norm over {dim} features across {world} ranks: every rank needs >= 1 "
-                         f"feature (use at most {dim} ranks)")
+        raise ValueError(
+            f"cannot shard a norm over {dim} features across {world} ranks: every rank needs >= 1 "
+            f"feature (use at most {dim} ranks)"
+        )
     return [dim // world + (r < dim % world) for r in range(world)]
 
 
@@ -43,13 +45,21 @@ class ShardedNorm(nn.Module):
 
     def __init__(self, local_dim: int, dim: int, center: bool, eps: float = 1e-5, group=None):
         super().__init__()
-        self.local_dim, self.dim, self.center, self.eps, self.group = local_dim, dim, center, eps, group
+        self.local_dim, self.dim, self.center, self.eps, self.group = (
+            local_dim,
+            dim,
+            center,
+            eps,
+            group,
+        )
         self.weight = nn.Parameter(torch.ones(local_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.local_dim:
-            raise ValueError(f"ShardedNorm holds {self.local_dim} of {self.dim} features; got an input of shape "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"ShardedNorm holds {self.local_dim} of {self.dim} features; got an input of shape "
+                f"{tuple(x.shape)}"
+            )
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         if self.center:
             h = h - _all_reduce(h.sum(-1, keepdim=True), self.group) / self.dim
@@ -62,8 +72,10 @@ class ShardedNorm(nn.Module):
         if not isinstance(norm, (RMSNorm, LayerNorm)) or len(norm.normalized_shape) != 1:
             raise ValueError(f"only RMSNorm and LayerNorm over one dim can be sharded, not {norm}")
         if norm.bias is not None:
-            raise ValueError("a sharded LayerNorm with a bias is not supported "
-                             "(model.norm_options.layernorm.bias=false)")
+            raise ValueError(
+                "a sharded LayerNorm with a bias is not supported "
+                "(model.norm_options.layernorm.bias=false)"
+            )
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         sizes = shard_sizes(norm.normalized_shape[0], world)
         center = isinstance(norm, LayerNorm)

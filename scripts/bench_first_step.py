@@ -108,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(first_step(arms[name] + a.set, ext, tmp / "runs"))
                 print(f"round {r + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
     first = next(iter(arms))
-    print(f"\n| arm | overrides | first step, s: median (min..max) | ratio to {first}: median "
-          "(min..max) |")
+    print(
+        f"\n| arm | overrides | first step, s: median (min..max) | ratio to {first}: median "
+        "(min..max) |"
+    )
     print("|---|---|---|---|")
     for name, ts in times.items():
         ratios = [t / f for t, f in zip(ts, times[first], strict=True)]

@@ -55,11 +55,15 @@ class _Copy(torch.autograd.Function):
 BASELINE = "layernorm | torch.nn.LayerNorm(bias=False)"
 
 
-def implementations(d: int, dtype: torch.dtype, device, compiled: bool) -> dict[str, torch.nn.Module]:
+def implementations(
+    d: int, dtype: torch.dtype, device, compiled: bool
+) -> dict[str, torch.nn.Module]:
     impls = {
-        "rmsnorm | ours (reference)": RMSNorm(d), "rmsnorm | ours (fused)": FusedRMSNorm(d),
+        "rmsnorm | ours (reference)": RMSNorm(d),
+        "rmsnorm | ours (fused)": FusedRMSNorm(d),
         "rmsnorm | torch.nn.RMSNorm": torch.nn.RMSNorm(d, eps=1e-5),
-        "layernorm | ours (reference)": LayerNorm(d), "layernorm | ours (fused)": FusedLayerNorm(d),
+        "layernorm | ours (reference)": LayerNorm(d),
+        "layernorm | ours (fused)": FusedLayerNorm(d),
         BASELINE: torch.nn.LayerNorm(d, bias=False),
         "layernorm | torch.nn.LayerNorm": torch.nn.LayerNorm(d),
         "floor | copy + elementwise backward": Floor(),
@@ -89,8 +93,9 @@ class Timer:
 
 def saved_bytes(module, x) -> int:
     sizes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel() * t.element_size()) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: sizes.append(t.numel() * t.element_size()) or t, lambda t: t
+    ):
         module(x.detach().requires_grad_())
     return sum(sizes)
 
@@ -106,7 +111,9 @@ def peak_bytes(fn, device) -> int:
         return torch.cuda.max_memory_allocated() - base
     with torch.profiler.profile(profile_memory=True) as prof:
         fn()
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    events = sorted(
+        (e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start
+    )
     level = peak = 0
     for e in events:
         level += e.cpu_memory_usage
@@ -134,20 +141,34 @@ def bench(shape, dtype, device, repeats: int, compiled: bool) -> list[dict]:
         fwd_bwd(m)
     times = {k: {"fwd": [], "fwd+bwd": []} for k in impls}
     order = random.Random(0)
-    for _ in range(repeats):  # alternating: every implementation once per round, in a fresh random order
+    for _ in range(
+        repeats
+    ):  # alternating: every implementation once per round, in a fresh random order
         names = list(impls)
         order.shuffle(names)
         for k in names:
             m = impls[k]
             times[k]["fwd"].append(timer(lambda m=m: fwd(m)))
             times[k]["fwd+bwd"].append(timer(lambda m=m: fwd_bwd(m)))
-    floor = {mode: statistics.median(times["floor | copy + elementwise backward"][mode]) for mode in ("fwd", "fwd+bwd")}
+    floor = {
+        mode: statistics.median(times["floor | copy + elementwise backward"][mode])
+        for mode in ("fwd", "fwd+bwd")
+    }
     rows = []
     for k, m in impls.items():
-        row = {"impl": k, "shape": "x".join(map(str, shape)), "dtype": str(dtype).removeprefix("torch.")}
+        row = {
+            "impl": k,
+            "shape": "x".join(map(str, shape)),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
         for mode in ("fwd", "fwd+bwd"):
             ts = times[k][mode]
-            row[mode] = (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3, statistics.median(ts) / floor[mode])
+            row[mode] = (
+                statistics.median(ts) * 1e3,
+                min(ts) * 1e3,
+                max(ts) * 1e3,
+                statistics.median(ts) / floor[mode],
+            )
         # paired per-round ratio to torch.nn.LayerNorm(bias=False): the fused path's bar
         ratios = sorted(t / b for t, b in zip(ts, times[BASELINE]["fwd+bwd"], strict=True))
         quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
@@ -165,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-malloc-tuning", action="store_true")
-    p.add_argument("--save", metavar="FILE.md", help="also write the tables, under the command and the machine "
-                   "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)")
+    p.add_argument(
+        "--save",
+        metavar="FILE.md",
+        help="also write the tables, under the command and the machine "
+        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)",
+    )
     a = p.parse_args(argv)
     command = " ".join(["python scripts/bench_norms.py", *(sys.argv[1:] if argv is None else argv)])
     with SavedOutput(a.save, command):
@@ -176,15 +201,29 @@ def main(argv: list[str] | None = None) -> int:
 def tables(a: argparse.Namespace) -> int:
     """Run the benchmark and print its tables."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    allocator = ("CUDA caching allocator" if device.type == "cuda"
-                 else tune_cpu(malloc=not a.no_malloc_tuning)["allocator"])
-    fast = (f"fused C++ kernel, {torch.ops.normlab.norm_loops()} loops" if kernel_available()
-            else "reference fallback") if device.type == "cpu" else "torch fused kernels"
-    print(f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}; allocator: {allocator}; ours (fused) = {fast}; {a.repeats} alternating rounds)\n")
-    print("| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "
-          "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median (IQR) | "
-          "saved for bwd MB | peak MB |")
+    allocator = (
+        "CUDA caching allocator"
+        if device.type == "cuda"
+        else tune_cpu(malloc=not a.no_malloc_tuning)["allocator"]
+    )
+    fast = (
+        (
+            f"fused C++ kernel, {torch.ops.normlab.norm_loops()} loops"
+            if kernel_available()
+            else "reference fallback"
+        )
+        if device.type == "cpu"
+        else "torch fused kernels"
+    )
+    print(
+        f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}; allocator: {allocator}; ours (fused) = {fast}; {a.repeats} alternating rounds)\n"
+    )
+    print(
+        "| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "
+        "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median (IQR) | "
+        "saved for bwd MB | peak MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in a.shapes:
         for dtype in a.dtypes:
@@ -192,10 +231,13 @@ def tables(a: argparse.Namespace) -> int:
             for r in bench(dims, getattr(torch, dtype), device, a.repeats, not a.no_compile):
                 norm, impl = r["impl"].split(" | ")
                 f, fb = r["fwd"], r["fwd+bwd"]
-                print(f"| {norm} | {impl} | {r['dtype']} | {r['shape']} | {f[0]:.2f} | {f[1]:.2f}..{f[2]:.2f} | "
-                      f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | {r['vs_ln'][0]:.2f} "
-                      f"({r['vs_ln'][1]:.2f}..{r['vs_ln'][2]:.2f}) | {r['saved']:.1f} | "
-                      f"{r['peak']:.1f} |", flush=True)
+                print(
+                    f"| {norm} | {impl} | {r['dtype']} | {r['shape']} | {f[0]:.2f} | {f[1]:.2f}..{f[2]:.2f} | "
+                    f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | {r['vs_ln'][0]:.2f} "
+                    f"({r['vs_ln'][1]:.2f}..{r['vs_ln'][2]:.2f}) | {r['saved']:.1f} | "
+                    f"{r['peak']:.1f} |",
+                    flush=True,
+                )
     return 0
 
 

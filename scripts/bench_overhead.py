@@ -23,8 +23,11 @@ from training.rundir import RunDir
 
 def step_seconds(run_dir: Path, tokens_per_step: int) -> float:
     """Total time of steps 2.. of a run, from its logged tokens/s."""
-    return sum(tokens_per_step / r["train/tokens_per_s"] for r in RunDir(run_dir).records()
-               if r["step"] > 1)
+    return sum(
+        tokens_per_step / r["train/tokens_per_s"]
+        for r in RunDir(run_dir).records()
+        if r["step"] > 1
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,28 +38,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
-    modes = {"off": 0, f"every {cfg.log.stats_every} (default)": cfg.log.stats_every, "every step": 1}
+    modes = {
+        "off": 0,
+        f"every {cfg.log.stats_every} (default)": cfg.log.stats_every,
+        "every step": 1,
+    }
     tokens = cfg.train.batch_size * cfg.train.seq_len
     times: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for mode, every in modes.items():
                 name = f"r{r}-{every}"
-                code = train.main(["--config", a.config, "--name", name, f"log.out_dir={tmp}", *a.overrides,
-                                   f"train.steps={a.steps}", f"log.stats_every={every}", "train.sample_tokens=0",
-                                   f"train.eval_every={a.steps}", "train.checkpoint_every=0"])
+                code = train.main(
+                    [
+                        "--config",
+                        a.config,
+                        "--name",
+                        name,
+                        f"log.out_dir={tmp}",
+                        *a.overrides,
+                        f"train.steps={a.steps}",
+                        f"log.stats_every={every}",
+                        "train.sample_tokens=0",
+                        f"train.eval_every={a.steps}",
+                        "train.checkpoint_every=0",
+                    ]
+                )
                 if code != 0:
                     print(f"error: run {name} exited with {code}", file=sys.stderr)
                     return 1
                 times[mode].append(step_seconds(Path(tmp) / name, tokens))
-    print(f"\nStep time with stability metrics, relative to metrics off ({a.rounds} alternating rounds of "
-          f"{a.steps - 1} steps, {Path(a.config).name}, {cfg.train.batch_size}x{cfg.train.seq_len} tokens/step)\n")
+    print(
+        f"\nStep time with stability metrics, relative to metrics off ({a.rounds} alternating rounds of "
+        f"{a.steps - 1} steps, {Path(a.config).name}, {cfg.train.batch_size}x{cfg.train.seq_len} tokens/step)\n"
+    )
     print("| metrics | s/step (median) | ratio to off: median | min..max |")
     print("|---|---|---|---|")
     for mode, ts in times.items():
         ratios = [t / off for t, off in zip(ts, times["off"], strict=True)]
-        print(f"| {mode} | {statistics.median(ts) / (a.steps - 1):.4f} | {statistics.median(ratios):.3f} | "
-              f"{min(ratios):.3f}..{max(ratios):.3f} |")
+        print(
+            f"| {mode} | {statistics.median(ts) / (a.steps - 1):.4f} | {statistics.median(ratios):.3f} | "
+            f"{min(ratios):.3f}..{max(ratios):.3f} |"
+        )
     return 0
 
 

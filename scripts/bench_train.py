@@ -88,24 +88,38 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
     outside = _ours(cfg, device, norm="rmsnorm", **fast)
     models["ours rmsnorm (fused norms), loss outside"] = (outside, "logits")
     models["transformers Llama"] = (hf_model(), "hf")
-    steps = {name: make_step(m, kind, cfg.train.dtype, device) for name, (m, kind) in models.items()}
+    steps = {
+        name: make_step(m, kind, cfg.train.dtype, device) for name, (m, kind) in models.items()
+    }
     if compile_too:
         for norm in ("rmsnorm", "layernorm"):
-            steps[f"ours {norm} (fused) compiled"] = make_step(torch.compile(_ours(cfg, device, norm=norm, **fast)),
-                                                              "ours", cfg.train.dtype, device)
-        steps["transformers Llama compiled"] = make_step(torch.compile(hf_model()), "hf", cfg.train.dtype, device)
+            steps[f"ours {norm} (fused) compiled"] = make_step(
+                torch.compile(_ours(cfg, device, norm=norm, **fast)),
+                "ours",
+                cfg.train.dtype,
+                device,
+            )
+        steps["transformers Llama compiled"] = make_step(
+            torch.compile(hf_model()), "hf", cfg.train.dtype, device
+        )
     return steps
 
 
-def time_rounds(steps: dict, x, y, device, rounds: int, n: int, same_model: bool = True) -> dict[str, list[float]]:
+def time_rounds(
+    steps: dict, x, y, device, rounds: int, n: int, same_model: bool = True
+) -> dict[str, list[float]]:
     """Seconds per step of every variant, one value per round; variants alternate within a round, in a
     fresh random order every round. The first step of each (and compilation) is not timed; with
     same_model, the first losses of all variants must agree (same weights, same batch)."""
     first = {name: step(x, y).item() for name, step in steps.items()}
-    ref = first["transformers Llama"] if "transformers Llama" in first else next(iter(first.values()))
+    ref = (
+        first["transformers Llama"] if "transformers Llama" in first else next(iter(first.values()))
+    )
     for name, value in first.items():
         if same_model and abs(value - ref) > 1e-3 * abs(ref):
-            raise SystemExit(f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same model")
+            raise SystemExit(
+                f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same model"
+            )
     out = {name: [] for name in steps}
     order = random.Random(0)
     for _ in range(rounds):
@@ -134,14 +148,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=1, help="timed steps per variant per round")
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--only", action="append", metavar="TEXT",
-                   help="time only the variants whose name contains TEXT (repeatable; transformers' Llama "
-                        "always runs), e.g. --only '(fused)' for more rounds of the ones that matter")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="time only the variants whose name contains TEXT (repeatable; transformers' Llama "
+        "always runs), e.g. --only '(fused)' for more rounds of the ones that matter",
+    )
     p.add_argument("--no-malloc-tuning", action="store_true")
-    p.add_argument("--save", metavar="FILE.md", help="also write the tables, under the command and the machine "
-                   "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)")
-    p.add_argument("--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)")
+    p.add_argument(
+        "--save",
+        metavar="FILE.md",
+        help="also write the tables, under the command and the machine "
+        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)",
+    )
+    p.add_argument(
+        "--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler"
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)"
+    )
     a = p.parse_args(argv)
     command = " ".join(["python scripts/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
     with SavedOutput(a.save, command):
@@ -154,19 +180,27 @@ def tables(a: argparse.Namespace) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and cfg.train.dtype == "float32":
         cfg.train.dtype = "bfloat16"  # the GPU section runs in bfloat16
-    allocator = "default (glibc)" if a.no_malloc_tuning or device.type != "cpu" else tune_cpu()["allocator"]
+    allocator = (
+        "default (glibc)" if a.no_malloc_tuning or device.type != "cpu" else tune_cpu()["allocator"]
+    )
     B, T, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, V, (B, T), generator=gen).to(device)
     y = torch.randint(0, V, (B, T), generator=gen).to(device)
     steps = build_variants(cfg, device, not a.no_compile)
     if a.only:
-        steps = {k: v for k, v in steps.items() if k == "transformers Llama" or any(t in k for t in a.only)}
+        steps = {
+            k: v
+            for k, v in steps.items()
+            if k == "transformers Llama" or any(t in k for t in a.only)
+        }
     times = time_rounds(steps, x, y, device, a.rounds, a.steps)
 
-    print(f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, {cfg.train.dtype}, "
-          f"batch {B}x{T}, dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {V}; allocator: {allocator}; "
-          f"{a.rounds} alternating rounds of {a.steps} step(s))\n")
+    print(
+        f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, {cfg.train.dtype}, "
+        f"batch {B}x{T}, dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {V}; allocator: {allocator}; "
+        f"{a.rounds} alternating rounds of {a.steps} step(s))\n"
+    )
     print("| variant | tokens/s (median) | ratio to transformers Llama: median | IQR |")
     print("|---|---|---|---|")
     hf = times["transformers Llama"]
@@ -174,36 +208,50 @@ def tables(a: argparse.Namespace) -> int:
         print(f"| {name} | {B * T / statistics.median(ts):,.0f} | {ratio_stats(ts, hf)} |")
     print("\n| pair | speed ratio: median | IQR |")
     print("|---|---|---|")
-    pairs = [("ours rmsnorm (fused)", "ours rmsnorm (reference)"),
-             ("ours layernorm (fused)", "ours layernorm (reference)"),
-             ("ours rmsnorm (fused)", "ours layernorm (fused)"),
-             ("ours rmsnorm (reference)", "ours layernorm (reference)"),
-             ("ours rmsnorm (fused) compiled", "ours layernorm (fused) compiled"),
-             ("ours rmsnorm (fused)", "ours rmsnorm (fused norms), loss outside")]
+    pairs = [
+        ("ours rmsnorm (fused)", "ours rmsnorm (reference)"),
+        ("ours layernorm (fused)", "ours layernorm (reference)"),
+        ("ours rmsnorm (fused)", "ours layernorm (fused)"),
+        ("ours rmsnorm (reference)", "ours layernorm (reference)"),
+        ("ours rmsnorm (fused) compiled", "ours layernorm (fused) compiled"),
+        ("ours rmsnorm (fused)", "ours rmsnorm (fused norms), loss outside"),
+    ]
     for fast_one, slow_one in pairs:
         if fast_one in times and slow_one in times:
             print(f"| {fast_one} / {slow_one} | {ratio_stats(times[fast_one], times[slow_one])} |")
 
     if a.no_breakdown:
         return 0
-    print("\n## Share of the step spent in norms (ablation: the same model with identity norms, alternated)\n")
+    print(
+        "\n## Share of the step spent in norms (ablation: the same model with identity norms, alternated)\n"
+    )
     print("| model | step ms (median) | without norms ms | share in norms |")
     print("|---|---|---|---|")
     for norm in ("rmsnorm", "layernorm"):
         for impl in ("fused", "reference"):
             pair = {}
             for n in (norm, "none"):
-                pair[n] = make_step(_ours(cfg, device, norm=n, norm_impl=impl, ops_impl=impl), "ours",
-                                    cfg.train.dtype, device)
+                pair[n] = make_step(
+                    _ours(cfg, device, norm=n, norm_impl=impl, ops_impl=impl),
+                    "ours",
+                    cfg.train.dtype,
+                    device,
+                )
             t = time_rounds(pair, x, y, device, a.rounds, a.steps, same_model=False)
             with_n, without = statistics.median(t[norm]), statistics.median(t["none"])
-            print(f"| {norm} ({impl}) | {with_n * 1e3:.1f} | {without * 1e3:.1f} | "
-                  f"{100 * (with_n - without) / with_n:.1f}% |")
+            print(
+                f"| {norm} ({impl}) | {with_n * 1e3:.1f} | {without * 1e3:.1f} | "
+                f"{100 * (with_n - without) / with_n:.1f}% |"
+            )
 
     print("\n## Profiler: top operators of one step, ours rmsnorm (reference) vs (fused)\n")
     for impl in ("reference", "fused"):
-        step = make_step(_ours(cfg, device, norm="rmsnorm", norm_impl=impl, ops_impl=impl), "ours",
-                         cfg.train.dtype, device)
+        step = make_step(
+            _ours(cfg, device, norm="rmsnorm", norm_impl=impl, ops_impl=impl),
+            "ours",
+            cfg.train.dtype,
+            device,
+        )
         step(x, y)
         with torch.profiler.profile() as prof:
             step(x, y)

@@ -13,11 +13,27 @@ from pathlib import Path
 import torch
 
 # the instruction sets that change which kernels run (torch's dispatch, oneDNN/MKL, normlab's native build)
-_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
-        "asimd", "sve")
+_ISA = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "asimd",
+    "sve",
+)
 
 # the environment that changes which instructions torch's and normlab's kernels use: a saved benchmark names them
-ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "NORMLAB_PORTABLE")
+ISA_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+    "NORMLAB_PORTABLE",
+)
 
 
 def machine() -> str:
@@ -34,8 +50,10 @@ def machine() -> str:
     except OSError:
         pass
     isa = " ".join(f for f in _ISA if f in flags) or "unknown"
-    return (f"{model}, {os.cpu_count()} cores, ISA: {isa}; {torch.get_num_threads()} torch threads, torch "
-            f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}")
+    return (
+        f"{model}, {os.cpu_count()} cores, ISA: {isa}; {torch.get_num_threads()} torch threads, torch "
+        f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}"
+    )
 
 
 class SavedOutput:
@@ -63,9 +81,13 @@ class SavedOutput:
             return
         path = Path(self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        env = " ".join(f"{k}={os.environ[k]}" for k in ISA_ENV if os.environ.get(k))  # as it was run
-        header = (f"`{env + ' ' if env else ''}{self.command}` on {datetime.date.today().isoformat()}\n\n"
-                  f"Machine: {machine()}\n")
+        env = " ".join(
+            f"{k}={os.environ[k]}" for k in ISA_ENV if os.environ.get(k)
+        )  # as it was run
+        header = (
+            f"`{env + ' ' if env else ''}{self.command}` on {datetime.date.today().isoformat()}\n\n"
+            f"Machine: {machine()}\n"
+        )
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(header + self.buffer.getvalue())
         os.replace(tmp, path)

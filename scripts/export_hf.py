@@ -28,7 +28,9 @@ def export(run_dir: Path, out_dir: Path) -> Path:
     from model.hf import to_hf
 
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ConfigError(f"{out_dir} already exists and is not empty; choose another output directory")
+        raise ConfigError(
+            f"{out_dir} already exists and is not empty; choose another output directory"
+        )
     if RunDir(run_dir).config.is_file():  # refuse before loading anything
         check_expressible(load_config(RunDir(run_dir).config).model)
     model, prepared = load_run(run_dir)
@@ -40,7 +42,9 @@ def export(run_dir: Path, out_dir: Path) -> Path:
         # transformers converts the SentencePiece model to its tokenizers BPE (tokenizer.json); our tokenizer adds
         # no BOS / EOS and no dummy prefix space, so the export must not either
         shutil.copy(prepared / "tokenizer.model", tmp / "tokenizer.model")
-        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False, add_prefix_space=False)
+        tok = LlamaTokenizer.from_pretrained(
+            tmp, add_bos_token=False, add_eos_token=False, add_prefix_space=False
+        )
         tok.save_pretrained(tmp)
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
@@ -52,8 +56,12 @@ def export(run_dir: Path, out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path, help="a run directory (config.yaml and a checkpoint: latest.pt, or a "
-                   "sharded run's latest.dcp; the newer of them)")
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        help="a run directory (config.yaml and a checkpoint: latest.pt, or a "
+        "sharded run's latest.dcp; the newer of them)",
+    )
     p.add_argument("out_dir", type=Path, help="the transformers model directory to write")
     a = p.parse_args(argv)
     try:
@@ -62,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
-        print(f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt", file=sys.stderr)
+        print(
+            f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt",
+            file=sys.stderr,
+        )
         return 2
     print(f"exported {a.run_dir} -> {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
     return 0

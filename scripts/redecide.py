@@ -28,14 +28,18 @@ from study.studyfile import read_study_file
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURE = re.compile(r"^\*\*(.+?)\*\*\n\n!\[.*?\]\((.+?\.png)\)", re.M)
-NOTE_TABLE = ("Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final and "
-              "best loss and L0 per run; no curves, so no figures here), by the study file's failure rule: "
-              "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only (a "
-              "spike it recovered from cannot be seen). The runs predate the protocol: no bracketing, the lowest 40% "
-              "of the seeds choose each arm's LR and the rest test it.")
-NOTE_JSON = ("Decided again from the archived runs of [report.md](report.md) (runs.json: every run's config, outcome "
-             "and val curve; the figures are the report's), by the study file's failure rule and the current "
-             "statistics.")
+NOTE_TABLE = (
+    "Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final and "
+    "best loss and L0 per run; no curves, so no figures here), by the study file's failure rule: "
+    "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only (a "
+    "spike it recovered from cannot be seen). The runs predate the protocol: no bracketing, the lowest 40% "
+    "of the seeds choose each arm's LR and the rest test it."
+)
+NOTE_JSON = (
+    "Decided again from the archived runs of [report.md](report.md) (runs.json: every run's config, outcome "
+    "and val curve; the figures are the report's), by the study file's failure rule and the current "
+    "statistics."
+)
 
 
 def study_for(folder: Path) -> Path:
@@ -51,34 +55,47 @@ def redecide(folder: Path) -> list[str]:
     file = read_study_file(path)
     from_json = (folder / "runs.json").is_file()
     if not from_json:
-        file.protocol = None  # the table-only archives were not made under it: split their seeds instead
+        file.protocol = (
+            None  # the table-only archives were not made under it: split their seeds instead
+        )
     res = compute_runs(archived_runs(folder, path), file)
     old_path = folder / "report.json"
     old = json.loads(old_path.read_text()) if old_path.exists() else {}
     metric = {"sensitivity": "lr50"}  # the claims that were about LR sensitivity are now about LR50
-    before = {(c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
-              for c in old.get("claims", [])}
+    before = {
+        (c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
+        for c in old.get("claims", [])
+    }
     if old.get("wall_min"):
         res.wall_s = old["wall_min"] * 60
     in_place = from_json and not (folder / "decision.md").is_file()
-    if in_place:  # the live report, rendered again: its per-layer figures kept, the result's redrawn
+    if (
+        in_place
+    ):  # the live report, rendered again: its per-layer figures kept, the result's redrawn
         kept = FIGURE.findall((folder / "report.md").read_text())
         drawn = dict(result_figures(res, folder))
         made = [(f, drawn.pop(f, c)) for c, f in kept] + list(drawn.items())
         (folder / "report.md").write_text(render(res, made))
     else:
-        text = render(res, []).replace("\n\n", f"\n\n{NOTE_JSON if from_json else NOTE_TABLE}\n\n", 1)
+        text = render(res, []).replace(
+            "\n\n", f"\n\n{NOTE_JSON if from_json else NOTE_TABLE}\n\n", 1
+        )
         (folder / "decision.md").write_text(text)
     new = as_json(res)
     new["about"] = old.get("about") or new["about"]
     new["wall_min"] = old.get("wall_min")
-    new["decided_from"] = "archived runs (runs.json), scripts/redecide.py" if from_json else \
-        "archived runs (report.md), scripts/redecide.py"
+    new["decided_from"] = (
+        "archived runs (runs.json), scripts/redecide.py"
+        if from_json
+        else "archived runs (report.md), scripts/redecide.py"
+    )
     new["page"] = "report.md" if in_place else "decision.md"
     old_path.write_text(json.dumps(new, indent=1) + "\n")
-    return [f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
-            f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}"
-            for c in new["claims"]]
+    return [
+        f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
+        f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}"
+        for c in new["claims"]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

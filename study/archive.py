@@ -20,8 +20,10 @@ from study.read import Run, judged
 from study.studyfile import expand, flatten, load_study
 from training.config import Config, flat, to_dict
 
-ROW = re.compile(r"^\| (?P<name>[^|]+?) \| (?P<status>[a-z]+)[^|]* \| (?P<final>[^|]*) \| (?P<best>[^|]*) \| "
-                 r"(?P<div>[^|]*) \| (?P<l0>[^|]*) \|")
+ROW = re.compile(
+    r"^\| (?P<name>[^|]+?) \| (?P<status>[a-z]+)[^|]* \| (?P<final>[^|]*) \| (?P<best>[^|]*) \| "
+    r"(?P<div>[^|]*) \| (?P<l0>[^|]*) \|"
+)
 
 
 def _number(text: str) -> float | None:
@@ -49,8 +51,13 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
         cfg = dict(o.split("=", 1) for o in spec["overrides"] if "=" in o)
         names[spec["name"]] = {k: _parse(cfg[k]) for k in grid}
     text = (folder / "report.md").read_text()
-    rows = itertools.takewhile(lambda line: line.startswith("|"),
-                               text.split("## Runs\n\n", 1)[1].splitlines()) if "## Runs" in text else []
+    rows = (
+        itertools.takewhile(
+            lambda line: line.startswith("|"), text.split("## Runs\n\n", 1)[1].splitlines()
+        )
+        if "## Runs" in text
+        else []
+    )
     runs = []
     for line in rows:
         m = ROW.match(line)
@@ -59,9 +66,15 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
         config = names.get(m["name"])
         if config is None:
             raise ValueError(f"{folder}: run {m['name']!r} is not a run of {study_file}'s grid")
-        summary = {"status": m["status"], "final_val_loss": _number(m["final"]), "best_val_loss": _number(m["best"]),
-                   "unigram_entropy": unigram}
-        runs.append(Run(m["name"], folder, config, summary, [{"step": 0, "val/loss": _number(m["l0"])}]))
+        summary = {
+            "status": m["status"],
+            "final_val_loss": _number(m["final"]),
+            "best_val_loss": _number(m["best"]),
+            "unigram_entropy": unigram,
+        }
+        runs.append(
+            Run(m["name"], folder, config, summary, [{"step": 0, "val/loss": _number(m["l0"])}])
+        )
     return runs
 
 

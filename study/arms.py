@@ -25,8 +25,12 @@ def unstable(run: Run) -> bool | None:
 class Arm:
     label: str
     runs: list[Run]
-    best_lr: float | None = None  # chosen on the selection seeds (study/result.py); None before or if none trained
-    floor: float | None = None  # the lowest LR where every selection seed trained (study/protocol.py floor)
+    best_lr: float | None = (
+        None  # chosen on the selection seeds (study/result.py); None before or if none trained
+    )
+    floor: float | None = (
+        None  # the lowest LR where every selection seed trained (study/protocol.py floor)
+    )
     lrs: list[float] = field(init=False)
     l0: float | None = field(init=False)
 
@@ -40,7 +44,11 @@ class Arm:
     def losses(self, lr: float, seeds=None) -> dict:
         """{seed: final val loss} of the runs at this LR that trained (of these seeds): the unit of every paired
         loss comparison; a run that failed is not a loss."""
-        return {r.seed: r.loss for r in self.at(lr) if r.loss is not None and (seeds is None or r.seed in seeds)}
+        return {
+            r.seed: r.loss
+            for r in self.at(lr)
+            if r.loss is not None and (seeds is None or r.seed in seeds)
+        }
 
     @property
     def max_lr_ok(self) -> float | None:
@@ -70,7 +78,11 @@ class Arm:
                 by_lr.setdefault(r.lr, []).append(failed(r))
         ok = [lr for lr, fs in by_lr.items() if not any(fs)]
         low = min(ok) if ok else None
-        done = [r for r in self.runs if r.finished and (low is None or r.lr >= low) and failed(r) is not None]
+        done = [
+            r
+            for r in self.runs
+            if r.finished and (low is None or r.lr >= low) and failed(r) is not None
+        ]
         return [r.lr for r in done], [failed(r) for r in done]
 
     def failure(self, failed=None, seeds=None) -> FailureFit:
@@ -99,8 +111,13 @@ class Arm:
         return counts
 
     def summary_mean(self, key: str) -> float | None:
-        return mean_of([r.summary.get(key) for r in self.runs if r.status in ("ok", "plateau", "collapsed",
-                                                                                   "unstable")])
+        return mean_of(
+            [
+                r.summary.get(key)
+                for r in self.runs
+                if r.status in ("ok", "plateau", "collapsed", "unstable")
+            ]
+        )
 
     def tokens_per_s(self) -> float | None:
         v = [r.summary.get("tokens_per_s") for r in self.runs if r.summary.get("tokens_per_s")]
@@ -109,5 +126,7 @@ class Arm:
 
 def max_series(run: Run, prefix: str) -> float | None:
     """The largest value of any metric starting with `prefix` over the run's records."""
-    vals = [v for rec in run.records for k, v in rec.items() if k.startswith(prefix) and v is not None]
+    vals = [
+        v for rec in run.records for k, v in rec.items() if k.startswith(prefix) and v is not None
+    ]
     return max(vals) if vals else None

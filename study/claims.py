@@ -39,22 +39,32 @@ class Nested:
 
     lrs: tuple[float, float] | None
     paired: Paired
-    dropped: list[str]  # seeds left out because a run failed: "seed 3: A failed (did not learn ...)"
-    needed: int | None = None  # seeds TOST needs at this spread for 80% power (None: more than 100,000 or no spread)
+    dropped: list[
+        str
+    ]  # seeds left out because a run failed: "seed 3: A failed (did not learn ...)"
+    needed: int | None = (
+        None  # seeds TOST needs at this spread for 80% power (None: more than 100,000 or no spread)
+    )
     how: str = ""  # how the LR was chosen (common_loss)
-    gaps: list = field(default_factory=list)  # common_loss: [(arm, its best LR, common / best, nats worse)]
+    gaps: list = field(
+        default_factory=list
+    )  # common_loss: [(arm, its best LR, common / best, nats worse)]
 
 
-def losses_at(a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margin: float, how: str = "") -> Nested:
+def losses_at(
+    a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margin: float, how: str = ""
+) -> Nested:
     """A at lra - B at lrb over these seeds, where both runs trained; the others listed as dropped."""
     if lra is None or lrb is None:
         return Nested(None, paired({}, {}, margin), [], None, how)
     la, lb = a.losses(lra, seeds), b.losses(lrb, seeds)
     dropped = []
     for arm, lr in ((a, lra), (b, lrb)):
-        dropped += [f"seed {r.seed}: {arm.label} failed ({r.why})"
-                    for r in sorted(arm.at(lr), key=lambda r: str(r.seed))
-                    if r.seed in seeds and r.finished and r.loss is None]
+        dropped += [
+            f"seed {r.seed}: {arm.label} failed ({r.why})"
+            for r in sorted(arm.at(lr), key=lambda r: str(r.seed))
+            if r.seed in seeds and r.finished and r.loss is None
+        ]
     p = paired(la, lb, margin)
     sd = None if p.ci is None or p.mde is None else _sd(la, lb)
     return Nested((lra, lrb), p, dropped, tost_seeds_needed(margin, sd) if sd else None, how)
@@ -62,7 +72,9 @@ def losses_at(a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margi
 
 def nested(a: Arm, b: Arm, test_seeds, margin: float) -> Nested:
     """A - B on the test seeds, each arm at its best_lr (chosen on other seeds)."""
-    return losses_at(a, b, a.best_lr, b.best_lr, test_seeds, margin, "each arm's best LR on the selection seeds")
+    return losses_at(
+        a, b, a.best_lr, b.best_lr, test_seeds, margin, "each arm's best LR on the selection seeds"
+    )
 
 
 def common(a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float) -> Nested:
@@ -88,8 +100,11 @@ def gap(arm: Arm, lr: float, seeds) -> tuple:
 
 def gap_text(gaps: list) -> str:
     """'each arm's distance from its own best LR: A 0.00316 (x0.316, +0.551 nats), ...'."""
-    parts = [f"{label} {g(best)} (x{g(x)}" + (f", {nats:+.3f} nats" if nats is not None else "") + ")"
-             for label, best, x, nats in gaps if best is not None]
+    parts = [
+        f"{label} {g(best)} (x{g(x)}" + (f", {nats:+.3f} nats" if nats is not None else "") + ")"
+        for label, best, x, nats in gaps
+        if best is not None
+    ]
     return "the common LR against each arm's own best LR: " + ", ".join(parts) if parts else ""
 
 
@@ -100,7 +115,9 @@ def _sd(a: dict, b: dict) -> float:
 def ratio(a: Arm, b: Arm) -> RatioFit:
     """LR50_A / LR50_B over both arms' runs from their floors up."""
     ra, rb = a.upper(), b.upper()
-    return lr50_ratio([r.lr for r in ra], [r.failed for r in ra], [r.lr for r in rb], [r.failed for r in rb])
+    return lr50_ratio(
+        [r.lr for r in ra], [r.failed for r in ra], [r.lr for r in rb], [r.failed for r in rb]
+    )
 
 
 def claim_pairs(claim: dict, arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm]]:
@@ -112,9 +129,15 @@ def claim_pairs(claim: dict, arms: dict[str, Arm], keys: list[str]) -> list[tupl
         return all(same(arm.runs[0].config.get(k), v) for k, v in sides[side].items())
 
     free = [k for k in keys if k not in sides["a"]]
-    return [(A, B) for A in arms.values() if fits(A, "a") for B in arms.values()
-            if B is not A and fits(B, "b") and all(same(A.runs[0].config.get(k), B.runs[0].config.get(k))
-                                                   for k in free)]
+    return [
+        (A, B)
+        for A in arms.values()
+        if fits(A, "a")
+        for B in arms.values()
+        if B is not A
+        and fits(B, "b")
+        and all(same(A.runs[0].config.get(k), B.runs[0].config.get(k)) for k in free)
+    ]
 
 
 @dataclass
@@ -122,15 +145,25 @@ class Checked:
     claim: dict
     a: str | None
     b: str | None
-    nested: Nested | None = None  # best_loss, common_loss, lr_sensitivity (the per-seed S as "losses")
+    nested: Nested | None = (
+        None  # best_loss, common_loss, lr_sensitivity (the per-seed S as "losses")
+    )
     ratio: RatioFit | None = None  # lr50
-    p: float | None = None  # the primary test's raw p (None: the runs cannot test it; p = 1 in the family)
+    p: float | None = (
+        None  # the primary test's raw p (None: the runs cannot test it; p = 1 in the family)
+    )
     p_holm: float | None = None
     agreement: str = "not run"
-    direction: str | None = None  # what the primary test points to: higher | lower | same | different
+    direction: str | None = (
+        None  # what the primary test points to: higher | lower | same | different
+    )
     note: str = ""  # why a test gave no verdict
-    size: Checked | None = None  # lr_sensitivity: the claim decided again with L* the best of the model size
-    rules: dict = field(default_factory=dict)  # lr50: {rule name: RatioFit} under the other pre-registered rules
+    size: Checked | None = (
+        None  # lr_sensitivity: the claim decided again with L* the best of the model size
+    )
+    rules: dict = field(
+        default_factory=dict
+    )  # lr50: {rule name: RatioFit} under the other pre-registered rules
 
     @property
     def estimate(self) -> float | None:
@@ -163,17 +196,22 @@ def _decide(c: Checked, ratio_margin: float) -> None:
                 c.p, c.direction = (p_in, "same") if p_in <= p_out else (p_out, "different")
                 return
             inside = r.bracket_p(1 / ratio_margin, ratio_margin)
-            outside = [p for p in (r.bracket_p(at_least=ratio_margin), r.bracket_p(at_most=1 / ratio_margin))
-                       if p is not None]
+            outside = [
+                p
+                for p in (r.bracket_p(at_least=ratio_margin), r.bracket_p(at_most=1 / ratio_margin))
+                if p is not None
+            ]
             if inside is not None:
                 c.p, c.direction = inside, "same"
             elif outside:
                 c.p, c.direction = min(outside), "different"
             else:
-                c.note = (f"an arm's LR50 is only bracketed and the brackets allow ratios "
-                          f"{bound_text(*r.bounds).replace('between ', '')}, inside and outside "
-                          f"[1/{ratio_margin:g}, {ratio_margin:g}]: decided on the brackets, not on a "
-                          f"penalised estimate")
+                c.note = (
+                    f"an arm's LR50 is only bracketed and the brackets allow ratios "
+                    f"{bound_text(*r.bounds).replace('between ', '')}, inside and outside "
+                    f"[1/{ratio_margin:g}, {ratio_margin:g}]: decided on the brackets, not on a "
+                    f"penalised estimate"
+                )
             return
         c.p = r.p
         lo, hi = r.bounds
@@ -190,8 +228,10 @@ def _decide(c: Checked, ratio_margin: float) -> None:
     if expect == "same":
         c.p, c.direction = _same_test(p)
         if c.direction == "same" and (c.nested.needed is None or p.n < c.nested.needed):
-            c.note = (f"TOST at +-{p.margin:g} needs {c.nested.needed or '> 100,000'} seeds at this spread for 80% "
-                      f"power, the study has {p.n}: an estimate, not an equivalence")
+            c.note = (
+                f"TOST at +-{p.margin:g} needs {c.nested.needed or '> 100,000'} seeds at this spread for 80% "
+                f"power, the study has {p.n}: an estimate, not an equivalence"
+            )
         return
     c.p = p.p_diff
     if p.mean is not None and p.ci is not None:
@@ -220,7 +260,9 @@ class Context:
     sensitivity_margin: float
     ratio_margin: float
     sensitivity: dict  # {arm label: Sensitivity}, L* the arm's own best (Wortsman et al.)
-    sensitivity_size: dict = field(default_factory=dict)  # the same with L* the best of the model size
+    sensitivity_size: dict = field(
+        default_factory=dict
+    )  # the same with L* the best of the model size
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
@@ -238,8 +280,9 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
             elif metric == "common_loss":
                 c.nested = common(A, B, ctx.grid, ctx.selection_seeds, ctx.common_seeds, ctx.margin)
             elif metric == "lr_sensitivity":
-                c.nested = sensitivity_pair(ctx.sensitivity[A.label], ctx.sensitivity[B.label],
-                                            ctx.sensitivity_margin)
+                c.nested = sensitivity_pair(
+                    ctx.sensitivity[A.label], ctx.sensitivity[B.label], ctx.sensitivity_margin
+                )
             else:
                 c.nested = nested(A, B, ctx.test_seeds, ctx.margin)
             _decide(c, ctx.ratio_margin)
@@ -249,15 +292,25 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
     for c in out:
         if c.a is not None:
             c.agreement = _agreement(c)
-    if ctx.sensitivity_size:  # the family again, each LR-sensitivity claim with L* its model size's best
+    if (
+        ctx.sensitivity_size
+    ):  # the family again, each LR-sensitivity claim with L* its model size's best
         again = []
         for c in out:
             if c.a is not None and c.claim["metric"] == "lr_sensitivity":
-                c.size = Checked(c.claim, c.a, c.b, nested=sensitivity_pair(
-                    ctx.sensitivity_size[c.a], ctx.sensitivity_size[c.b], ctx.sensitivity_margin))
+                c.size = Checked(
+                    c.claim,
+                    c.a,
+                    c.b,
+                    nested=sensitivity_pair(
+                        ctx.sensitivity_size[c.a], ctx.sensitivity_size[c.b], ctx.sensitivity_margin
+                    ),
+                )
                 _decide(c.size, ctx.ratio_margin)
             again.append(c.size or c)
-        for c, adjusted in zip(again, holm([1.0 if c.p is None else c.p for c in again]), strict=True):
+        for c, adjusted in zip(
+            again, holm([1.0 if c.p is None else c.p for c in again]), strict=True
+        ):
             if c.a is not None and c.claim["metric"] == "lr_sensitivity":
                 c.p_holm = adjusted
                 c.agreement = _agreement(c)
@@ -268,11 +321,17 @@ def sensitivity_pair(a: Sensitivity, b: Sensitivity, margin: float) -> Nested:
     """A's per-seed LR sensitivity - B's, paired by seed."""
     p = paired(a.per_seed, b.per_seed, margin)
     sd = None if p.ci is None or p.mde is None else _sd(a.per_seed, b.per_seed)
-    return Nested(None, p, [], tost_seeds_needed(margin, sd) if sd else None, f"over {len(a.lrs)} grid LRs")
+    return Nested(
+        None, p, [], tost_seeds_needed(margin, sd) if sd else None, f"over {len(a.lrs)} grid LRs"
+    )
 
 
-METRIC_WORDS = {"best_loss": "final val loss at each one's best LR", "common_loss": "final val loss at their common "
-                "safe LR", "lr_sensitivity": "LR sensitivity (L* each arm's own best)", "lr50": "LR50"}
+METRIC_WORDS = {
+    "best_loss": "final val loss at each one's best LR",
+    "common_loss": "final val loss at their common safe LR",
+    "lr_sensitivity": "LR sensitivity (L* each arm's own best)",
+    "lr50": "LR50",
+}
 
 
 def claim_sentence(c: Checked) -> str:
@@ -280,16 +339,24 @@ def claim_sentence(c: Checked) -> str:
     claim = c.claim
     head = f"**{claim['paper']}**: {claim['says']}"
     if c.a is None:
-        return f"{head}: **not run** (no arms of these runs match it; in the Holm family with p = 1)."
+        return (
+            f"{head}: **not run** (no arms of these runs match it; in the Holm family with p = 1)."
+        )
     expect = "the same as" if claim["expect"] == "same" else f"{claim['expect']} than"
-    tests = f" (p = {c.p:.2g}, Holm-adjusted {c.p_holm:.2g})" if c.p is not None else \
-        f" (no test: in the Holm family with p = 1, Holm-adjusted {c.p_holm:.2g})"
+    tests = (
+        f" (p = {c.p:.2g}, Holm-adjusted {c.p_holm:.2g})"
+        if c.p is not None
+        else f" (no test: in the Holm family with p = 1, Holm-adjusted {c.p_holm:.2g})"
+    )
     if c.ratio is not None:
         what = f"{c.a} over {c.b}: {c.ratio.describe()}"
     else:
         n = c.nested
-        at = f" at lr {g(n.lrs[0])} and {g(n.lrs[1])}" if n.lrs and n.lrs[0] != n.lrs[1] else \
-            (f" at lr {g(n.lrs[0])}" if n.lrs else "")
+        at = (
+            f" at lr {g(n.lrs[0])} and {g(n.lrs[1])}"
+            if n.lrs and n.lrs[0] != n.lrs[1]
+            else (f" at lr {g(n.lrs[0])}" if n.lrs else "")
+        )
         what = f"{c.a} - {c.b}, {METRIC_WORDS[claim['metric']]}{at}: {n.paired.describe()}"
         if claim["metric"] == "common_loss" and n.how:
             what += f"; the LR: {n.how}"
@@ -302,11 +369,20 @@ def claim_sentence(c: Checked) -> str:
     size = ""
     if c.size is not None:
         o = c.size
-        size = (f" With L* the best of any arm of the model size (secondary): {o.nested.paired.describe()}: "
-                f"**{o.agreement}**" + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None
-                                        else "")
-                + (": **the verdict depends on L***." if o.agreement != c.agreement else ", the same verdict."))
+        size = (
+            f" With L* the best of any arm of the model size (secondary): {o.nested.paired.describe()}: "
+            f"**{o.agreement}**"
+            + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None else "")
+            + (
+                ": **the verdict depends on L***."
+                if o.agreement != c.agreement
+                else ", the same verdict."
+            )
+        )
     if c.rules:
-        size += " Under the other pre-registered rules: " + "; ".join(
-            f"{name}: {r.describe()}" for name, r in c.rules.items()) + "."
+        size += (
+            " Under the other pre-registered rules: "
+            + "; ".join(f"{name}: {r.describe()}" for name, r in c.rules.items())
+            + "."
+        )
     return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}.{size}"

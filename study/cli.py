@@ -70,24 +70,50 @@ their seeds and test on the rest.
 
 def sweep(argv: list[str] | None = None) -> int:
     """scripts/sweep.py"""
-    p = argparse.ArgumentParser(description=SWEEP.split("\n\n")[0], epilog=SWEEP.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=SWEEP.split("\n\n")[0],
+        epilog=SWEEP.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("study", type=Path)
-    p.add_argument("--out", type=Path, default=Path("studies"),
-                   help="where studies go (default: studies/ in the current directory, like train.py's runs/)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("studies"),
+        help="where studies go (default: studies/ in the current directory, like train.py's runs/)",
+    )
     p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--process-per-run", action="store_true",
-                   help="launch one train.py process per run instead of long-lived workers (slower; the same numbers)")
+    p.add_argument(
+        "--process-per-run",
+        action="store_true",
+        help="launch one train.py process per run instead of long-lived workers (slower; the same numbers)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
-    p.add_argument("--quick", action="store_true", help="run the study file's quick section (<name>-quick)")
-    p.add_argument("--shard", default=None, metavar="K/N",
-                   help="run only every N-th run from the K-th (0 <= K < N), e.g. one task of a job array; no report")
-    p.add_argument("--slurm", type=Path, default=None, metavar="FILE",
-                   help="write an sbatch job-array script (one task per run, --shard) to FILE and exit")
+    p.add_argument(
+        "--quick", action="store_true", help="run the study file's quick section (<name>-quick)"
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run only every N-th run from the K-th (0 <= K < N), e.g. one task of a job array; no report",
+    )
+    p.add_argument(
+        "--slurm",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write an sbatch job-array script (one task per run, --shard) to FILE and exit",
+    )
     p.add_argument("--gpus-per-run", type=int, default=0, help="with --slurm: GPUs per array task")
-    p.add_argument("--set", nargs="+", default=[], metavar="key=value",
-                   help="extra config overrides for every run (e.g. data.source=text:corpus.txt)")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="key=value",
+        help="extra config overrides for every run (e.g. data.source=text:corpus.txt)",
+    )
     a = p.parse_args(argv)
     try:
         study = load_study(a.study)
@@ -99,8 +125,16 @@ def sweep(argv: list[str] | None = None) -> int:
         return 2
     study_dir = a.out.resolve() / study["name"]
     if a.slurm:
-        a.slurm.write_text(sbatch_script(study, a.study, a.out.resolve(), len(runs), a.gpus_per_run,
-                                         a.set + (["--quick"] if a.quick else [])))
+        a.slurm.write_text(
+            sbatch_script(
+                study,
+                a.study,
+                a.out.resolve(),
+                len(runs),
+                a.gpus_per_run,
+                a.set + (["--quick"] if a.quick else []),
+            )
+        )
         print(f"{a.slurm}: {len(runs)} array tasks; submit with: sbatch {a.slurm}")
         return 0
     if shard:
@@ -110,7 +144,9 @@ def sweep(argv: list[str] | None = None) -> int:
             print(r["name"], " ".join(r["overrides"]))
         print(f"{len(runs)} runs -> {study_dir}")
         if study.get("protocol"):
-            print("then the protocol's stages (bracket, refine, edge, test) add runs chosen from their results")
+            print(
+                "then the protocol's stages (bracket, refine, edge, test) add runs chosen from their results"
+            )
         if study.get("expected"):
             try:
                 print(expected_time(study, runs))
@@ -123,25 +159,37 @@ def sweep(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         counts = run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
-        while counts is not None and study.get("protocol"):  # the protocol's next stage, from the finished runs
+        while counts is not None and study.get(
+            "protocol"
+        ):  # the protocol's next stage, from the finished runs
             stage = next_stage(study, study_dir, runs, a.set)
             if stage is None:
                 break
             name, more = stage
-            print(f"{name}: {len(more)} more runs ({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
-                  file=sys.stderr)
+            print(
+                f"{name}: {len(more)} more runs ({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
+                file=sys.stderr,
+            )
             runs = runs + more
-            more_counts = run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
-            counts = None if more_counts is None else {k: counts.get(k, 0) + more_counts.get(k, 0)
-                                                       for k in {*counts, *more_counts}}
+            more_counts = run_study(
+                study, runs, study_dir, a.workers, process_per_run=a.process_per_run
+            )
+            counts = (
+                None
+                if more_counts is None
+                else {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
+            )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if counts is None:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
-    print(f"sweep finished in {time.time() - t0:.0f}s: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
+    print(
+        f"sweep finished in {time.time() - t0:.0f}s: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        file=sys.stderr,
+    )
     if not a.no_report:
         print(f"report: {shown(write_report([study_dir], study_dir))}")
     return 0
@@ -163,31 +211,51 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
         counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)
         while counts is not None and study.get("protocol"):
             if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
-                print("the protocol's next stage waits until every run so far has finished; run this task again "
-                      "then", file=sys.stderr)
+                print(
+                    "the protocol's next stage waits until every run so far has finished; run this task again "
+                    "then",
+                    file=sys.stderr,
+                )
                 break
             stage = next_stage(study, study_dir, runs, a.set)
             if stage is None:
                 break
             runs = runs + stage[1]
-            counts = run_study(study, stage[1][k::n], study_dir, a.workers, index, a.process_per_run)
+            counts = run_study(
+                study, stage[1][k::n], study_dir, a.workers, index, a.process_per_run
+            )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if counts is None:
         return 130
-    print(f"shard {k}/{n} finished; when every shard has: python scripts/compare.py {study_dir}", file=sys.stderr)
+    print(
+        f"shard {k}/{n} finished; when every shard has: python scripts/compare.py {study_dir}",
+        file=sys.stderr,
+    )
     return 0
 
 
 def compare(argv: list[str] | None = None) -> int:
     """scripts/compare.py"""
-    p = argparse.ArgumentParser(description=COMPARE.split("\n\n")[0], epilog=COMPARE.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=COMPARE.split("\n\n")[0],
+        epilog=COMPARE.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dirs", nargs="+", type=Path, help="run directories or study directories")
-    p.add_argument("--out", type=Path, default=None, help="where report.md and the figures go (default: first dir)")
-    p.add_argument("--margin", type=float, default=None,
-                   help="equivalence margin in nats (default: the study file's equivalence_margin, else 0.02)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where report.md and the figures go (default: first dir)",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="equivalence margin in nats (default: the study file's equivalence_margin, else 0.02)",
+    )
     a = p.parse_args(argv)
     missing = [d for d in a.dirs if not d.is_dir()]
     if missing:

@@ -23,7 +23,15 @@ def _smooth(ys: list[float], n: int) -> list[float]:
     return out
 
 
-def _axes(ax, xlabel: str, ylabel: str, title: str, logx: bool = False, logy: bool = False, legend: int = 7):
+def _axes(
+    ax,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+    logy: bool = False,
+    legend: int = 7,
+):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -81,7 +89,9 @@ def result_figures(res, out: Path) -> list[tuple[str, str]]:
     return made
 
 
-def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool) -> None:
+def _curves(
+    plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool
+) -> None:
     """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})
     l0 = mean_of([a.l0 for a in arms.values()])
@@ -91,18 +101,30 @@ def _curves(plt, arms, colors, out: Path, made: list, key: str, fname: str, titl
     for ax, lr in zip(axes[0], lrs, strict=True):
         for label, a in arms.items():
             for i, r in enumerate(a.at(lr)):  # one thin line per seed: split outcomes stay visible
-                pts = [(rec["step"], rec[key]) for rec in r.records if rec.get(key) is not None and rec["step"] > 0]
+                pts = [
+                    (rec["step"], rec[key])
+                    for rec in r.records
+                    if rec.get(key) is not None and rec["step"] > 0
+                ]
                 if pts:
                     ys = _smooth([v for _, v in pts], max(1, steps_total // 50))
                     lowest = min(lowest, min(ys))
-                    ax.plot([s for s, _ in pts], ys, color=colors[label], lw=0.9, alpha=0.8,
-                            label=label if i == 0 else None)
+                    ax.plot(
+                        [s for s, _ in pts],
+                        ys,
+                        color=colors[label],
+                        lw=0.9,
+                        alpha=0.8,
+                        label=label if i == 0 else None,
+                    )
         ax.set_title(f"lr {lr:g}")
         ax.set_xlabel("step")
         if logy:
             ax.set_yscale("log")
     if not logy and l0 and math.isfinite(lowest):
-        axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)  # shared: diverging spikes are cut
+        axes[0][0].set_ylim(
+            lowest - 0.05 * (l0 - lowest), l0 * 1.05
+        )  # shared: diverging spikes are cut
     axes[0][0].set_ylabel(f"{title}\n(one line per seed, smoothed)")
     axes[0][-1].legend(fontsize=7)
     _save(fig, out / fname, made, f"{title} per arm and learning rate")
@@ -113,7 +135,17 @@ def loss_curves(plt, arms, colors, out: Path, made: list) -> None:
 
 
 def grad_norm_curves(plt, arms, colors, out: Path, made: list) -> None:
-    _curves(plt, arms, colors, out, made, "grad/norm", "grad_norm_curves.png", "grad norm (before clipping)", logy=True)
+    _curves(
+        plt,
+        arms,
+        colors,
+        out,
+        made,
+        "grad/norm",
+        "grad_norm_curves.png",
+        "grad norm (before clipping)",
+        logy=True,
+    )
 
 
 def stability_map(plt, res, colors, out: Path, made: list) -> None:
@@ -129,26 +161,62 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
         fit = res.failures[label]
         shift = 0.04 * (i - (len(arms) - 1) / 2)
         for r in a.upper():
-            marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(r.status, ".")
+            marker = {"diverged": "x", "plateau": "o", "collapsed": "s", "unstable": "^"}.get(
+                r.status, "."
+            )
             y = (1.0 if r.failed else 0.0) + shift
-            style = dict(facecolors="none", edgecolors=colors[label]) if marker in "os^" else dict(color=colors[label])
-            ax.scatter([r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style)
+            style = (
+                dict(facecolors="none", edgecolors=colors[label])
+                if marker in "os^"
+                else dict(color=colors[label])
+            )
+            ax.scatter(
+                [r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style
+            )
         if fit.identified:
             p = 1 / (1 + np.exp(-fit.slope * (np.log10(grid) - np.log10(fit.lr50))))
-            ax.plot(grid, p, color=colors[label], lw=1.4, label=f"{label}: {fit.describe().split(' (')[0]}")
+            ax.plot(
+                grid,
+                p,
+                color=colors[label],
+                lw=1.4,
+                label=f"{label}: {fit.describe().split(' (')[0]}",
+            )
             lo, hi = fit.ci
-            ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.35)
+            ax.plot(
+                [lo or grid[0], hi or grid[-1]],
+                [0.5 + shift] * 2,
+                color=colors[label],
+                lw=4,
+                alpha=0.35,
+            )
         else:  # only a bound: no curve drawn, the bound's range shaded at 1/2
             lo, hi = fit.bounds if fit.failed else (fit.top, None)
-            ax.plot([lo or grid[0], hi or grid[-1]], [0.5 + shift] * 2, color=colors[label], lw=4, alpha=0.2,
-                    ls="--", label=f"{label}: {fit.describe().split(':')[0]}")
+            ax.plot(
+                [lo or grid[0], hi or grid[-1]],
+                [0.5 + shift] * 2,
+                color=colors[label],
+                lw=4,
+                alpha=0.2,
+                ls="--",
+                label=f"{label}: {fit.describe().split(':')[0]}",
+            )
     ax.axhline(0.5, color="gray", ls=":", lw=0.8)
-    _axes(ax, "peak learning rate", "P(run fails)", "failure curves: every run at 0 (trained) or 1 (failed)",
-          logx=True)
-    _save(fig, out / "stability_map.png", made,
-          "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where the data identify "
-          "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 (failed under the "
-          "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x diverged)")
+    _axes(
+        ax,
+        "peak learning rate",
+        "P(run fails)",
+        "failure curves: every run at 0 (trained) or 1 (failed)",
+        logx=True,
+    )
+    _save(
+        fig,
+        out / "stability_map.png",
+        made,
+        "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where the data identify "
+        "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 (failed under the "
+        "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x diverged)",
+    )
 
 
 def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
@@ -162,8 +230,11 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
     for ax, (rest, members) in zip(axes[0], groups.items(), strict=True):
         for label, a in members:
-            pts = [(r.lr, capped(r, r.init_loss), r.failed) for r in a.runs
-                   if r.finished and r.init_loss is not None]
+            pts = [
+                (r.lr, capped(r, r.init_loss), r.failed)
+                for r in a.runs
+                if r.finished and r.init_loss is not None
+            ]
             sens = res.sensitivity.get(label)
             tag = f" (S = {sens.mean:.2f})" if sens is not None and sens.mean is not None else ""
             ok = [(x, y) for x, y, f in pts if not f]
@@ -171,19 +242,36 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
             if ok:
                 ax.scatter(*zip(*ok, strict=True), color=colors[label], s=14, label=label + tag)
             if bad:
-                ax.scatter(*zip(*bad, strict=True), facecolors="none", edgecolors=colors[label], s=18,
-                           label=None if ok else label + tag)
+                ax.scatter(
+                    *zip(*bad, strict=True),
+                    facecolors="none",
+                    edgecolors=colors[label],
+                    s=18,
+                    label=None if ok else label + tag,
+                )
             means = {}
             for x, y, _ in pts:
                 means.setdefault(x, []).append(y)
             xs = sorted(means)
-            ax.plot(xs, [statistics.fmean(means[x]) for x in xs], color=colors[label], lw=0.8, alpha=0.6)
+            ax.plot(
+                xs, [statistics.fmean(means[x]) for x in xs], color=colors[label], lw=0.8, alpha=0.6
+            )
         where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "all arms"
-        _axes(ax, "peak learning rate", "final val loss (failed: hollow, capped at L0)", where, logx=True)
-    _save(fig, out / "loss_vs_lr.png", made,
-          "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled trained, hollow "
-          "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR sensitivity over "
-          "the study's grid")
+        _axes(
+            ax,
+            "peak learning rate",
+            "final val loss (failed: hollow, capped at L0)",
+            where,
+            logx=True,
+        )
+    _save(
+        fig,
+        out / "loss_vs_lr.png",
+        made,
+        "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled trained, hollow "
+        "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR sensitivity over "
+        "the study's grid",
+    )
 
 
 def final_losses(plt, res, colors, out: Path, made: list) -> None:
@@ -197,14 +285,26 @@ def final_losses(plt, res, colors, out: Path, made: list) -> None:
             ax.scatter(*zip(*pts, strict=True), color=colors[label], s=18, label=label)
         if a.best_lr is not None:
             best = list(a.losses(a.best_lr).values())
-            ax.scatter([a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label])
+            ax.scatter(
+                [a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label]
+            )
     entropy = mean_of([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
     if entropy:
         ax.axhline(entropy, color="gray", ls="--", lw=1, label="unigram entropy")
-    _axes(ax, "peak learning rate", "final val loss (runs that trained)", "loss of every run that trained", logx=True)
-    _save(fig, out / "final_loss.png", made,
-          "Final val loss of every run that trained vs learning rate (failed runs are in the stability map, not "
-          "here); rings: each arm's best LR, chosen on the selection seeds")
+    _axes(
+        ax,
+        "peak learning rate",
+        "final val loss (runs that trained)",
+        "loss of every run that trained",
+        logx=True,
+    )
+    _save(
+        fig,
+        out / "final_loss.png",
+        made,
+        "Final val loss of every run that trained vs learning rate (failed runs are in the stability map, not "
+        "here); rings: each arm's best LR, chosen on the selection seeds",
+    )
 
 
 def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
@@ -221,22 +321,36 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
     for ax, (label, a) in zip(axes[0], arms.items(), strict=True):
         if label in grids:
             steps, mat = grids[label]
-            im = ax.imshow(mat, aspect="auto", origin="lower", cmap="viridis", vmin=min(values), vmax=max(values),
-                           extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(mat) - 0.5))  # one step: 1 wide
+            im = ax.imshow(
+                mat,
+                aspect="auto",
+                origin="lower",
+                cmap="viridis",
+                vmin=min(values),
+                vmax=max(values),
+                extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(mat) - 0.5),
+            )  # one step: 1 wide
             ax.set_yticks(range(len(mat)))
         ax.set_title(f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9)
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("layer")
     if im is not None:  # one color scale for all arms, so they compare
         fig.colorbar(im, ax=list(axes[0]), label="log10 grad norm")
-    _save(fig, out / "grad_heatmaps.png", made,
-          "per-layer gradient norm (layer x step) at each arm's best LR, first seed")
+    _save(
+        fig,
+        out / "grad_heatmaps.png",
+        made,
+        "per-layer gradient norm (layer x step) at each arm's best LR, first seed",
+    )
 
 
 def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
     """RMS of the residual stream after each block, at step 1 and at the end (median over seeds, best LR)."""
-    drawn = {label: [m for m in (_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)) if m]
-             for label, a in arms.items() if a.best_lr}
+    drawn = {
+        label: [m for m in (_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)) if m]
+        for label, a in arms.items()
+        if a.best_lr
+    }
     if not any(drawn.values()):
         return  # no arm trained at any LR: nothing to draw
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -245,12 +359,27 @@ def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
             last = [statistics.median(m[1][i][-1] for m in mats) for i in range(len(mats[0][1]))]
             first = [statistics.median(m[1][i][0] for m in mats) for i in range(len(mats[0][1]))]
             ax.plot(range(len(last)), last, marker="o", color=colors[label], label=f"{label} (end)")
-            ax.plot(range(len(first)), first, ls=":", color=colors[label], label=f"{label} (step 1)")
-    layers = max((int(r.config.get("model.n_layers", 1)) for a in arms.values() for r in a.runs), default=1)
+            ax.plot(
+                range(len(first)), first, ls=":", color=colors[label], label=f"{label} (step 1)"
+            )
+    layers = max(
+        (int(r.config.get("model.n_layers", 1)) for a in arms.values() for r in a.runs), default=1
+    )
     ax.set_xticks(range(layers))
-    _axes(ax, "layer", "RMS of the residual stream after the block", "activation RMS by depth at each arm's best LR",
-          logy=True, legend=6)
-    _save(fig, out / "act_rms_depth.png", made, "activation RMS by depth (step 1 and the last logged step)")
+    _axes(
+        ax,
+        "layer",
+        "RMS of the residual stream after the block",
+        "activation RMS by depth at each arm's best LR",
+        logy=True,
+        legend=6,
+    )
+    _save(
+        fig,
+        out / "act_rms_depth.png",
+        made,
+        "activation RMS by depth (step 1 and the last logged step)",
+    )
 
 
 def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
@@ -264,8 +393,14 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
                 xs.append(lr)
                 ys.append(v)
         ax.plot(xs, ys, marker="o", color=colors[label], label=label)
-    _axes(ax, "peak learning rate", "max attention logit over steps and layers",
-          "attention-logit growth (Wortsman et al. 2023)", logx=True, logy=True)
+    _axes(
+        ax,
+        "peak learning rate",
+        "max attention logit over steps and layers",
+        "attention-logit growth (Wortsman et al. 2023)",
+        logx=True,
+        logy=True,
+    )
     _save(fig, out / "attn_logit_max.png", made, "max attention logit vs learning rate")
 
 
@@ -274,16 +409,23 @@ def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
     tanh's gradient is exactly 0) and the largest gradient below it, vs step, for one run that trained (the arm's
     best LR) and one that failed (its lowest LR where a run failed), seed by seed of the lowest seed; drawn when a
     run logged dyt/saturated/final."""
+
     def pick(a, failed: bool):
         lrs = [lr for lr in a.lrs if any(r.failed == failed and r.finished for r in a.at(lr))]
         if not lrs:
             return None
-        lr = (a.best_lr if not failed and a.best_lr in lrs else min(lrs))
-        rs = sorted((r for r in a.at(lr) if r.failed == failed and r.finished), key=lambda r: str(r.seed))
+        lr = a.best_lr if not failed and a.best_lr in lrs else min(lrs)
+        rs = sorted(
+            (r for r in a.at(lr) if r.failed == failed and r.finished), key=lambda r: str(r.seed)
+        )
         return rs[0] if rs else None
 
-    shown = [(label, r) for label, a in res.arms.items() for r in (pick(a, False), pick(a, True))
-             if r is not None and any("dyt/saturated/final" in e for e in r.records)]
+    shown = [
+        (label, r)
+        for label, a in res.arms.items()
+        for r in (pick(a, False), pick(a, True))
+        if r is not None and any("dyt/saturated/final" in e for e in r.records)
+    ]
     if not shown:
         return
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True)
@@ -291,42 +433,83 @@ def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
         steps = [e["step"] for e in r.records if "dyt/saturated/final" in e]
         kind = "failed" if r.failed else "trained"
         style = dict(color=colors[label], ls="--" if r.failed else "-")
-        top.plot(steps, [100 * e["dyt/saturated/final"] for e in r.records if "dyt/saturated/final" in e],
-                 label=f"{label} lr {r.lr:g} s{r.seed} ({kind})", **style)
-        g = [(e["step"], e["grad/absmax/trunk"]) for e in r.records if e.get("grad/absmax/trunk") is not None]
+        top.plot(
+            steps,
+            [100 * e["dyt/saturated/final"] for e in r.records if "dyt/saturated/final" in e],
+            label=f"{label} lr {r.lr:g} s{r.seed} ({kind})",
+            **style,
+        )
+        g = [
+            (e["step"], e["grad/absmax/trunk"])
+            for e in r.records
+            if e.get("grad/absmax/trunk") is not None
+        ]
         if g:
             bottom.plot([s for s, _ in g], [max(v, 1e-12) for _, v in g], **style)
-    _axes(top, "", "final DyT saturated (%)", "DyT saturation: |alpha x| >= 9 (tanh's gradient exactly 0)")
+    _axes(
+        top,
+        "",
+        "final DyT saturated (%)",
+        "DyT saturation: |alpha x| >= 9 (tanh's gradient exactly 0)",
+    )
     _axes(bottom, "step", "largest gradient below the final norm", "", logy=True)
-    _save(fig, out / "dyt_saturation.png", made,
-          "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT arm; below, "
-          "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing state)")
+    _save(
+        fig,
+        out / "dyt_saturation.png",
+        made,
+        "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT arm; below, "
+        "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing state)",
+    )
 
 
 def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
     """Output-logit divergence (Wortsman et al. 2023 Fig. 4): the mean log Z of the output logits (logits/log_z) vs
     step, every seed of each arm at its highest LR and at its best, where the arms differ in z-loss or weight decay
     (or the output soft-cap) and the runs logged log Z."""
-    fields = ("train.z_loss", "optim.weight_decay", "optim.weight_decay_mode", "model.logit_softcap")
+    fields = (
+        "train.z_loss",
+        "optim.weight_decay",
+        "optim.weight_decay_mode",
+        "model.logit_softcap",
+    )
     if not any(k in res.keys for k in fields) or not any(
-            "logits/log_z" in rec for a in res.arms.values() for r in a.runs for rec in r.records):
+        "logits/log_z" in rec for a in res.arms.values() for r in a.runs for rec in r.records
+    ):
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, squeeze=False)
     for ax, which in zip(axes[0], ("highest", "best"), strict=True):
         for label, a in res.arms.items():
             lr = (max(a.lrs) if a.lrs else None) if which == "highest" else a.best_lr
             named = False
-            for r in a.at(lr) if lr is not None else []:  # one line per seed: split outcomes stay visible
-                pts = [(rec["step"], rec["logits/log_z"]) for rec in r.records if rec.get("logits/log_z") is not None]
+            for r in (
+                a.at(lr) if lr is not None else []
+            ):  # one line per seed: split outcomes stay visible
+                pts = [
+                    (rec["step"], rec["logits/log_z"])
+                    for rec in r.records
+                    if rec.get("logits/log_z") is not None
+                ]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), color=colors[label], lw=0.9, alpha=0.8, marker=".", ms=3,
-                            ls="--" if r.failed else "-", label=None if named else f"{label} (lr {lr:g})")
+                    ax.plot(
+                        *zip(*pts, strict=True),
+                        color=colors[label],
+                        lw=0.9,
+                        alpha=0.8,
+                        marker=".",
+                        ms=3,
+                        ls="--" if r.failed else "-",
+                        label=None if named else f"{label} (lr {lr:g})",
+                    )
                     named = True
         ax.axhline(0, color="gray", ls=":", lw=0.8)
         _axes(ax, "step", "mean log Z of the output logits", f"at each arm's {which} LR", legend=6)
-    _save(fig, out / "log_z.png", made,
-          "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output logits vs step at each "
-          "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss pulls log Z to 0")
+    _save(
+        fig,
+        out / "log_z.png",
+        made,
+        "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output logits vs step at each "
+        "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss pulls log Z to 0",
+    )
 
 
 def _layer_matrix(run: Run, prefix: str):
@@ -334,8 +517,10 @@ def _layer_matrix(run: Run, prefix: str):
     recs = [r for r in run.records if f"{prefix}0" in r and r[f"{prefix}0"] is not None]
     if not recs:
         return None
-    n = max(int(k[len(prefix):]) for k in recs[0] if k.startswith(prefix)) + 1
-    return [r["step"] for r in recs], [[r.get(f"{prefix}{i}") or 0.0 for r in recs] for i in range(n)]
+    n = max(int(k[len(prefix) :]) for k in recs[0] if k.startswith(prefix)) + 1
+    return [r["step"] for r in recs], [
+        [r.get(f"{prefix}{i}") or 0.0 for r in recs] for i in range(n)
+    ]
 
 
 def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
@@ -360,31 +545,58 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
                 if r.finished and r.init_loss is not None:
                     at.setdefault(r.lr, []).append(capped(r, r.init_loss))
             xs = sorted(at)
-            ax.plot(xs, [statistics.fmean(at[x]) for x in xs], "o-", ms=3, color=shade[cfg.get(axis)],
-                    label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}")
-        _axes(ax, "peak learning rate", "final val loss (mean over seeds)" if i == 0 else "", t.pair, logx=True)
+            ax.plot(
+                xs,
+                [statistics.fmean(at[x]) for x in xs],
+                "o-",
+                ms=3,
+                color=shade[cfg.get(axis)],
+                label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}",
+            )
+        _axes(
+            ax,
+            "peak learning rate",
+            "final val loss (mean over seeds)" if i == 0 else "",
+            t.pair,
+            logx=True,
+        )
         ax.set_title(t.pair.replace(", ", "\n"), fontsize=8)
     ax = axes[0][-1]
     for i, t in enumerate(sens):
         color = plt.cm.tab10(i % 10)
         pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
         for x, e, ci in pts:
-            ax.errorbar([x], [e], yerr=[[e - ci[0]], [ci[1] - e]] if ci else None, fmt="o", color=color, capsize=3)
+            ax.errorbar(
+                [x],
+                [e],
+                yerr=[[e - ci[0]], [ci[1] - e]] if ci else None,
+                fmt="o",
+                color=color,
+                capsize=3,
+            )
         slope = "no slope" if t.slope is None else f"{t.slope:+.3f}/doubling"
         if t.slope is not None and pts:
             xs = sorted(p[0] for p in pts)
             ax.plot(xs, [fitted(t, x) for x in xs], color=color, lw=1, label=f"{t.pair}: {slope}")
         else:
             ax.plot([], [], color=color, label=f"{t.pair}: {slope}")
-    _axes(ax, axis, "LR sensitivity (nats)", f"LR sensitivity by {axis}", logx=sens[0].log2, legend=6)
+    _axes(
+        ax, axis, "LR sensitivity (nats)", f"LR sensitivity by {axis}", logx=sens[0].log2, legend=6
+    )
     ax.set_title(f"LR sensitivity by {axis}", fontsize=8)
-    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: the points fill the panel
+    ax.legend(
+        fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2)
+    )  # below: the points fill the panel
     ax.set_xticks(values, [f"{x:g}" for x in values])
     ax.minorticks_off()
-    _save(fig, out / "lr_sensitivity.png", made,
-          f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss over seeds vs "
-          f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each arm's LR "
-          "sensitivity with its 95% t CI over seeds and the fitted slope per doubling (Knapp-Hartung)")
+    _save(
+        fig,
+        out / "lr_sensitivity.png",
+        made,
+        f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss over seeds vs "
+        f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each arm's LR "
+        "sensitivity with its 95% t CI over seeds and the fitted slope per doubling (Knapp-Hartung)",
+    )
 
 
 def trend_figure(plt, res, out: Path, made: list) -> None:
@@ -394,17 +606,31 @@ def trend_figure(plt, res, out: Path, made: list) -> None:
     if not trends:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, what, ylabel in ((axes[0], "LR50 ratio", "log10 LR50 ratio"), (axes[1], "loss difference",
-                                                                             "loss difference (nats)")):
+    for ax, what, ylabel in (
+        (axes[0], "LR50 ratio", "log10 LR50 ratio"),
+        (axes[1], "loss difference", "loss difference (nats)"),
+    ):
         for i, t in enumerate(x for x in trends if x.what == what):
             color = plt.cm.tab10(i % 10)
             pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
             for x, e, ci in pts:
-                ax.errorbar([x], [e], yerr=[[e - ci[0]], [ci[1] - e]] if ci else None, fmt="o", color=color,
-                            capsize=3)
+                ax.errorbar(
+                    [x],
+                    [e],
+                    yerr=[[e - ci[0]], [ci[1] - e]] if ci else None,
+                    fmt="o",
+                    color=color,
+                    capsize=3,
+                )
             if t.slope is not None and pts:
                 xs = sorted(p[0] for p in pts)
-                ax.plot(xs, [fitted(t, x) for x in xs], color=color, lw=1, label=f"{t.pair}: {t.slope:+.3f}")
+                ax.plot(
+                    xs,
+                    [fitted(t, x) for x in xs],
+                    color=color,
+                    lw=1,
+                    label=f"{t.pair}: {t.slope:+.3f}",
+                )
             else:
                 ax.plot([], [], color=color, label=f"{t.pair}: no slope")
         ax.axhline(0, color="gray", lw=0.8, ls=":")
@@ -414,5 +640,10 @@ def trend_figure(plt, res, out: Path, made: list) -> None:
         values = sorted({x for t in trends for x, _, _ in t.points})
         ax.set_xticks(values, [f"{x:g}" for x in values])  # the values measured, not powers of ten
         ax.minorticks_off()
-    _save(fig, out / "trend.png", made, "Trends: each comparison's estimate and 95% CI at every value of the axis, "
-          "with the fitted slope (legend: slope per doubling)")
+    _save(
+        fig,
+        out / "trend.png",
+        made,
+        "Trends: each comparison's estimate and 95% CI at every value of the axis, "
+        "with the fitted slope (legend: slope per doubling)",
+    )

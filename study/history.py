@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _git(*args: str, repo: Path = REPO) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -24,8 +26,16 @@ def _git(*args: str, repo: Path = REPO) -> str | None:
 def _follow(path: str, repo: Path) -> list[tuple[str, int, str, str, str]]:
     """[(commit, time, date, subject, the file's path at that commit)] newest first, across renames; a copy
     (another study's file copied to start this one) ends it."""
-    out = _git("log", "--follow", "--name-status", "--format=%x00%H%x09%ct%x09%ad%x09%s", "--date=short", "--",
-               path, repo=repo)
+    out = _git(
+        "log",
+        "--follow",
+        "--name-status",
+        "--format=%x00%H%x09%ct%x09%ad%x09%s",
+        "--date=short",
+        "--",
+        path,
+        repo=repo,
+    )
     rows = []
     for block in (out or "").split("\0")[1:]:
         head, *status = [x for x in block.splitlines() if x.strip()]
@@ -62,8 +72,11 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 def edits(name: str, repo: Path = REPO) -> list[str]:
     """One line per commit that changed the study file after its first committed result; [] without git."""
-    results = [r for f in ("report.md", "runs.json", "report.json", "decision.md")
-               for r in _follow(f"docs/results/{name}/{f}", repo)]
+    results = [
+        r
+        for f in ("report.md", "runs.json", "report.json", "decision.md")
+        for r in _follow(f"docs/results/{name}/{f}", repo)
+    ]
     if not results:
         return []
     first = min(results, key=lambda r: r[1])
@@ -78,7 +91,10 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
         what = ", ".join(changed) if changed else "nothing but its name or layout"
         lines.append(f"{commit[:7]} ({date}) changed {what}: {subject[:72]}")
     if lines:
-        lines.insert(0, f"first results committed in {first[0][:7]} ({first[2]}); the study file changed since:")
+        lines.insert(
+            0,
+            f"first results committed in {first[0][:7]} ({first[2]}); the study file changed since:",
+        )
     return lines
 
 

@@ -36,9 +36,13 @@ from study.text import g, interval
 
 CHI2_95 = float(chi2.ppf(0.95, 1))
 CHI2_90 = float(chi2.ppf(0.90, 1))  # a one-sided 95% bound is an end of the two-sided 90% interval
-MAX_SLOPE = 200.0  # logit per decade of LR: steeper than this is a step, the penalty keeps the fit below it
+MAX_SLOPE = (
+    200.0  # logit per decade of LR: steeper than this is a step, the penalty keeps the fit below it
+)
 SLOPES = np.geomspace(1e-5, MAX_SLOPE, 301)  # the profile's grid over the slope
-REACH = 3.0  # decades beyond the estimate an interval is searched; an end not found within it is open
+REACH = (
+    3.0  # decades beyond the estimate an interval is searched; an end not found within it is open
+)
 
 
 def bounds(lrs, failed) -> tuple[float | None, float | None]:
@@ -85,8 +89,12 @@ def mixed(lrs, failed) -> bool:
 class FailureFit:
     """One arm's failure curve over its runs (one run = one LR and one seed)."""
 
-    lr50: float | None  # the fitted LR50 (None: no failures, or all failures, or failure does not rise with the LR)
-    ci: tuple[float | None, float | None] | None  # 95% profile CI of LR50; a None end: open (beyond 3 decades)
+    lr50: (
+        float | None
+    )  # the fitted LR50 (None: no failures, or all failures, or failure does not rise with the LR)
+    ci: (
+        tuple[float | None, float | None] | None
+    )  # 95% profile CI of LR50; a None end: open (beyond 3 decades)
     slope: float | None  # b: logit per decade of LR
     bounds: tuple[float | None, float | None]  # what the data alone say (bounds())
     n: int  # runs
@@ -120,8 +128,13 @@ class FailureFit:
             return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
         if self.failed == 0:
             return f"{self.bracket()} (no run failed: a bound, not an estimate)"
-        why = "fewer than 2 failures" if self.failed < 2 else "no LR with both outcomes" if not self.mixed else \
-            "the edge is not inside the LRs tried"
+        why = (
+            "fewer than 2 failures"
+            if self.failed < 2
+            else "no LR with both outcomes"
+            if not self.mixed
+            else "the edge is not inside the LRs tried"
+        )
         return f"{self.bracket()} ({why}: a bracket, not an estimate)"
 
 
@@ -138,7 +151,9 @@ def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
     w = np.exp(eta - 2 * np.logaddexp(0.0, eta))  # p (1 - p), computed stably
     k = X.shape[1]
-    info = (w @ (X[:, :, None] * X[:, None, :]).reshape(len(X), k * k)).reshape(-1, k, k)  # sum_n w x x^T
+    info = (w @ (X[:, :, None] * X[:, None, :]).reshape(len(X), k * k)).reshape(
+        -1, k, k
+    )  # sum_n w x x^T
     sign, logdet = np.linalg.slogdet(info)
     out = np.where(sign > 0, ll + 0.5 * logdet, -np.inf)
     return out if np.ndim(beta) == 2 else float(out[0])
@@ -186,8 +201,12 @@ def _max_over_slope(beta_of, X: np.ndarray, y: np.ndarray) -> float:
     i = int(np.argmax(values))
     best = float(values[i])
     lo, hi = math.log(SLOPES[max(i - 1, 0)]), math.log(SLOPES[min(i + 1, len(SLOPES) - 1)])
-    res = minimize_scalar(lambda t: -_penalized(beta_of(np.array([math.exp(t)])), X, y)[0], bounds=(lo, hi),
-                          method="bounded", options={"xatol": 1e-7})
+    res = minimize_scalar(
+        lambda t: -_penalized(beta_of(np.array([math.exp(t)])), X, y)[0],
+        bounds=(lo, hi),
+        method="bounded",
+        options={"xatol": 1e-7},
+    )
     return max(best, -float(res.fun)) if np.isfinite(res.fun) else best
 
 
@@ -210,7 +229,9 @@ def _interval(estimate: float, excess, reach: float = REACH) -> tuple[float | No
         for k in range(1, int(round(reach / 0.05)) + 1):
             far = estimate + direction * 0.05 * k
             if excess(far) > 0:
-                found = brentq(excess, *sorted((near, far)), xtol=1e-6) if excess(near) < 0 else near
+                found = (
+                    brentq(excess, *sorted((near, far)), xtol=1e-6) if excess(near) < 0 else near
+                )
                 break
             near = far
         ends.append(found)
@@ -231,7 +252,9 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
     center = float(np.log10(lrs).mean())
     x = np.log10(lrs) - center  # centred: a well-conditioned fit
     b0, b1 = _fit(x, y)
-    if b1 <= SLOPES[0] or abs(b0 / b1) > 10:  # failure does not rise with the LR: no edge to speak of
+    if (
+        b1 <= SLOPES[0] or abs(b0 / b1) > 10
+    ):  # failure does not rise with the LR: no edge to speak of
         return FailureFit(None, None, b1, edge, n, k, top, both, ends)
     x50 = -b0 / b1
     best = max(_loglik(b0, b1, x, y), _profile(x50, x, y))
@@ -250,10 +273,17 @@ def p_fail_upper(lrs, failed, lr: float) -> float:
     lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
     if len(y) == 0:
         return 1.0
-    if len(set(lrs.tolist())) < 2:  # no slope to fit: the exact binomial bound of the runs at or above `lr`
+    if (
+        len(set(lrs.tolist())) < 2
+    ):  # no slope to fit: the exact binomial bound of the runs at or above `lr`
         at = y[lrs >= lr]
-        return 1.0 if len(at) == 0 else float(beta.ppf(0.95, at.sum() + 1, len(at) - at.sum())) \
-            if at.sum() < len(at) else 1.0
+        return (
+            1.0
+            if len(at) == 0
+            else float(beta.ppf(0.95, at.sum() + 1, len(at) - at.sum()))
+            if at.sum() < len(at)
+            else 1.0
+        )
     center = float(np.log10(lrs).mean())
     x, x0 = np.log10(lrs) - center, math.log10(lr) - center
     X = _design(x)
@@ -262,8 +292,10 @@ def p_fail_upper(lrs, failed, lr: float) -> float:
     except np.linalg.LinAlgError:
         b0, b1 = 0.0, 0.0
     e_hat = b0 + b1 * x0 if b1 > 0 else None
-    best = max(_penalized(np.array([b0, b1]), X, y) if b1 > 0 else -np.inf,
-               max(_profile_at(e, x0, x, y) for e in (-20.0, -10.0, -5.0, -2.0, 0.0)))
+    best = max(
+        _penalized(np.array([b0, b1]), X, y) if b1 > 0 else -np.inf,
+        max(_profile_at(e, x0, x, y) for e in (-20.0, -10.0, -5.0, -2.0, 0.0)),
+    )
     if e_hat is None:  # start from the best of a coarse scan
         scan = np.linspace(-30, 10, 81)
         e_hat = float(scan[int(np.argmax([_profile_at(e, x0, x, y) for e in scan]))])
@@ -290,30 +322,44 @@ class RatioFit:
     n: int
     failed: int
     identified: bool = False  # both arms' LR50 identified: the ratio is a number the data set
-    bounds: tuple[float | None, float | None] = (None, None)  # what the arms' brackets say of the ratio
+    bounds: tuple[float | None, float | None] = (
+        None,
+        None,
+    )  # what the arms' brackets say of the ratio
     profile: object = None  # r -> profile penalized log-likelihood (for equivalence tests)
     best: float | None = None  # its maximum
-    ends: tuple = (None, None)  # runs behind bounds[0] (A's lower end, B's upper) and bounds[1] (A's upper, B's lower)
+    ends: tuple = (
+        None,
+        None,
+    )  # runs behind bounds[0] (A's lower end, B's upper) and bounds[1] (A's upper, B's lower)
 
     def describe(self) -> str:
         if self.identified:
-            return (f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = {self.p:.2g}, "
-                    f"{self.n} runs, {self.failed} failed)")
+            return (
+                f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = {self.p:.2g}, "
+                f"{self.n} runs, {self.failed} failed)"
+            )
         test = f"likelihood-ratio p = {self.p:.2g}, " if self.p is not None else ""
-        return (f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bracketed: no estimate; {test}"
-                f"{self.n} runs, {self.failed} failed)")
+        return (
+            f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bracketed: no estimate; {test}"
+            f"{self.n} runs, {self.failed} failed)"
+        )
 
-    def bracket_p(self, at_least: float | None = None, at_most: float | None = None) -> float | None:
+    def bracket_p(
+        self, at_least: float | None = None, at_most: float | None = None
+    ) -> float | None:
         """p that the brackets wrongly show at_least <= ratio <= at_most (sum of 2^-n over the bracket ends the
         statement needs; see the module docstring); None where the brackets do not show it."""
         p = 0.0
-        for want, bound, end, shown in ((at_least, self.bounds[0], self.ends[0], lambda b, w: b >= w),
-                                        (at_most, self.bounds[1], self.ends[1], lambda b, w: b <= w)):
+        for want, bound, end, shown in (
+            (at_least, self.bounds[0], self.ends[0], lambda b, w: b >= w),
+            (at_most, self.bounds[1], self.ends[1], lambda b, w: b <= w),
+        ):
             if want is None:
                 continue
             if bound is None or end is None or not shown(bound, want):
                 return None
-            p += sum(2.0 ** -n for n in end)
+            p += sum(2.0**-n for n in end)
         return min(1.0, p)
 
     def signed_root(self, r0: float) -> float:
@@ -347,7 +393,9 @@ def _profile_ratio(r: float, X: np.ndarray, y: np.ndarray, z_range: tuple[float,
         b = math.exp(v[0])
         return -_penalized(np.array([-b * v[1], b, -r * b]), X, y) if b <= MAX_SLOPE else np.inf
 
-    res = minimize(neg, start, method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-10, "maxiter": 2000})
+    res = minimize(
+        neg, start, method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-10, "maxiter": 2000}
+    )
     return max(best, -float(res.fun)) if np.isfinite(res.fun) else best
 
 
@@ -380,7 +428,9 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     x = lrs - lrs.mean()
     X = _design(x, arm)
     b0, b1, c = _newton(X, y)
-    if b1 <= SLOPES[0] or abs(c / b1) > 10:  # no rising edge to place the arms on: the LR test of one curve only
+    if (
+        b1 <= SLOPES[0] or abs(c / b1) > 10
+    ):  # no rising edge to place the arms on: the LR test of one curve only
         p = float(chi2.sf(max(0.0, 2 * (_best(lrs, arm, y) - _best(lrs, 0 * arm, y))), 1))
         return RatioFit(None, None, p, n, k, False, ratio_bounds, ends=ends)
     r = -c / b1
@@ -397,5 +447,15 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     lo, hi = _interval(r, excess)
     p = float(chi2.sf(max(0.0, 2 * (best - profile(0.0))), 1))  # likelihood-ratio test of ratio = 1
     identified = fa.identified and fb.identified
-    return RatioFit(10 ** r, tuple(None if e is None else 10 ** e for e in (lo, hi)), p, n, k, identified,
-                    ratio_bounds, profile, best, ends)
+    return RatioFit(
+        10**r,
+        tuple(None if e is None else 10**e for e in (lo, hi)),
+        p,
+        n,
+        k,
+        identified,
+        ratio_bounds,
+        profile,
+        best,
+        ends,
+    )

@@ -42,12 +42,17 @@ class Paired:
         if self.n == 0:
             return "no seed where both runs trained"
         if self.ci is None:
-            return f"{self.mean:+.3f} nats from n = 1 seed: inconclusive (no spread to test against)"
-        verdict = {"equivalent": f"equivalent within +-{self.margin:g}",
-                   "different, within margin": f"different, but within +-{self.margin:g}"}.get(self.verdict,
-                                                                                          self.verdict)
-        return (f"{self.mean:+.3f} nats (95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}, n = {self.n} seeds): {verdict} "
-                f"(TOST p = {self.p_tost:.3g}); minimum detectable difference at 80% power {self.mde:.3f}")
+            return (
+                f"{self.mean:+.3f} nats from n = 1 seed: inconclusive (no spread to test against)"
+            )
+        verdict = {
+            "equivalent": f"equivalent within +-{self.margin:g}",
+            "different, within margin": f"different, but within +-{self.margin:g}",
+        }.get(self.verdict, self.verdict)
+        return (
+            f"{self.mean:+.3f} nats (95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}, n = {self.n} seeds): {verdict} "
+            f"(TOST p = {self.p_tost:.3g}); minimum detectable difference at 80% power {self.mde:.3f}"
+        )
 
 
 def paired(a: dict, b: dict, margin: float) -> Paired:
@@ -84,7 +89,9 @@ def power(delta: float, sd: float, n: int) -> float:
     per-seed sd: P(|T| > t_crit), T noncentral t with n - 1 df and noncentrality delta / (sd / sqrt(n))."""
     df, crit = n - 1, st.t.ppf(1 - ALPHA / 2, n - 1)
     nc = delta / (sd / math.sqrt(n))
-    lower = st.nct.cdf(-crit, df, nc)  # the far tail; scipy returns NaN where it underflows (df = 1)
+    lower = st.nct.cdf(
+        -crit, df, nc
+    )  # the far tail; scipy returns NaN where it underflows (df = 1)
     return float(st.nct.sf(crit, df, nc) + (0.0 if math.isnan(lower) else lower))
 
 
@@ -94,7 +101,9 @@ def detectable(sd: float, n: int) -> float:
         return 0.0
     se = sd / math.sqrt(n)
     hi = 1.0
-    while power(hi * se, sd, n) < POWER:  # bracket the noncentrality (scipy's nct turns NaN far out)
+    while (
+        power(hi * se, sd, n) < POWER
+    ):  # bracket the noncentrality (scipy's nct turns NaN far out)
         hi *= 2
     nc = brentq(lambda c: power(c * se, sd, n) - POWER, hi / 2 if hi > 1 else 0.0, hi)
     return nc * se
@@ -153,5 +162,7 @@ def mean_ci(values: list[float]) -> tuple[float | None, tuple[float, float] | No
     m = statistics.fmean(values)
     if len(values) < 2:
         return m, None
-    half = st.t.ppf(1 - ALPHA / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = (
+        st.t.ppf(1 - ALPHA / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    )
     return m, (m - half, m + half)

@@ -36,12 +36,15 @@ def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
     least one) choose and the rest test."""
     seeds = sorted(set(seeds), key=str)
     if protocol is not None:
-        return [s for s in seeds if s in protocol.selection_seeds], [s for s in seeds if s in protocol.test_seeds]
+        return [s for s in seeds if s in protocol.selection_seeds], [
+            s for s in seeds if s in protocol.test_seeds
+        ]
     k = max(1, round(0.4 * len(seeds)))
     return seeds[:k], seeds[k:]
 
 
 # --- what one arm's runs say, on a set of seeds ---------------------------------------------------------------
+
 
 def table(runs: list[Run], seeds) -> dict[float, list[Run]]:
     """{lr: the runs of these seeds} at every LR where every one of the seeds has a finished run."""
@@ -95,14 +98,20 @@ def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[floa
         at = [r for r in (*a, *b) if r.lr == lr and r.finished]
         if at and all(r.trained for r in at):
             bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
-            return lr, (f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every run of "
-                        f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})")
+            return lr, (
+                f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every run of "
+                f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})"
+            )
     return None, "no grid LR where every run of both arms trained"
 
 
 def select_lr(runs: list[Run], seeds) -> float | None:
     """The LR with the lowest mean final val loss over these seeds, among the LRs where every one of them trained."""
-    scored = [(statistics.fmean(r.final for r in rs), lr) for lr, rs in table(runs, seeds).items() if trained(rs)]
+    scored = [
+        (statistics.fmean(r.final for r in rs), lr)
+        for lr, rs in table(runs, seeds).items()
+        if trained(rs)
+    ]
     return min(scored)[1] if scored else None
 
 
@@ -111,7 +120,9 @@ def edge(runs: list[Run], seeds) -> tuple[float | None, float | None]:
     None where there is none."""
     t = table(runs, seeds)
     best = select_lr(runs, seeds)
-    first_fail = next((lr for lr, rs in t.items() if all_failed(rs) and (best is None or lr > best)), None)
+    first_fail = next(
+        (lr for lr, rs in t.items() if all_failed(rs) and (best is None or lr > best)), None
+    )
     below = [lr for lr, rs in t.items() if trained(rs) and (first_fail is None or lr < first_fail)]
     return (max(below) if below else None), first_fail
 
@@ -130,12 +141,19 @@ def bracket_lrs(runs: list[Run], seeds, grid: list[float], p: Protocol) -> list[
     out = []
     below, above = sum(x < min(grid) for x in tried), sum(x > max(grid) for x in tried)
     # the k-th step beyond an end is that end x factor^k (not a chain of rounded products)
-    lower, upper = _round(min(grid) / p.factor ** (below + 1)), _round(max(grid) * p.factor ** (above + 1))
+    lower, upper = (
+        _round(min(grid) / p.factor ** (below + 1)),
+        _round(max(grid) * p.factor ** (above + 1)),
+    )
     if (best is None or best == tried[0]) and lower >= p.min_lr * (1 - 1e-9) and below < p.steps:
         out.append(lower)
     crossed = edge(runs, seeds)[1] is not None
-    if best is not None and (best == tried[-1] or not crossed) and upper <= p.max_lr * (1 + 1e-9) and \
-            above < p.steps:
+    if (
+        best is not None
+        and (best == tried[-1] or not crossed)
+        and upper <= p.max_lr * (1 + 1e-9)
+        and above < p.steps
+    ):
         out.append(upper)
     return out
 
@@ -167,6 +185,7 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
 
 # --- the stages ------------------------------------------------------------------------------------------------
 
+
 def arms_of(study: dict) -> list[dict]:
     """Every combination of the grid's values other than the LR and the seed that the study does not exclude:
     {field: value}."""
@@ -196,8 +215,13 @@ def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
     arms = arms_of(study)
     fits = lambda arm, side: all(same(arm.get(k), v) for k, v in sides[side].items())  # noqa: E731
     free = [k for k in (arms[0] if arms else {}) if k not in sides["a"]]
-    return [(A, B) for A in arms if fits(A, "a") for B in arms
-            if B is not A and fits(B, "b") and all(same(A.get(k), B.get(k)) for k in free)]
+    return [
+        (A, B)
+        for A in arms
+        if fits(A, "a")
+        for B in arms
+        if B is not A and fits(B, "b") and all(same(A.get(k), B.get(k)) for k in free)
+    ]
 
 
 def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
@@ -208,10 +232,17 @@ def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
         if claim["metric"] != "common_loss":
             continue
         for A, B in arm_pairs(study, claim):
-            lr, _ = common_lr(runs_of(A, runs), runs_of(B, runs), study["grid"]["optim.lr"], p.selection_seeds,
-                              p.common_seeds)
+            lr, _ = common_lr(
+                runs_of(A, runs),
+                runs_of(B, runs),
+                study["grid"]["optim.lr"],
+                p.selection_seeds,
+                p.common_seeds,
+            )
             if lr is not None:
-                out += specs(study, A, [lr], p.common_seeds, extra) + specs(study, B, [lr], p.common_seeds, extra)
+                out += specs(study, A, [lr], p.common_seeds, extra) + specs(
+                    study, B, [lr], p.common_seeds, extra
+                )
     return out
 
 
@@ -236,10 +267,14 @@ def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]
     """Every run spec a stage wants, given the finished runs (all arms)."""
     if stage == "common":
         return common_runs(study, runs, extra)
-    return [s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)]
+    return [
+        s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
+    ]
 
 
-def next_stage(study: dict, study_dir: Path, made: list[dict], extra=()) -> tuple[str, list[dict]] | None:
+def next_stage(
+    study: dict, study_dir: Path, made: list[dict], extra=()
+) -> tuple[str, list[dict]] | None:
     """(the stage, its runs not yet made) for the first stage that still wants runs, given the finished runs in
     study_dir; None when the study is complete. `made`: the run specs launched so far (none is asked for twice)."""
     runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []

@@ -19,15 +19,26 @@ from training.rundir import RunDir, series
 
 # not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured (the same
 # experiment whatever the detector's parameters: studies from before the detector changed still pair)
-IGNORED = {"optim.lr", "train.seed", "log.name", "log.out_dir", "train.threads", "data.root", "log.wandb",
-           "log.spike_window", "log.spike_k"}
+IGNORED = {
+    "optim.lr",
+    "train.seed",
+    "log.name",
+    "log.out_dir",
+    "train.threads",
+    "data.root",
+    "log.wandb",
+    "log.spike_window",
+    "log.spike_k",
+}
 
 
-OUTCOMES = (*monitor.OUTCOMES, "failed")  # failed: crashed without a summary (sweep.json has the error)
+OUTCOMES = (
+    *monitor.OUTCOMES,
+    "failed",
+)  # failed: crashed without a summary (sweep.json has the error)
 # what a failed run's curve says it was (failure_kind); instability is the first three, a slow run is censored
 KINDS = ("collapsed", "blew up", "non-finite", "slow", "stalled", "no curve")
 INSTABILITY = ("collapsed", "blew up", "non-finite")
-
 
 
 @dataclass
@@ -37,9 +48,15 @@ class Run:
     config: dict  # flattened: {"model.norm": "rmsnorm", ...}
     summary: dict
     records: list[dict]
-    why: str | None = field(default=None, compare=False)  # the study rule's reason it failed; None: it trained
-    judged_by: str | None = field(default=None, compare=False)  # the rule that judged it (None: not yet)
-    kind: str | None = field(default=None, compare=False)  # a failed run's kind (KINDS); None: it trained
+    why: str | None = field(
+        default=None, compare=False
+    )  # the study rule's reason it failed; None: it trained
+    judged_by: str | None = field(
+        default=None, compare=False
+    )  # the rule that judged it (None: not yet)
+    kind: str | None = field(
+        default=None, compare=False
+    )  # a failed run's kind (KINDS); None: it trained
 
     @property
     def lr(self) -> float:
@@ -53,13 +70,21 @@ class Run:
     def final(self) -> float | None:
         """Final val loss of a run that finished without diverging."""
         v = self.summary.get("final_val_loss")
-        return v if self.status in ("ok", "plateau", "collapsed", "unstable") and v is not None else None
+        return (
+            v
+            if self.status in ("ok", "plateau", "collapsed", "unstable") and v is not None
+            else None
+        )
 
     @property
     def init_loss(self) -> float | None:
         """L0: the val loss logged at step 0, before the first update (runs from before it was logged: the first
         train loss, a different kind of number; `init_kind` says which)."""
-        step0 = [r["val/loss"] for r in self.records if r.get("step") == 0 and r.get("val/loss") is not None]
+        step0 = [
+            r["val/loss"]
+            for r in self.records
+            if r.get("step") == 0 and r.get("val/loss") is not None
+        ]
         if step0:
             return step0[0]
         first = series(self.records[:1], "train/loss")
@@ -67,7 +92,9 @@ class Run:
 
     @property
     def init_kind(self) -> str:
-        return "val" if any(r.get("step") == 0 and "val/loss" in r for r in self.records) else "train"
+        return (
+            "val" if any(r.get("step") == 0 and "val/loss" in r for r in self.records) else "train"
+        )
 
     @property
     def seed(self):
@@ -93,7 +120,11 @@ class Run:
     @property
     def evals(self) -> list[float]:
         """The val losses after step 0, in order (the run's curve)."""
-        return [r["val/loss"] for r in self.records if r.get("val/loss") is not None and r.get("step", 0) > 0]
+        return [
+            r["val/loss"]
+            for r in self.records
+            if r.get("val/loss") is not None and r.get("step", 0) > 0
+        ]
 
     @property
     def loss(self) -> float | None:
@@ -158,8 +189,11 @@ def failure_kind(run: Run, rule: Rule) -> str:
     final = s.get("final_val_loss")
     if run.status == "diverged" or final is None or not math.isfinite(final):
         return "non-finite"
-    points = [(r["step"], r["val/loss"]) for r in run.records
-              if r.get("val/loss") is not None and r.get("step", 0) > 0]
+    points = [
+        (r["step"], r["val/loss"])
+        for r in run.records
+        if r.get("val/loss") is not None and r.get("step", 0) > 0
+    ]
     blowup = rule.blowup_margin if rule.blowup_margin is not None else Rule.blowup_margin
     low = math.inf
     for _, v in points:
@@ -214,7 +248,11 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
             dirs.append(p)
         else:
             base = p / "runs" if (p / "runs").is_dir() else p
-            dirs += sorted(d for d in base.iterdir() if RunDir(d).config.is_file()) if base.is_dir() else []
+            dirs += (
+                sorted(d for d in base.iterdir() if RunDir(d).config.is_file())
+                if base.is_dir()
+                else []
+            )
     runs = []
     defaults = flat(to_dict(Config()))
     for d in dirs:
@@ -234,29 +272,55 @@ def judged(config: dict, summary: dict, records: list[dict]) -> str:
     from its own val curve: a report never mixes runs judged by two versions of the rules. Runs without a
     curve or a unigram entropy, and diverged ones, keep the status they ended with."""
     status = summary.get("status", "failed")
-    evals = [(r["step"], r["val/loss"]) for r in records if r.get("val/loss") is not None and r.get("step", 0) > 0]
-    if status not in ("ok", "plateau", "collapsed", "unstable") or not evals or \
-            summary.get("unigram_entropy") is None:
+    evals = [
+        (r["step"], r["val/loss"])
+        for r in records
+        if r.get("val/loss") is not None and r.get("step", 0) > 0
+    ]
+    if (
+        status not in ("ok", "plateau", "collapsed", "unstable")
+        or not evals
+        or summary.get("unigram_entropy") is None
+    ):
         return status
-    init = next((r["val/loss"] for r in records if r.get("step") == 0 and r.get("val/loss") is not None), None)
-    return monitor.classify([v for _, v in evals], summary["unigram_entropy"], config["log.plateau_margin"], init,
-                            config["log.blowup_margin"], [s for s, _ in evals], config["log.flat_horizon"],
-                            summary.get("dead_gradients_at"))
+    init = next(
+        (r["val/loss"] for r in records if r.get("step") == 0 and r.get("val/loss") is not None),
+        None,
+    )
+    return monitor.classify(
+        [v for _, v in evals],
+        summary["unigram_entropy"],
+        config["log.plateau_margin"],
+        init,
+        config["log.blowup_margin"],
+        [s for s, _ in evals],
+        config["log.flat_horizon"],
+        summary.get("dead_gradients_at"),
+    )
 
 
 def arm_label(config: dict, keys: list[str]) -> str:
-    parts = [str(config[k]) if k in ("model.norm", "model.placement") else f"{k.rsplit('.', 1)[-1]}={config[k]}"
-             for k in keys]
+    parts = [
+        str(config[k])
+        if k in ("model.norm", "model.placement")
+        else f"{k.rsplit('.', 1)[-1]}={config[k]}"
+        for k in keys
+    ]
     return "/".join(parts) or "all"
 
 
 def group_arms(runs: list[Run]) -> tuple[list[str], dict[str, list[Run]]]:
     """(the config keys that define arms, {arm label: runs}) in a stable order."""
-    keys = sorted({k for r in runs for k in r.config if k not in IGNORED
-                   and len({json.dumps(x.config.get(k)) for x in runs}) > 1},
-                  key=lambda k: (k not in ("model.norm", "model.placement"), k != "model.norm", k))
+    keys = sorted(
+        {
+            k
+            for r in runs
+            for k in r.config
+            if k not in IGNORED and len({json.dumps(x.config.get(k)) for x in runs}) > 1
+        },
+        key=lambda k: (k not in ("model.norm", "model.placement"), k != "model.norm", k),
+    )
     arms: dict[str, list[Run]] = {}
     for r in sorted(runs, key=lambda r: [str(r.config.get(k)) for k in keys]):
         arms.setdefault(arm_label(r.config, keys), []).append(r)
     return keys, arms
-

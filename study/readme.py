@@ -30,9 +30,12 @@ from pathlib import Path
 from study.text import g, interval
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- (?P<kind>found|claims|trends|bench|replication|bynorm): (?P<path>\S+) -->\n)"
-                   r"(?P<body>.*?)"
-                   r"(<!-- /(?P=kind) -->)", re.S)
+BLOCK = re.compile(
+    r"(<!-- (?P<kind>found|claims|trends|bench|replication|bynorm): (?P<path>\S+) -->\n)"
+    r"(?P<body>.*?)"
+    r"(<!-- /(?P=kind) -->)",
+    re.S,
+)
 
 
 def ratio_text(r: dict) -> str:
@@ -42,18 +45,30 @@ def ratio_text(r: dict) -> str:
     if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
         lo, hi = r["ci"]
         bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
-        return f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; " \
-               f"{r['n']} runs)"
+        return (
+            f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; "
+            f"{r['n']} runs)"
+        )
     if r["ratio"] is None:
         return f"not estimable ({r['failed']} of {r['n']} runs failed)"
-    return f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, " \
-           f"{r['failed']} failed)"
+    return (
+        f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, "
+        f"{r['failed']} failed)"
+    )
 
 
 def bracket_text(bounds) -> str:
     """'in 0.01..0.316 (brackets only)': what separated arms allow of a ratio."""
     lo, hi = bounds
-    inner = f"in {g(lo)}..{g(hi)}" if lo and hi else f"> {g(lo)}" if lo else f"< {g(hi)}" if hi else "not bounded"
+    inner = (
+        f"in {g(lo)}..{g(hi)}"
+        if lo and hi
+        else f"> {g(lo)}"
+        if lo
+        else f"< {g(hi)}"
+        if hi
+        else "not bounded"
+    )
     return inner + " (brackets only)"
 
 
@@ -62,8 +77,11 @@ def _times(c: dict) -> tuple[list[float], list[tuple]]:
     study file's rules: the main one, its alternatives and instability alone."""
     fits = [c["lr50_ratio"], *c.get("rules", {}).values()]
     nums = [1 / f["ratio"] for f in fits if f.get("identified") and f.get("ratio")]
-    brackets = [tuple(1 / b if b else None for b in f["bounds"][::-1]) for f in fits
-                if not f.get("identified") and f.get("bounds")]
+    brackets = [
+        tuple(1 / b if b else None for b in f["bounds"][::-1])
+        for f in fits
+        if not f.get("identified") and f.get("bounds")
+    ]
     return nums, brackets
 
 
@@ -74,16 +92,34 @@ def placement_sentence(place: list[dict]) -> str:
     for c in place:
         nums, brackets = _times(c)
         n = 1 + len(c.get("rules", {}))
-        got = (f"{min(nums):.1f}-{max(nums):.1f}x" if len(nums) > 1 else f"{nums[0]:.1f}x") if nums else ""
+        got = (
+            (f"{min(nums):.1f}-{max(nums):.1f}x" if len(nums) > 1 else f"{nums[0]:.1f}x")
+            if nums
+            else ""
+        )
         lo = min((b[0] for b in brackets if b[0]), default=None)
         hi = max((b[1] for b in brackets if b[1]), default=None)
-        br = f"{g(lo)}-{g(hi)}x" if lo and hi else f"> {g(lo)}x" if lo else f"< {g(hi)}x" if hi else "open"
+        br = (
+            f"{g(lo)}-{g(hi)}x"
+            if lo and hi
+            else f"> {g(lo)}x"
+            if lo
+            else f"< {g(hi)}x"
+            if hi
+            else "open"
+        )
         verb = "brackets" if len(brackets) == 1 else "bracket"
         tail = f"; {len(brackets)} only {verb} it, {br})" if brackets else ")"
-        text = f"{got} ({len(nums)} of {n} rules identify it{tail}" if nums else f"{br} (every rule brackets it)"
+        text = (
+            f"{got} ({len(nums)} of {n} rules identify it{tail}"
+            if nums
+            else f"{br} (every rule brackets it)"
+        )
         parts.append(f"{_common(c)}: {text}, {c['agreement']} (Holm p = {c['p_holm']:.2g})")
-    return ("Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
-            "by " + "; ".join(parts) + ".")
+    return (
+        "Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
+        "by " + "; ".join(parts) + "."
+    )
 
 
 def loss_text(p: dict) -> str:
@@ -118,28 +154,45 @@ def _common(c: dict) -> str:
 
 
 def _matching(report: dict, want: dict) -> list[dict]:
-    return [c for c in report.get("claims", []) if c.get("A") and all(c.get(k) == v for k, v in want.items())]
+    return [
+        c
+        for c in report.get("claims", [])
+        if c.get("A") and all(c.get(k) == v for k, v in want.items())
+    ]
 
 
-WORDS = {"lr50": "LR50", "lr_sensitivity": "LR sensitivity", "common_loss": "loss at a common safe LR",
-         "best_loss": "loss at each one's best LR"}
+WORDS = {
+    "lr50": "LR50",
+    "lr_sensitivity": "LR sensitivity",
+    "common_loss": "loss at a common safe LR",
+    "best_loss": "loss at each one's best LR",
+}
 
 
 def _norm_sentence(norm: list[dict], report: dict) -> str:
     """What the norm claims say in plain words: what is the same (within the margins set before the runs), what
     differs, and what these runs cannot tell, each with where (which placements)."""
-    m, r, sm = report.get("margin", 0.02), report.get("ratio_margin", 2), report.get("sensitivity_margin", 0.1)
-    what = {"common_loss": f"the same final loss at a learning rate safe for both (within {m:g} nats",
-            "best_loss": f"the same final loss at each one's best learning rate (within {m:g} nats",
-            "lr50": f"the same stability (LR50 within x{r:g}", "lr_sensitivity": "the same sensitivity to the learning "
-            f"rate (within {sm:g} nats"}
+    m, r, sm = (
+        report.get("margin", 0.02),
+        report.get("ratio_margin", 2),
+        report.get("sensitivity_margin", 0.1),
+    )
+    what = {
+        "common_loss": f"the same final loss at a learning rate safe for both (within {m:g} nats",
+        "best_loss": f"the same final loss at each one's best learning rate (within {m:g} nats",
+        "lr50": f"the same stability (LR50 within x{r:g}",
+        "lr_sensitivity": f"the same sensitivity to the learning rate (within {sm:g} nats",
+    }
     same, differ, open_ = [], [], []
     for metric in ("common_loss", "best_loss", "lr50", "lr_sensitivity"):
         for verdict, out in (("agrees", same), ("disagrees", differ), ("cannot tell", open_)):
             cs = [c for c in norm if c["metric"] == metric and c["agreement"] == verdict]
             if cs:
-                where = "both placements" if len(cs) == 2 and len({_common(c) for c in cs}) == 2 else \
-                    ", ".join(f"{_common(c)}-norm" for c in cs)
+                where = (
+                    "both placements"
+                    if len(cs) == 2 and len({_common(c) for c in cs}) == 2
+                    else ", ".join(f"{_common(c)}-norm" for c in cs)
+                )
                 out.append(f"{what[metric]}, {where})")
     parts = []
     common = [c for c in norm if c["metric"] == "common_loss" and c.get("gaps")]
@@ -149,10 +202,17 @@ def _norm_sentence(norm: list[dict], report: dict) -> str:
             continue
         xs = sorted({g(gp[2]) for gp in gaps})
         nats = [gp[3] for gp in gaps if gp[3] is not None]
-        span = f"{min(nats):+.2f}..{max(nats):+.2f}" if len(nats) > 1 else (f"{nats[0]:+.2f}" if nats else "")
+        span = (
+            f"{min(nats):+.2f}..{max(nats):+.2f}"
+            if len(nats) > 1
+            else (f"{nats[0]:+.2f}" if nats else "")
+        )
         note = f"{_common(c)}: lr {g(c['lrs'][0])}, " + (
-            "each one's own best LR" if xs == ["1"] else f"x{'/'.join(xs)} each one's own best LR"
-            + (f", {span} nats above its best loss" if span else ""))
+            "each one's own best LR"
+            if xs == ["1"]
+            else f"x{'/'.join(xs)} each one's own best LR"
+            + (f", {span} nats above its best loss" if span else "")
+        )
         c["_gap_note"] = note
     notes = "; ".join(c["_gap_note"] for c in common if c.get("_gap_note"))
     if same:
@@ -175,14 +235,26 @@ def _span(c: dict) -> str:
     nums, brackets = _times(c)
     n = 1 + len(c.get("rules", {}))
     if nums:
-        text = f"{_x(min(nums))}-{_x(max(nums))}x" if max(nums) > 1.05 * min(nums) else f"{_x(nums[0])}x"
+        text = (
+            f"{_x(min(nums))}-{_x(max(nums))}x"
+            if max(nums) > 1.05 * min(nums)
+            else f"{_x(nums[0])}x"
+        )
         verb = "brackets" if len(brackets) == 1 else "bracket"
-        return text + (f" ({len(nums)} of {n} rules; {len(brackets)} only {verb} it)" if brackets else
-                       f" (all {n} rules)")
+        return text + (
+            f" ({len(nums)} of {n} rules; {len(brackets)} only {verb} it)"
+            if brackets
+            else f" (all {n} rules)"
+        )
     lo = min((b[0] for b in brackets if b[0]), default=None)
     hi = max((b[1] for b in brackets if b[1]), default=None)
-    return (f"{_x(lo)}-{_x(hi)}x" if lo and hi else f"more than {_x(lo)}x" if lo else "an unbounded factor") + \
-        " (brackets only)"
+    return (
+        f"{_x(lo)}-{_x(hi)}x"
+        if lo and hi
+        else f"more than {_x(lo)}x"
+        if lo
+        else "an unbounded factor"
+    ) + " (brackets only)"
 
 
 def headline_placement(place: list[dict]) -> str:
@@ -191,9 +263,12 @@ def headline_placement(place: list[dict]) -> str:
         return "**Placement**: " + "; ".join(f"{_common(c)}: {c['agreement']}" for c in place) + "."
     p = max(c["p_holm"] for c in place)
     names = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-    return ("**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
-            "by " + " and ".join(f"{_span(c)} with {names.get(_common(c), _common(c))}" for c in place)
-            + f" (Holm p <= {p:.2g}; ranges over the pre-registered failure rules).")
+    return (
+        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
+        "by "
+        + " and ".join(f"{_span(c)} with {names.get(_common(c), _common(c))}" for c in place)
+        + f" (Holm p <= {p:.2g}; ranges over the pre-registered failure rules)."
+    )
 
 
 def headline_norm(norm: list[dict], report: dict) -> str:
@@ -204,36 +279,65 @@ def headline_norm(norm: list[dict], report: dict) -> str:
     if common and all(c["agreement"] == "agrees" for c in common):
         nums = ", ".join(f"{_common(c)} {c['loss']['mean']:+.3f}" for c in common)
         n = min(c["loss"]["n"] for c in common)
-        far = [c for c in common if any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))]
-        where = "; ".join(f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR, "
-                          f"{min(gp[3] for gp in c['gaps']):+.2f} nats off its best" for c in far)
-        out.append(f"**The norm**: at an LR safe for both, RMSNorm's loss is "
-                   f"LayerNorm's within {m:g} nats in both placements ({nums} nats, n = {n}"
-                   + (f"; {where}" if where else "") + ")")
+        far = [
+            c for c in common if any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))
+        ]
+        where = "; ".join(
+            f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR, "
+            f"{min(gp[3] for gp in c['gaps']):+.2f} nats off its best"
+            for c in far
+        )
+        out.append(
+            f"**The norm**: at an LR safe for both, RMSNorm's loss is "
+            f"LayerNorm's within {m:g} nats in both placements ({nums} nats, n = {n}"
+            + (f"; {where}" if where else "")
+            + ")"
+        )
     elif common:
-        out.append("**The norm**: the loss at a common safe LR: " + "; ".join(
-            f"{_common(c)}: {c['agreement']}" for c in common))
-    open_ = [WORDS[mt] for mt in ("lr50", "lr_sensitivity")
-             if any(c["metric"] == mt and c["agreement"] == "cannot tell" for c in norm)]
+        out.append(
+            "**The norm**: the loss at a common safe LR: "
+            + "; ".join(f"{_common(c)}: {c['agreement']}" for c in common)
+        )
+    open_ = [
+        WORDS[mt]
+        for mt in ("lr50", "lr_sensitivity")
+        if any(c["metric"] == mt and c["agreement"] == "cannot tell" for c in norm)
+    ]
     if open_:
-        out.append(f"equal stability (LR50 within x{r:g}) and LR sensitivity: cannot tell" if len(open_) == 2
-                   else f"equal {open_[0]}: cannot tell")
+        out.append(
+            f"equal stability (LR50 within x{r:g}) and LR sensitivity: cannot tell"
+            if len(open_) == 2
+            else f"equal {open_[0]}: cannot tell"
+        )
     return "; ".join(out) + "."
 
 
 def headline_qk(report: dict) -> str | None:
     """One sentence on qk-norm's LR50 claims (the attention-logits study), or None without them."""
-    cs = [c for c in report.get("claims", []) if c.get("A") and c["metric"] == "lr50" and c["expect"] == "higher"]
+    cs = [
+        c
+        for c in report.get("claims", [])
+        if c.get("A") and c["metric"] == "lr50" and c["expect"] == "higher"
+    ]
     if not cs:
         return None
     agree = [c for c in cs if c["agreement"] == "agrees"]
     nums = [c["lr50_ratio"]["ratio"] for c in agree if c["lr50_ratio"].get("identified")]
-    size = f" (x{min(nums):.2g}-{max(nums):.2g} where identified)" if len(nums) > 1 else \
-        (f" (x{nums[0]:.2g} where identified)" if nums else "")
+    size = (
+        f" (x{min(nums):.2g}-{max(nums):.2g} where identified)"
+        if len(nums) > 1
+        else (f" (x{nums[0]:.2g} where identified)" if nums else "")
+    )
     rest = len(cs) - len(agree)
-    return (f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width settings"
-            f"{size}, as Wortsman et al. 2023 (Sec. 3.1.1) report"
-            + (f"; {rest} cannot tell, where runs separate and only brackets are known." if rest else "."))
+    return (
+        f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width settings"
+        f"{size}, as Wortsman et al. 2023 (Sec. 3.1.1) report"
+        + (
+            f"; {rest} cannot tell, where runs separate and only brackets are known."
+            if rest
+            else "."
+        )
+    )
 
 
 def _cell(cs: list[dict]) -> str:
@@ -249,10 +353,14 @@ def found(results: Path, rel: str) -> str:
     effect and CI | study)."""
     from omegaconf import OmegaConf
 
-    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    reports = {
+        p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))
+    }
     default = reports["norm-placement-lr"]
     claims = [c for c in default["claims"] if c.get("A")]
-    place = [c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]]
+    place = [
+        c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]
+    ]
     norm = [c for c in claims if c["A"].split("/")[-1] == c["B"].split("/")[-1]]
     lines = [headline_placement(place)] if place else []
     if norm:
@@ -267,12 +375,17 @@ def found(results: Path, rel: str) -> str:
         counts["withdrawn"] = counts.get("withdrawn", 0) + len(r.get("withdrawn", []))
     corpora = sorted({_corpus(p.parent / "study.yaml") for p in results.glob("*/report.json")})
     where = "one corpus" if len(corpora) == 1 else f"{len(corpora)} corpora ({', '.join(corpora)})"
-    lines.append(f"{len(reports)} studies, {sum(counts.values())} claims of the literature ("
-                 + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"), on 0.1-2M-parameter models "
-                 f"trained for minutes on {where}: what these settings show, no more.")
+    lines.append(
+        f"{len(reports)} studies, {sum(counts.values())} claims of the literature ("
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        + f"), on 0.1-2M-parameter models "
+        f"trained for minutes on {where}: what these settings show, no more."
+    )
     if (results / "norm-placement-lr" / "stability_map.png").is_file():
-        lines.append(f"![The default study's stability map: every run's outcome by LR, each arm's failure curve]"
-                     f"({rel}/norm-placement-lr/stability_map.png)")
+        lines.append(
+            f"![The default study's stability map: every run's outcome by LR, each arm's failure curve]"
+            f"({rel}/norm-placement-lr/stability_map.png)"
+        )
     rows = ["| question | verdict | effect and 95% CI | study |", "|---|---|---|---|"]
     for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
         r = reports.get(q["study"])
@@ -282,17 +395,24 @@ def found(results: Path, rel: str) -> str:
         if not cs:
             raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
         page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
-        rows.append(f"| {q['question']} | {_cell(cs)} | "
-                    + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
-                    + f" | [{q['study']}]({rel}/{q['study']}/{page}) |")
+        rows.append(
+            f"| {q['question']} | {_cell(cs)} | "
+            + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
+            + f" | [{q['study']}]({rel}/{q['study']}/{page}) |"
+        )
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
 
 
-EXPECT = {("lr50", "higher"): "a higher LR50", ("lr50", "lower"): "a lower LR50",
-          ("lr_sensitivity", "higher"): "a higher LR sensitivity", ("lr_sensitivity", "lower"): "a lower LR "
-          "sensitivity", ("best_loss", "lower"): "a lower loss at its best LR", ("best_loss", "higher"): "a higher "
-          "loss at its best LR", ("common_loss", "lower"): "a lower loss at a common LR", ("common_loss", "higher"):
-          "a higher loss at a common LR"}
+EXPECT = {
+    ("lr50", "higher"): "a higher LR50",
+    ("lr50", "lower"): "a lower LR50",
+    ("lr_sensitivity", "higher"): "a higher LR sensitivity",
+    ("lr_sensitivity", "lower"): "a lower LR sensitivity",
+    ("best_loss", "lower"): "a lower loss at its best LR",
+    ("best_loss", "higher"): "a higher loss at its best LR",
+    ("common_loss", "lower"): "a lower loss at a common LR",
+    ("common_loss", "higher"): "a higher loss at a common LR",
+}
 
 
 def _fields(label: str, keys: list[str]) -> dict:
@@ -303,8 +423,10 @@ def _fields(label: str, keys: list[str]) -> dict:
 def _expect(c: dict, report: dict) -> str:
     if c["expect"] == "same":
         sm = report.get("sensitivity_margin", 0.1)
-        within = {"lr50": f"x{report.get('ratio_margin', 2):g}", "lr_sensitivity": f"{sm:g} nats"}.get(
-            c["metric"], f"{report.get('margin', 0.02):g} nats")
+        within = {
+            "lr50": f"x{report.get('ratio_margin', 2):g}",
+            "lr_sensitivity": f"{sm:g} nats",
+        }.get(c["metric"], f"{report.get('margin', 0.02):g} nats")
         return f"the same {WORDS[c['metric']]} (within {within})"
     return EXPECT.get((c["metric"], c["expect"]), f"{c['expect']} {WORDS[c['metric']]}")
 
@@ -323,7 +445,9 @@ def by_norm_sentence(report: dict, link: str) -> str:
         if "model.norm" in diff:
             continue
         what = " ".join(f"{k.rsplit('.', 1)[-1]}={a[k]} (vs {b[k]})" for k in diff)
-        ctx = ", ".join(f"{k.rsplit('.', 1)[-1]}={a[k]}" for k in keys if k not in diff and k != "model.norm")
+        ctx = ", ".join(
+            f"{k.rsplit('.', 1)[-1]}={a[k]}" for k in keys if k not in diff and k != "model.norm"
+        )
         groups.setdefault((what, _expect(c, report)), {}).setdefault(ctx, {})[a["model.norm"]] = c
     asked = [per for g_ in groups.values() for per in g_.values() if len(per) > 1]
     changed = sum(len({c["agreement"] for c in per.values()}) > 1 for per in asked)
@@ -333,35 +457,73 @@ def by_norm_sentence(report: dict, link: str) -> str:
         for ctx, per in by_ctx.items():
             at = f" at {ctx}" if ctx else ""
             if len({c["agreement"] for c in per.values()}) == 1:
-                parts.append(f"{next(iter(per.values()))['agreement']}{at} (" + "; ".join(
-                    f"{norm}: {_short(c)}" for norm, c in sorted(per.items())) + ")")
+                parts.append(
+                    f"{next(iter(per.values()))['agreement']}{at} ("
+                    + "; ".join(f"{norm}: {_short(c)}" for norm, c in sorted(per.items()))
+                    + ")"
+                )
             else:
-                parts.append(at.strip() + ", " + ", ".join(f"{c['agreement']} under {norm} ({_short(c)})"
-                                                           for norm, c in sorted(per.items())))
+                parts.append(
+                    at.strip()
+                    + ", "
+                    + ", ".join(
+                        f"{c['agreement']} under {norm} ({_short(c)})"
+                        for norm, c in sorted(per.items())
+                    )
+                )
         clauses.append(f"{what}, {expect}: " + ", and ".join(parts))
     slopes = [t for t in report.get("trends", []) if t["what"] == "LR sensitivity" and t["ci"]]
     if slopes:
-        clauses.append(f"LR sensitivity per doubling of {slopes[0]['axis'].rsplit('.', 1)[-1]} ("
-                       + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
-                       + " only): " + "; ".join(f"{t['pair']}: {t['slope']:+.3f} nats ("
-                                                + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})" for t in slopes))
-    sens = [(g_[0], ctx, norm, c) for g_, by_ctx in groups.items() for ctx, per in by_ctx.items()
-            for norm, c in sorted(per.items()) if c.get("own_l_star")]
-    moved = [(what, ctx, norm, c) for what, ctx, norm, c in sens if c["own_l_star"]["agreement"] != c["agreement"]]
+        clauses.append(
+            f"LR sensitivity per doubling of {slopes[0]['axis'].rsplit('.', 1)[-1]} ("
+            + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
+            + " only): "
+            + "; ".join(
+                f"{t['pair']}: {t['slope']:+.3f} nats (" + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})"
+                for t in slopes
+            )
+        )
+    sens = [
+        (g_[0], ctx, norm, c)
+        for g_, by_ctx in groups.items()
+        for ctx, per in by_ctx.items()
+        for norm, c in sorted(per.items())
+        if c.get("own_l_star")
+    ]
+    moved = [
+        (what, ctx, norm, c)
+        for what, ctx, norm, c in sens
+        if c["own_l_star"]["agreement"] != c["agreement"]
+    ]
     if moved:
-        clauses.append(f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the {len(sens)} "
-                       "LR-sensitivity verdicts change (" + "; ".join(
-                           f"{what}{' at ' + ctx if ctx else ''} under {norm}: {c['agreement']} -> "
-                           f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p = "
-                           f"{c['own_l_star']['p_holm']:.2g})" for what, ctx, norm, c in moved) + ")")
+        clauses.append(
+            f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the {len(sens)} "
+            "LR-sensitivity verdicts change ("
+            + "; ".join(
+                f"{what}{' at ' + ctx if ctx else ''} under {norm}: {c['agreement']} -> "
+                f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p = "
+                f"{c['own_l_star']['p_holm']:.2g})"
+                for what, ctx, norm, c in moved
+            )
+            + ")"
+        )
     if not asked:
         lead = "no claim was tested under both block norms"
     else:
-        lead = (f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
-                "asked of both" + (" (a different verdict is not a shown difference between the norms: no test here "
-                                   "compares them)" if changed else ""))
+        lead = (
+            f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
+            "asked of both"
+            + (
+                " (a different verdict is not a shown difference between the norms: no test here "
+                "compares them)"
+                if changed
+                else ""
+            )
+        )
     papers = list(dict.fromkeys(c["paper"] for c in report.get("claims", []) if c.get("A")))
-    papers = [p for p in papers if not p.startswith("normlab")] or papers  # normlab's own questions are asides
+    papers = [
+        p for p in papers if not p.startswith("normlab")
+    ] or papers  # normlab's own questions are asides
     return f"[{report['name']}]({link}) ({'; '.join(papers)}): {lead}: " + "; ".join(clauses) + "."
 
 
@@ -391,12 +553,19 @@ def bits_per_nat(study_yaml: Path) -> float:
     from training.config import load_config
 
     study = load_study(study_yaml)
-    cfg = load_config(study["config"], flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))))
+    cfg = load_config(
+        study["config"],
+        flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))),
+    )
     prepared = prepare(**vars(cfg.data), verbose=False)
     tokens = load_tokens(prepared, "val")
     seq, budget = cfg.train.seq_len, cfg.train.eval_tokens
-    n = (len(tokens) - 1) // seq if budget <= 0 else min(max(1, budget // seq), (len(tokens) - 1) // seq)
-    targets = np.asarray(tokens[1: n * seq + 1], dtype=np.int64)
+    n = (
+        (len(tokens) - 1) // seq
+        if budget <= 0
+        else min(max(1, budget // seq), (len(tokens) - 1) // seq)
+    )
+    targets = np.asarray(tokens[1 : n * seq + 1], dtype=np.int64)
     n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
     return len(targets) / n_bytes / math.log(2)
 
@@ -424,8 +593,18 @@ def replication(paths: str) -> str:
     rows = ["| claim | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     keyed = []
     for c in reports[0]["claims"]:
-        others = [next((o for o in r["claims"] if (o["A"], o["B"], o["metric"], o["says"]) ==
-                        (c["A"], c["B"], c["metric"], c["says"])), None) for r in reports]
+        others = [
+            next(
+                (
+                    o
+                    for o in r["claims"]
+                    if (o["A"], o["B"], o["metric"], o["says"])
+                    == (c["A"], c["B"], c["metric"], c["says"])
+                ),
+                None,
+            )
+            for r in reports
+        ]
         cells = []
         for o, k in zip(others, factors, strict=True):
             if o is None:
@@ -434,31 +613,58 @@ def replication(paths: str) -> str:
                 p = o["loss"]
                 ci = f" ({p['ci'][0] * k:+.4f}..{p['ci'][1] * k:+.4f})" if p["ci"] else ""
                 lr = f" at lr {g(o['lrs'][0])}" if o.get("lrs") else ""
-                cells.append(f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}")
+                cells.append(
+                    f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}"
+                )
             else:
                 cells.append(f"**{o['agreement']}**: {_short(o)}")
         keyed.append((c, [o["agreement"] if o else None for o in others]))
-        rows.append(f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
-                    + " | ".join(cells) + " |")
-    arms = ["", "| arm | " + " | ".join(f"{n}: LR50; LR sensitivity (bits per byte)" for n in names) + " |",
-            "|---|" + "---|" * len(names)]
+        rows.append(
+            f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    arms = [
+        "",
+        "| arm | " + " | ".join(f"{n}: LR50; LR sensitivity (bits per byte)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for label in reports[0]["per_arm"]:
         cells = []
         for r, k in zip(reports, factors, strict=True):
             a = r["per_arm"].get(label) or {}
             s = a.get("sensitivity") or {}
-            sens = "-" if s.get("mean") is None else f"{s['mean'] * k:.3f}" + (
-                f" ({s['ci'][0] * k:.3f}..{s['ci'][1] * k:.3f})" if s.get("ci") else "")
+            sens = (
+                "-"
+                if s.get("mean") is None
+                else f"{s['mean'] * k:.3f}"
+                + (f" ({s['ci'][0] * k:.3f}..{s['ci'][1] * k:.3f})" if s.get("ci") else "")
+            )
             cells.append(f"{a.get('text', '-')}; {sens}")
         arms.append(f"| {label} | " + " | ".join(cells) + " |")
-    both = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: {v[0]})" for c, v in keyed
-            if len(set(v)) == 1 and v[0] in ("agrees", "disagrees")]
-    one = [f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: " + " / ".join(str(x) for x in v) + ")"
-           for c, v in keyed if len(set(v)) > 1]
-    sentence = ("Holds on both corpora: " + ("; ".join(both) or "no verdict") + ". On one only: "
-                + ("; ".join(one) or "none") + ". Where neither corpus decides a claim, it is in neither list.")
-    note = (f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
-            f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare.")
+    both = [
+        f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: {v[0]})"
+        for c, v in keyed
+        if len(set(v)) == 1 and v[0] in ("agrees", "disagrees")
+    ]
+    one = [
+        f"{c['A']} vs {c['B']} ({WORDS.get(c['metric'], c['metric'])}: "
+        + " / ".join(str(x) for x in v)
+        + ")"
+        for c, v in keyed
+        if len(set(v)) > 1
+    ]
+    sentence = (
+        "Holds on both corpora: "
+        + ("; ".join(both) or "no verdict")
+        + ". On one only: "
+        + ("; ".join(one) or "none")
+        + ". Where neither corpus decides a claim, it is in neither list."
+    )
+    note = (
+        f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
+        f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare."
+    )
     return "\n".join([sentence, "", note, "", *rows, *arms]) + "\n"
 
 
@@ -476,7 +682,9 @@ def claim_line(study: str, c: dict) -> str:
     else:
         what = f"{c['A']} - {c['B']} = {loss_text(c['loss'])}"
     p = f", Holm-adjusted p = {c['p_holm']:.2g}" if c.get("p_holm") is not None else ""
-    return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** ({what}{p})"
+    return (
+        f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** ({what}{p})"
+    )
 
 
 def claim_lines(report_json: Path) -> list[str]:
@@ -492,15 +700,21 @@ def claim_lines(report_json: Path) -> list[str]:
         if not tested:
             out.append(f"{says} ({paper}): **not run**")
             continue
-        parts = [(f"{_common(c)}: " if len(tested) > 1 else "") + f"**{c['agreement']}**, {_short(c)}"
-                 for c in tested]
+        parts = [
+            (f"{_common(c)}: " if len(tested) > 1 else "") + f"**{c['agreement']}**, {_short(c)}"
+            for c in tested
+        ]
         out.append(f"{says} ({paper}): " + "; ".join(parts))
-    return out + [f"{w['says']} ({w['paper']}): **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])]
+    return out + [
+        f"{w['says']} ({w['paper']}): **withdrawn**: {w['why']}" for w in r.get("withdrawn", [])
+    ]
 
 
 def claims(results: Path) -> str:
     """Every study's claims, one line each (the body of a `<!-- claims: FOLDER -->` block)."""
-    lines = [f"- {line}" for path in sorted(results.glob("*/report.json")) for line in claim_lines(path)]
+    lines = [
+        f"- {line}" for path in sorted(results.glob("*/report.json")) for line in claim_lines(path)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -508,18 +722,30 @@ def trend_lines(report_json: Path) -> list[str]:
     """A study's trends as its report fitted them (study/trend.py Trend.describe)."""
     from study.trend import Trend
 
-    return [Trend(t["what"], t["pair"], t["axis"], t["per_doubling"], [(x, e, tuple(ci) if ci else None)
-                                                                      for x, e, ci in t["points"]],
-                  t["slope"], tuple(t["ci"]) if t["ci"] else None, t["used"]).describe()
-            for t in json.loads(report_json.read_text()).get("trends", [])]
+    return [
+        Trend(
+            t["what"],
+            t["pair"],
+            t["axis"],
+            t["per_doubling"],
+            [(x, e, tuple(ci) if ci else None) for x, e, ci in t["points"]],
+            t["slope"],
+            tuple(t["ci"]) if t["ci"] else None,
+            t["used"],
+        ).describe()
+        for t in json.loads(report_json.read_text()).get("trends", [])
+    ]
 
 
 def trends(results: Path, rel: str) -> str:
     """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER -->` block;
     `rel` is FOLDER as the page names it)."""
-    lines = [f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/"
-             f"{'lr_sensitivity' if line.startswith('LR sensitivity') else 'trend'}.png)): {line}"
-             for path in sorted(results.glob("*/report.json")) for line in trend_lines(path)]
+    lines = [
+        f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/"
+        f"{'lr_sensitivity' if line.startswith('LR sensitivity') else 'trend'}.png)): {line}"
+        for path in sorted(results.glob("*/report.json"))
+        for line in trend_lines(path)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -531,14 +757,22 @@ def about(folder: Path) -> str | None:
     return OmegaConf.load(path).get("about") if path.is_file() else None
 
 
-BY_NORM = ("attention-logits", "lr-sensitivity-width")  # the studies that ask one claim under both block norms
+BY_NORM = (
+    "attention-logits",
+    "lr-sensitivity-width",
+)  # the studies that ask one claim under both block norms
 
 
 def index(results: Path) -> str:
     """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
     time, and how its claims came out."""
-    lines = ["# Results", "", "Every committed study, one line each (generated by scripts/readme_results.py from "
-             "each folder's report.json; the report.md beside it has the numbers, figures and every run).", ""]
+    lines = [
+        "# Results",
+        "",
+        "Every committed study, one line each (generated by scripts/readme_results.py from "
+        "each folder's report.json; the report.md beside it has the numbers, figures and every run).",
+        "",
+    ]
     for path in sorted(results.glob("*/report.json")):
         r = json.loads(path.read_text())
         counts = {}
@@ -546,21 +780,35 @@ def index(results: Path) -> str:
             counts[c["agreement"]] = counts.get(c["agreement"], 0) + 1
         if r.get("withdrawn"):
             counts["withdrawn"] = len(r["withdrawn"])
-        claims = ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))) if counts else ""
-        size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "") \
+        claims = (
+            ("; claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+            if counts
+            else ""
+        )
+        size = (
+            f"{r['runs']} runs"
+            + (f" of {r['steps']} steps" if r.get("steps") else "")
             + (f", {r['wall_min']} min" if r.get("wall_min") else "")
+        )
         page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
-        lines.append(f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
-                     f"({size}{claims}{again})")
+        lines.append(
+            f"- [{path.parent.name}]({path.parent.name}/{page}): {about(path.parent) or r['name']} "
+            f"({size}{claims}{again})"
+        )
         lines += [f"  - {line}" for line in claim_lines(path)]
         lines += [f"  - trend: {line}" for line in trend_lines(path)]
     both = [p.parent for p in sorted(results.glob("*/report.json")) if p.parent.name in BY_NORM]
     if both:
-        lines += ["", "## The instabilities, by block norm", "",
-                  "Wortsman et al. 2023's small-scale instabilities asked under RMSNorm and under LayerNorm blocks, "
-                  "one generated sentence per study (each test's n, CI and Holm p in its report).", "",
-                  by_norm(both, [p.name for p in both]).rstrip("\n")]
+        lines += [
+            "",
+            "## The instabilities, by block norm",
+            "",
+            "Wortsman et al. 2023's small-scale instabilities asked under RMSNorm and under LayerNorm blocks, "
+            "one generated sentence per study (each test's n, CI and Holm p in its report).",
+            "",
+            by_norm(both, [p.name for p in both]).rstrip("\n"),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -568,36 +816,59 @@ def update(readme: Path) -> int:
     text = readme.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        raise ValueError(f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
-                         f"<!-- /KIND -->)")
+        raise ValueError(
+            f"{readme} has no generated block (<!-- found|claims|trends|bench: PATH --> ... "
+            f"<!-- /KIND -->)"
+        )
     for m in reversed(blocks):
-        path = Path(os.path.abspath(readme.parent / m.group("path").split(",")[0]))  # not resolved: links stay
+        path = Path(
+            os.path.abspath(readme.parent / m.group("path").split(",")[0])
+        )  # not resolved: links stay
         if not path.exists():  # page-relative
-            raise ValueError(f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist")
+            raise ValueError(
+                f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist"
+            )
         kind = m.group("kind")
         if kind == "bynorm":
             rels = m.group("path").split(",")
             body = by_norm([Path(os.path.abspath(readme.parent / r)) for r in rels], rels)
         elif kind == "replication":
-            body = replication(",".join(str(Path(os.path.abspath(readme.parent / p))) for p in
-                                        m.group("path").split(",")))
+            body = replication(
+                ",".join(
+                    str(Path(os.path.abspath(readme.parent / p)))
+                    for p in m.group("path").split(",")
+                )
+            )
         elif kind == "found":
             body = found(path, m.group("path").rstrip("/"))
         elif kind == "trends":
             body = trends(path, m.group("path").rstrip("/"))
         else:
             body = {"claims": claims, "bench": bench}[kind](path)
-        text = text[: m.start("body")] + body + text[m.end("body"):]
+        text = text[: m.start("body")] + body + text[m.end("body") :]
     readme.write_text(text)
     return len(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--readme", type=Path, nargs="+", default=[REPO / "README.md", REPO / "docs" / "performance.md",
-                                                          REPO / "docs" / "results" / "replication.md"],
-                   help="the pages whose generated blocks to rewrite")
-    p.add_argument("--results", type=Path, default=REPO / "docs" / "results", help="folder of the study reports")
+    p.add_argument(
+        "--readme",
+        type=Path,
+        nargs="+",
+        default=[
+            REPO / "README.md",
+            REPO / "docs" / "performance.md",
+            REPO / "docs" / "results" / "replication.md",
+        ],
+        help="the pages whose generated blocks to rewrite",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=REPO / "docs" / "results",
+        help="folder of the study reports",
+    )
     a = p.parse_args(argv)
     for page in a.readme:
         try:

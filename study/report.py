@@ -18,26 +18,37 @@ from study.text import fmt, interval
 def protocol_text(res: StudyResult) -> str:
     """How this report judged and compared, in one paragraph (METHODS.md has the whole)."""
     f = res.file
-    how = (f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
-           if f.given else f"No study file was given: a run failed if it had {f.rule.describe()}. ")
-    labels = ("train.py's own labels (ok, plateau, collapsed, unstable, diverged) describe single runs and decide "
-              "nothing here. " if f.given else "")
-    return (how + "A run that failed is an outcome, never a loss; " + labels +
-            "Stability: per arm, P(fail | lr) from the "
-            "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
-            "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR has both failed "
-            "and trained runs and >= 2 runs failed, else the bracket its runs give (complete separation: the fit's "
-            "number is the penalty's, not the data's); two arms' LR50 ratio is fitted with one slope (likelihood-"
-            "ratio p), and where an arm is only bracketed a `same` claim is decided on the brackets. Each failed run "
-            "has a kind read from its curve (collapsed, blew up, non-finite, slow, stalled); LR50 is given again for "
-            "instability alone (collapsed, blew up, non-finite; slow runs censored). LR sensitivity (Wortsman et al. "
-            "2023): the mean over the study's LR grid of min(L, L0) - L*, L* the arm's own best mean final loss, per "
-            "seed, 95% t CI below 8 seeds (the per-size L*, the best of any arm of the same size, beside it). Loss: "
-            "each arm's best LR chosen on the selection seeds and "
-            "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
-            "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
-            "are the study file's, each decided by one primary test, Holm-adjusted over all of them; every other "
-            "table is exploratory.")
+    how = (
+        f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
+        if f.given
+        else f"No study file was given: a run failed if it had {f.rule.describe()}. "
+    )
+    labels = (
+        "train.py's own labels (ok, plateau, collapsed, unstable, diverged) describe single runs and decide "
+        "nothing here. "
+        if f.given
+        else ""
+    )
+    return (
+        how
+        + "A run that failed is an outcome, never a loss; "
+        + labels
+        + "Stability: per arm, P(fail | lr) from the "
+        "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
+        "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR has both failed "
+        "and trained runs and >= 2 runs failed, else the bracket its runs give (complete separation: the fit's "
+        "number is the penalty's, not the data's); two arms' LR50 ratio is fitted with one slope (likelihood-"
+        "ratio p), and where an arm is only bracketed a `same` claim is decided on the brackets. Each failed run "
+        "has a kind read from its curve (collapsed, blew up, non-finite, slow, stalled); LR50 is given again for "
+        "instability alone (collapsed, blew up, non-finite; slow runs censored). LR sensitivity (Wortsman et al. "
+        "2023): the mean over the study's LR grid of min(L, L0) - L*, L* the arm's own best mean final loss, per "
+        "seed, 95% t CI below 8 seeds (the per-size L*, the best of any arm of the same size, beside it). Loss: "
+        "each arm's best LR chosen on the selection seeds and "
+        "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
+        "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
+        "are the study file's, each decided by one primary test, Holm-adjusted over all of them; every other "
+        "table is exploratory."
+    )
 
 
 def _seed_values(values: dict) -> str:
@@ -56,21 +67,37 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
     out = []
     tested = [c for c in res.claims if c.a is not None]
     if tested:
-        out += ["## Claims at a glance", "", "| claim | A vs B | metric | verdict | estimate | Holm p |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "## Claims at a glance",
+            "",
+            "| claim | A vs B | metric | verdict | estimate | Holm p |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in tested:
             if c.ratio is not None:
                 r = c.ratio
-                est = f"ratio {fmt(r.ratio, '.3g')} ({interval(r.ci)})" if r.identified else \
-                    f"ratio {bound_text(*r.bounds)} (brackets)"
+                est = (
+                    f"ratio {fmt(r.ratio, '.3g')} ({interval(r.ci)})"
+                    if r.identified
+                    else f"ratio {bound_text(*r.bounds)} (brackets)"
+                )
             else:
                 p = c.nested.paired
-                est = "-" if p.mean is None else f"{p.mean:+.3f} ({interval(p.ci, '+.3f')}), n = {p.n}"
-            out.append(f"| {c.claim['says']} | {c.a} vs {c.b} | {c.claim['metric']} | **{c.agreement}** | {est} | "
-                       f"{fmt(c.p_holm, '.2g')} |")
+                est = (
+                    "-"
+                    if p.mean is None
+                    else f"{p.mean:+.3f} ({interval(p.ci, '+.3f')}), n = {p.n}"
+                )
+            out.append(
+                f"| {c.claim['says']} | {c.a} vs {c.b} | {c.claim['metric']} | **{c.agreement}** | {est} | "
+                f"{fmt(c.p_holm, '.2g')} |"
+            )
         out.append("")
     if any(f == "stability_map.png" for f, _ in made):
-        out += ["![stability map: every run's outcome by LR and each arm's failure curve](stability_map.png)", ""]
+        out += [
+            "![stability map: every run's outcome by LR and each arm's failure curve](stability_map.png)",
+            "",
+        ]
     return out
 
 
@@ -78,129 +105,220 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     runs, arms = res.runs, res.arms
     lrs = sorted({r.lr for r in runs})
     steps = runs[0].config.get("train.steps")
-    how = "the study's protocol" if res.file.protocol else "the lowest 40% of the seeds (these runs had no protocol)"
+    how = (
+        "the study's protocol"
+        if res.file.protocol
+        else "the lowest 40% of the seeds (these runs had no protocol)"
+    )
     common = f", common seeds {', '.join(map(str, res.common_seeds))}" if res.common_seeds else ""
-    lines = [f"# Stability report: {res.file.name}", "", *([res.file.about, ""] if res.file.about else []),
-             (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
-             + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
-             f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
-             f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
-             f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).", "", *glance(res, made),
-             protocol_text(res), ""]
+    lines = [
+        f"# Stability report: {res.file.name}",
+        "",
+        *([res.file.about, ""] if res.file.about else []),
+        (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
+        + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
+        f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
+        f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
+        f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
+        "",
+        *glance(res, made),
+        protocol_text(res),
+        "",
+    ]
     past = history(res.file.name, res.file.history)
     if past:
-        lines += ["## History of the study file", "",
-                  "The study file was changed after results of it (or of a pilot) were committed; the runs above are "
-                  "judged by the file as it is now:", ""] + [f"- {h}" for h in past] + [""]
+        lines += (
+            [
+                "## History of the study file",
+                "",
+                "The study file was changed after results of it (or of a pilot) were committed; the runs above are "
+                "judged by the file as it is now:",
+                "",
+            ]
+            + [f"- {h}" for h in past]
+            + [""]
+        )
     if res.claims or res.file.withdrawn:
-        lines += ["## Claims (pre-registered)", "",
-                  f"The study file's claims, each decided by its primary test alone, Holm-adjusted over the family of "
-                  f"all {len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / `disagrees` "
-                  "need an adjusted p < 0.05; anything else is `cannot tell`.", ""]
+        lines += [
+            "## Claims (pre-registered)",
+            "",
+            f"The study file's claims, each decided by its primary test alone, Holm-adjusted over the family of "
+            f"all {len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / `disagrees` "
+            "need an adjusted p < 0.05; anything else is `cannot tell`.",
+            "",
+        ]
         lines += [f"- {claim_sentence(c)}" for c in res.claims]
     if res.file.withdrawn:
         lines += ["", "Claims withdrawn: what these runs cannot test as the paper states it.", ""]
-        lines += [f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}" for w in res.file.withdrawn]
+        lines += [
+            f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}"
+            for w in res.file.withdrawn
+        ]
     alt = list(res.alternatives)
-    lines += ["", "## Arms", "",
-              "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (main rule) | "
-              "LR50 (instability alone) | " + "".join(f"LR50 ({name}) | " for name in alt)
-              + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | train.py labels ok / plateau "
-              "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s |",
-              "|---|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Arms",
+        "",
+        "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (main rule) | "
+        "LR50 (instability alone) | "
+        + "".join(f"LR50 ({name}) | " for name in alt)
+        + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | train.py labels ok / plateau "
+        "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s |",
+        "|---|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|",
+    ]
     for label, a in arms.items():
         fit, c = res.failures[label], a.outcomes()
         sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
         test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
         sens = res.sensitivity.get(label)
         size = res.sensitivity_size.get(label)
-        sens_text = "-" if sens is None or sens.mean is None else (
-            f"{sens.mean:.3f}" + (f" ({sens.ci[0]:.3f}..{sens.ci[1]:.3f})" if sens.ci else "") + f", n = "
-            f"{len(sens.per_seed)}" + ("" if sens.bracketed else f", best LR {sens.best_lr:g}: not bracketed")
-            + (f"; per-size L*: {size.mean:.3f}" if size is not None and size.mean is not None
-               and abs(size.mean - sens.mean) > 5e-4 else ""))
+        sens_text = (
+            "-"
+            if sens is None or sens.mean is None
+            else (
+                f"{sens.mean:.3f}"
+                + (f" ({sens.ci[0]:.3f}..{sens.ci[1]:.3f})" if sens.ci else "")
+                + f", n = "
+                f"{len(sens.per_seed)}"
+                + ("" if sens.bracketed else f", best LR {sens.best_lr:g}: not bracketed")
+                + (
+                    f"; per-size L*: {size.mean:.3f}"
+                    if size is not None
+                    and size.mean is not None
+                    and abs(size.mean - sens.mean) > 5e-4
+                    else ""
+                )
+            )
+        )
         unstable = res.instability.get(label)
-        lines.append(f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | "
-                     f"{lr50_cell(fit)} | {lr50_cell(unstable) if unstable else '-'} | "
-                     + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
-                     + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
-                     f"{c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
-                     f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
-                     f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | {fmt(a.tokens_per_s(), ',.0f')} |")
+        lines.append(
+            f"| {label} | {fmt(a.best_lr, 'g')} | {_seed_values(sel)} / {_seed_values(test)} | "
+            f"{lr50_cell(fit)} | {lr50_cell(unstable) if unstable else '-'} | "
+            + "".join(f"{lr50_cell(res.alternatives[n][label])} | " for n in alt)
+            + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
+            f"{c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
+            f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
+            f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | {fmt(a.tokens_per_s(), ',.0f')} |"
+        )
     if alt:
-        lines += ["", "Alternative failure rules (the study file's; the same runs judged again): "
-                  + "; ".join(f"{r.name}: {r.describe()}" for r in res.file.alternatives) + ".",
-                  rule_sensitivity(res)]
+        lines += [
+            "",
+            "Alternative failure rules (the study file's; the same runs judged again): "
+            + "; ".join(f"{r.name}: {r.describe()}" for r in res.file.alternatives)
+            + ".",
+            rule_sensitivity(res),
+        ]
     lines += kinds_table(res)
     if res.comparisons:
-        lines += ["", "## Arms compared (exploratory)", "",
-                  "Pairs of arms that differ in one field, every such pair: not the study's claims, not corrected for "
-                  "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
-                  "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the test seeds "
-                  "where both trained (nested, paired).", "",
-                  "| A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | TOST p | "
-                  "MDE | left out |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Arms compared (exploratory)",
+            "",
+            "Pairs of arms that differ in one field, every such pair: not the study's claims, not corrected for "
+            "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
+            "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the test seeds "
+            "where both trained (nested, paired).",
+            "",
+            "| A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | TOST p | "
+            "MDE | left out |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in res.comparisons:
             r, p = c.ratio, c.loss.paired
-            lines.append(f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} | "
-                         f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
-                         f"{p.verdict} | "
-                         f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |")
+            lines.append(
+                f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} | "
+                f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
+                f"{p.verdict} | "
+                f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |"
+            )
         lines += ["", margin_sentence(res)]
     if res.trends:
-        lines += ["", "## Trends (exploratory)", "",
-                  "Each comparison along a numeric axis of the arms, and each arm's LR sensitivity along it (mean "
-                  "over seeds, 95% t CI): the estimate and its 95% CI at each value, and a random-effects weighted "
-                  "fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI (study/trend.py); nothing "
-                  "beyond the values measured.", ""] \
-            + [f"- {t.describe()}." for t in res.trends]
+        lines += [
+            "",
+            "## Trends (exploratory)",
+            "",
+            "Each comparison along a numeric axis of the arms, and each arm's LR sensitivity along it (mean "
+            "over seeds, 95% t CI): the estimate and its 95% CI at each value, and a random-effects weighted "
+            "fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI (study/trend.py); nothing "
+            "beyond the values measured.",
+            "",
+        ] + [f"- {t.describe()}." for t in res.trends]
     lines += ["", "## What the numbers show (exploratory)", ""] + [f"- {s}" for s in findings(res)]
     if res.per_lr:
-        lines += ["", "## Per-LR paired differences (exploratory)", "",
-                  "Every LR both arms ran, over every seed where both runs trained; not corrected for multiplicity "
-                  "and not nested (the LRs were chosen on these seeds): for orientation only.", "",
-                  "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Per-LR paired differences (exploratory)",
+            "",
+            "Every LR both arms ran, over every seed where both runs trained; not corrected for multiplicity "
+            "and not nested (the LRs were chosen on these seeds): for orientation only.",
+            "",
+            "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for a, b, key, lr, p in res.per_lr:
-            lines.append(f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
-                         f"{interval(p.ci, '+.3f')} | "
-                         f"{p.verdict} | {fmt(p.p_diff, '.3g')} |")
+            lines.append(
+                f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
+                f"{interval(p.ci, '+.3f')} | "
+                f"{p.verdict} | {fmt(p.p_diff, '.3g')} |"
+            )
     lines += ["", "## Figures", ""]
     for fname, caption in made:
         lines += [f"**{caption}**", "", f"![{caption}]({fname})", ""]
-    lines += ["## Runs", "", "| run | status | final val loss | best val loss | diverged at | L0 | tokens/s | study "
-              "rule |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Runs",
+        "",
+        "| run | status | final val loss | best val loss | diverged at | L0 | tokens/s | study "
+        "rule |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(runs, key=lambda r: r.name):
         s = r.summary
         verdict = "-" if not r.finished else ("trained" if r.trained else f"failed: {r.why}")
-        lines.append(f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | {fmt(s.get('best_val_loss'))} | "
-                     f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} | "
-                     f"{verdict} |")
+        lines.append(
+            f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | {fmt(s.get('best_val_loss'))} | "
+            f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} | "
+            f"{verdict} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def kinds_table(res: StudyResult) -> list[str]:
     """Failures by kind, per arm and LR (docs/METHODS.md, "Failure kinds"); nothing where no run failed."""
-    rows = [(label, lr, row) for label, a in res.arms.items() for lr, row in a.kinds().items()
-            if row["trained"] < row["runs"]]
+    rows = [
+        (label, lr, row)
+        for label, a in res.arms.items()
+        for lr, row in a.kinds().items()
+        if row["trained"] < row["runs"]
+    ]
     if not rows:
         return []
     kinds = [k for k in KINDS if any(row[k] for _, _, row in rows)]
-    out = ["", "## Failures by kind", "",
-           "Each failed run's kind, read from its eval curve by the study file's thresholds: collapsed (the last "
-           "half at or above the unigram entropy minus the learn margin), blew up, non-finite, slow (still falling "
-           f"faster than {res.file.rule.slow_slope:g} nats per 10% of the budget and below the unigram entropy: a "
-           "run still learning when the budget ended, censored for instability), stalled (flat below the unigram "
-           "level, failed a relative rule). LRs where every run trained are left out.", "",
-           "| arm | lr | runs | trained | " + " | ".join(kinds) + " |", "|---|---|---|---|" + "---|" * len(kinds)]
-    out += [f"| {label} | {lr:g} | {row['runs']} | {row['trained']} | " + " | ".join(str(row[k]) for k in kinds)
-            + " |" for label, lr, row in rows]
+    out = [
+        "",
+        "## Failures by kind",
+        "",
+        "Each failed run's kind, read from its eval curve by the study file's thresholds: collapsed (the last "
+        "half at or above the unigram entropy minus the learn margin), blew up, non-finite, slow (still falling "
+        f"faster than {res.file.rule.slow_slope:g} nats per 10% of the budget and below the unigram entropy: a "
+        "run still learning when the budget ended, censored for instability), stalled (flat below the unigram "
+        "level, failed a relative rule). LRs where every run trained are left out.",
+        "",
+        "| arm | lr | runs | trained | " + " | ".join(kinds) + " |",
+        "|---|---|---|---|" + "---|" * len(kinds),
+    ]
+    out += [
+        f"| {label} | {lr:g} | {row['runs']} | {row['trained']} | "
+        + " | ".join(str(row[k]) for k in kinds)
+        + " |"
+        for label, lr, row in rows
+    ]
     return out
 
 
 def rule_sensitivity(res: StudyResult) -> str:
     """Whether a verdict would change with the rule: for each arm whose LR50 is identified under one rule and not
     under another, or whose identified LR50s differ by more than their CIs allow, say so."""
+
     def differ(a, b) -> bool:
         if a.identified != b.identified:
             return True
@@ -210,14 +328,20 @@ def rule_sensitivity(res: StudyResult) -> str:
 
     moved = []
     for label, fit in res.failures.items():
-        others = [fits[label] for fits in (*res.alternatives.values(), res.instability) if label in fits]
+        others = [
+            fits[label] for fits in (*res.alternatives.values(), res.instability) if label in fits
+        ]
         if any(differ(fit, o) for o in others):
             moved.append(f"{label} ({'; '.join(lr50_cell(f) for f in [fit, *others])})")
     if not moved:
         return "Every arm's LR50 reads the same under every rule."
-    return ("LR50 depends on the rule for: " + ", ".join(moved) + " (main; then the alternatives, in the order above; "
-            "then instability alone)."
-            " A verdict resting on these arms' LR50s depends on the rule.")
+    return (
+        "LR50 depends on the rule for: "
+        + ", ".join(moved)
+        + " (main; then the alternatives, in the order above; "
+        "then instability alone)."
+        " A verdict resting on these arms' LR50s depends on the rule."
+    )
 
 
 def failed_entries(paths: list[Path]) -> list[str]:
@@ -227,70 +351,169 @@ def failed_entries(paths: list[Path]) -> list[str]:
         for index in sorted(p.glob("sweep*.json")):  # sweep.json, or one per shard of a job array
             for e in json.loads(index.read_text())["runs"]:
                 if e.get("status") == "failed":
-                    rows.append(f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | | | | |")
+                    rows.append(
+                        f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | | | | |"
+                    )
     return rows
 
 
 def fit_json(f) -> dict:
-    return {"lr50": f.lr50 if f.identified else None, "ci": list(f.ci) if f.identified and f.ci else None,
-            "penalised_lr50": f.lr50,  # Firth's point even where the data do not identify it: never printed
-            "bounds": list(f.bounds), "identified": f.identified, "failed": f.failed, "finished": f.n, "top_lr": f.top,
-            "ends": [list(e) if e else None for e in f.ends], "text": lr50_cell(f)}
+    return {
+        "lr50": f.lr50 if f.identified else None,
+        "ci": list(f.ci) if f.identified and f.ci else None,
+        "penalised_lr50": f.lr50,  # Firth's point even where the data do not identify it: never printed
+        "bounds": list(f.bounds),
+        "identified": f.identified,
+        "failed": f.failed,
+        "finished": f.n,
+        "top_lr": f.top,
+        "ends": [list(e) if e else None for e in f.ends],
+        "text": lr50_cell(f),
+    }
 
 
 def as_json(res: StudyResult) -> dict:
     """report.json: what readme_results.py and the index read."""
+
     def pj(p):
-        return {"n": p.n, "mean": p.mean, "ci": list(p.ci) if p.ci else None, "verdict": p.verdict, "mde": p.mde,
-                "p": p.p_diff, "p_tost": p.p_tost}
+        return {
+            "n": p.n,
+            "mean": p.mean,
+            "ci": list(p.ci) if p.ci else None,
+            "verdict": p.verdict,
+            "mde": p.mde,
+            "p": p.p_diff,
+            "p_tost": p.p_tost,
+        }
 
     def rj(r):
-        return {"ratio": r.ratio if r.identified else None, "ci": list(r.ci) if r.identified and r.ci else None,
-                "penalised_ratio": r.ratio,  # the fit's point even where not identified: never printed
-                "bounds": list(r.bounds), "identified": r.identified, "p": r.p, "n": r.n, "failed": r.failed,
-                "text": r.describe()}
+        return {
+            "ratio": r.ratio if r.identified else None,
+            "ci": list(r.ci) if r.identified and r.ci else None,
+            "penalised_ratio": r.ratio,  # the fit's point even where not identified: never printed
+            "bounds": list(r.bounds),
+            "identified": r.identified,
+            "p": r.p,
+            "n": r.n,
+            "failed": r.failed,
+            "text": r.describe(),
+        }
 
     def kj(a):
         return {f"{lr:g}": row for lr, row in a.kinds().items()}
 
     def sj(s):
-        return {"mean": s.mean, "ci": list(s.ci) if s.ci else None, "n": len(s.per_seed), "lrs": list(s.lrs),
-                "l_star": s.l_star, "best_lr": s.best_lr, "bracketed": s.bracketed}
+        return {
+            "mean": s.mean,
+            "ci": list(s.ci) if s.ci else None,
+            "n": len(s.per_seed),
+            "lrs": list(s.lrs),
+            "l_star": s.l_star,
+            "best_lr": s.best_lr,
+            "bracketed": s.bracketed,
+        }
 
     return {
-        "name": res.file.name, "about": res.file.about, "runs": len(res.runs), "arms": len(res.arms),
-        "arm_keys": res.keys, "steps": res.runs[0].config.get("train.steps"),
-        "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None, "margin": res.margin,
-        "ratio_margin": res.file.ratio_margin, "sensitivity_margin": res.file.sensitivity_margin,
-        "rule": res.file.rule.describe(), "alternatives": [r.name for r in res.file.alternatives],
-        "selection_seeds": res.selection_seeds, "test_seeds": res.test_seeds, "common_seeds": res.common_seeds,
-        "per_arm": {label: {"config": {k: a.runs[0].config.get(k) for k in res.keys}, "best_lr": a.best_lr,
-                            **fit_json(res.failures[label]), "max_lr_ok": a.max_lr_ok,
-                            "alternatives": {n: fit_json(f[label]) for n, f in res.alternatives.items()},
-                            "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None,
-                            "sensitivity_size": sj(res.sensitivity_size[label])
-                            if label in res.sensitivity_size else None,
-                            "instability": fit_json(res.instability[label]) if label in res.instability else None,
-                            "kinds": kj(a)}
-                    for label, a in res.arms.items()},
-        "comparisons": [{"A": c.a.label, "B": c.b.label, "key": c.key, "lr50_ratio": rj(c.ratio),
-                         "lrs": list(c.loss.lrs) if c.loss.lrs else None, "loss": pj(c.loss.paired),
-                         "dropped": c.loss.dropped, "tost_needs": c.loss.needed} for c in res.comparisons],
-        "claims": [{**{k: c.claim[k] for k in ("paper", "says", "metric", "expect")}, "A": c.a, "B": c.b,
-                    "estimate": c.estimate, "p": c.p, "p_holm": c.p_holm, "agreement": c.agreement, "note": c.note,
-                    **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
-                    **({"lrs": list(c.nested.lrs) if c.nested.lrs else None, "loss": pj(c.nested.paired),
-                        "how": c.nested.how, "gaps": [list(x) for x in c.nested.gaps]} if c.nested else {}),
-                    **({"size_l_star": {"estimate": c.size.estimate, "p": c.size.p, "p_holm": c.size.p_holm,
-                                        "agreement": c.size.agreement, "loss": pj(c.size.nested.paired)}}
-                       if c.size else {}),
-                    **({"rules": {name: rj(r) for name, r in c.rules.items()}} if c.rules else {})}
-                   for c in res.claims],
+        "name": res.file.name,
+        "about": res.file.about,
+        "runs": len(res.runs),
+        "arms": len(res.arms),
+        "arm_keys": res.keys,
+        "steps": res.runs[0].config.get("train.steps"),
+        "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
+        "margin": res.margin,
+        "ratio_margin": res.file.ratio_margin,
+        "sensitivity_margin": res.file.sensitivity_margin,
+        "rule": res.file.rule.describe(),
+        "alternatives": [r.name for r in res.file.alternatives],
+        "selection_seeds": res.selection_seeds,
+        "test_seeds": res.test_seeds,
+        "common_seeds": res.common_seeds,
+        "per_arm": {
+            label: {
+                "config": {k: a.runs[0].config.get(k) for k in res.keys},
+                "best_lr": a.best_lr,
+                **fit_json(res.failures[label]),
+                "max_lr_ok": a.max_lr_ok,
+                "alternatives": {n: fit_json(f[label]) for n, f in res.alternatives.items()},
+                "sensitivity": sj(res.sensitivity[label]) if label in res.sensitivity else None,
+                "sensitivity_size": sj(res.sensitivity_size[label])
+                if label in res.sensitivity_size
+                else None,
+                "instability": fit_json(res.instability[label])
+                if label in res.instability
+                else None,
+                "kinds": kj(a),
+            }
+            for label, a in res.arms.items()
+        },
+        "comparisons": [
+            {
+                "A": c.a.label,
+                "B": c.b.label,
+                "key": c.key,
+                "lr50_ratio": rj(c.ratio),
+                "lrs": list(c.loss.lrs) if c.loss.lrs else None,
+                "loss": pj(c.loss.paired),
+                "dropped": c.loss.dropped,
+                "tost_needs": c.loss.needed,
+            }
+            for c in res.comparisons
+        ],
+        "claims": [
+            {
+                **{k: c.claim[k] for k in ("paper", "says", "metric", "expect")},
+                "A": c.a,
+                "B": c.b,
+                "estimate": c.estimate,
+                "p": c.p,
+                "p_holm": c.p_holm,
+                "agreement": c.agreement,
+                "note": c.note,
+                **({"lr50_ratio": rj(c.ratio)} if c.ratio else {}),
+                **(
+                    {
+                        "lrs": list(c.nested.lrs) if c.nested.lrs else None,
+                        "loss": pj(c.nested.paired),
+                        "how": c.nested.how,
+                        "gaps": [list(x) for x in c.nested.gaps],
+                    }
+                    if c.nested
+                    else {}
+                ),
+                **(
+                    {
+                        "size_l_star": {
+                            "estimate": c.size.estimate,
+                            "p": c.size.p,
+                            "p_holm": c.size.p_holm,
+                            "agreement": c.size.agreement,
+                            "loss": pj(c.size.nested.paired),
+                        }
+                    }
+                    if c.size
+                    else {}
+                ),
+                **({"rules": {name: rj(r) for name, r in c.rules.items()}} if c.rules else {}),
+            }
+            for c in res.claims
+        ],
         "withdrawn": res.file.withdrawn,
         "history": history(res.file.name, res.file.history),
-        "trends": [{"what": t.what, "pair": t.pair, "axis": t.axis, "per_doubling": t.log2,
-                    "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points], "slope": t.slope,
-                    "ci": list(t.ci) if t.ci else None, "used": t.used} for t in res.trends]}
+        "trends": [
+            {
+                "what": t.what,
+                "pair": t.pair,
+                "axis": t.axis,
+                "per_doubling": t.log2,
+                "points": [[x, e, list(ci) if ci else None] for x, e, ci in t.points],
+                "slope": t.slope,
+                "ci": list(t.ci) if t.ci else None,
+                "used": t.used,
+            }
+            for t in res.trends
+        ],
+    }
 
 
 def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:
@@ -308,16 +531,35 @@ def write_report(paths: list[Path], out: Path, margin: float | None = None) -> P
     return path
 
 
-KEPT = ("optim.lr", "train.seed", "train.steps", "log.plateau_margin", "log.blowup_margin", "log.flat_horizon")
-SUMMARY = ("status", "final_val_loss", "best_val_loss", "unigram_entropy", "diverged_at", "dead_gradients_at",
-           "tokens_per_s")
+KEPT = (
+    "optim.lr",
+    "train.seed",
+    "train.steps",
+    "log.plateau_margin",
+    "log.blowup_margin",
+    "log.flat_horizon",
+)
+SUMMARY = (
+    "status",
+    "final_val_loss",
+    "best_val_loss",
+    "unigram_entropy",
+    "diverged_at",
+    "dead_gradients_at",
+    "tokens_per_s",
+)
 
 
 def runs_json(res: StudyResult) -> list[dict]:
     """Every run as the report read it, small enough to commit: the arm's fields, LR, seed and outcome thresholds,
     the summary's outcome numbers and the val curve, so a later protocol can judge and decide again
     (study/archive.py) without the run directories."""
-    return [{"name": r.name, "config": {k: r.config.get(k) for k in (*res.keys, *KEPT)},
-             "summary": {k: r.summary.get(k) for k in SUMMARY},
-             "val": [[e["step"], e["val/loss"]] for e in r.records if e.get("val/loss") is not None]}
-            for r in sorted(res.runs, key=lambda r: r.name)]
+    return [
+        {
+            "name": r.name,
+            "config": {k: r.config.get(k) for k in (*res.keys, *KEPT)},
+            "summary": {k: r.summary.get(k) for k in SUMMARY},
+            "val": [[e["step"], e["val/loss"]] for e in r.records if e.get("val/loss") is not None],
+        }
+        for r in sorted(res.runs, key=lambda r: r.name)
+    ]

@@ -44,13 +44,23 @@ class StudyResult:
     test_seeds: list
     comparisons: list[Comparison]
     claims: list[Checked]
-    per_lr: list[tuple[Arm, Arm, str, float, Paired]]  # exploratory: every shared LR, seeds where both trained
+    per_lr: list[
+        tuple[Arm, Arm, str, float, Paired]
+    ]  # exploratory: every shared LR, seeds where both trained
     wall_s: float | None
     trends: list = field(default_factory=list)  # study/trend.py: comparisons along a numeric axis
-    alternatives: dict = field(default_factory=dict)  # {rule name: {arm label: FailureFit}}: the same runs, judged
-    sensitivity: dict[str, Sensitivity] = field(default_factory=dict)  # {arm label: LR sensitivity, own L*}
-    sensitivity_size: dict[str, Sensitivity] = field(default_factory=dict)  # the same, L* the size's best
-    instability: dict[str, FailureFit] = field(default_factory=dict)  # LR50 for instability alone, slow censored
+    alternatives: dict = field(
+        default_factory=dict
+    )  # {rule name: {arm label: FailureFit}}: the same runs, judged
+    sensitivity: dict[str, Sensitivity] = field(
+        default_factory=dict
+    )  # {arm label: LR sensitivity, own L*}
+    sensitivity_size: dict[str, Sensitivity] = field(
+        default_factory=dict
+    )  # the same, L* the size's best
+    instability: dict[str, FailureFit] = field(
+        default_factory=dict
+    )  # LR50 for instability alone, slow censored
     common_seeds: list = field(default_factory=list)
 
     @property
@@ -82,7 +92,7 @@ def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Ar
     """Every pair of arms that differ in exactly one config field: (A, B, the field)."""
     out, labels = [], list(arms)
     for i, la in enumerate(labels):
-        for lb in labels[i + 1:]:
+        for lb in labels[i + 1 :]:
             a, b = arms[la], arms[lb]
             diff = [k for k in keys if a.runs[0].config.get(k) != b.runs[0].config.get(k)]
             if len(diff) == 1:
@@ -100,7 +110,9 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
         raise ValueError(str(e)) from None
     runs = find_runs(paths, file.rule)
     if not runs:
-        raise ValueError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
+        raise ValueError(
+            f"no run directories (with config.yaml) under {', '.join(map(str, paths))}"
+        )
     if margin is not None:
         file.margin = margin
     return compute_runs(runs, file)
@@ -111,27 +123,65 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
     judge(runs, file.rule)  # every run, live or archived, judged by the study file's rule
     keys, grouped = group_arms(runs)
     selection, test = split_seeds({r.seed for r in runs}, file.protocol)
-    common_seeds = [s for s in file.protocol.common_seeds if s in {r.seed for r in runs}] if file.protocol else []
+    common_seeds = (
+        [s for s in file.protocol.common_seeds if s in {r.seed for r in runs}]
+        if file.protocol
+        else []
+    )
     arms = {label: Arm(label, rs) for label, rs in grouped.items()}
     for a in arms.values():
         a.best_lr = select_lr(a.runs, selection)
         a.floor = floor(a.runs, selection)
     grid = file.grid_lrs or tuple(sorted({r.lr for r in runs}))
     sens, sens_size = sensitivities(arms, grid), sensitivities(arms, grid, per_size=True)
-    comparisons = [Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
-                   for a, b, key in one_field_pairs(arms, keys)]
-    per_lr = [(a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
-              for a, b, key in one_field_pairs(arms, keys) for lr in a.lrs if lr in b.lrs]
-    ctx = Context(keys, test, selection, common_seeds, grid, file.margin, file.sensitivity_margin,
-                  file.ratio_margin, sens, sens_size)
-    res = StudyResult(file, runs, keys, arms, {k: a.failure() for k, a in arms.items()}, selection, test,
-                      comparisons, check_claims(file.claims, arms, ctx), per_lr, wall_span(runs),
-                      sensitivity=sens, common_seeds=common_seeds, sensitivity_size=sens_size)
+    comparisons = [
+        Comparison(a, b, key, ratio(a, b), nested(a, b, test, file.margin))
+        for a, b, key in one_field_pairs(arms, keys)
+    ]
+    per_lr = [
+        (a, b, key, lr, paired(a.losses(lr), b.losses(lr), file.margin))
+        for a, b, key in one_field_pairs(arms, keys)
+        for lr in a.lrs
+        if lr in b.lrs
+    ]
+    ctx = Context(
+        keys,
+        test,
+        selection,
+        common_seeds,
+        grid,
+        file.margin,
+        file.sensitivity_margin,
+        file.ratio_margin,
+        sens,
+        sens_size,
+    )
+    res = StudyResult(
+        file,
+        runs,
+        keys,
+        arms,
+        {k: a.failure() for k, a in arms.items()},
+        selection,
+        test,
+        comparisons,
+        check_claims(file.claims, arms, ctx),
+        per_lr,
+        wall_span(runs),
+        sensitivity=sens,
+        common_seeds=common_seeds,
+        sensitivity_size=sens_size,
+    )
     best = arm_bests(runs)
-    rules = {rule.name: lambda r, rule=rule: failure(r, rule, best.get(id(r))) is not None
-             for rule in file.alternatives}
+    rules = {
+        rule.name: lambda r, rule=rule: failure(r, rule, best.get(id(r))) is not None
+        for rule in file.alternatives
+    }
     rules[INSTABILITY_RULE] = unstable
-    for name, failed in rules.items():  # the same runs under each other rule: does a verdict depend on it?
+    for (
+        name,
+        failed,
+    ) in rules.items():  # the same runs under each other rule: does a verdict depend on it?
         fits = {k: a.failure(failed, selection) for k, a in arms.items()}
         if name == INSTABILITY_RULE:
             res.instability = fits
@@ -139,7 +189,11 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
             res.alternatives[name] = fits
     for c in res.claims:
         if c.a is not None and c.claim["metric"] == "lr50":
-            c.rules = {name: lr50_ratio(*arms[c.a].curve(failed, selection), *arms[c.b].curve(failed, selection))
-                       for name, failed in rules.items()}
+            c.rules = {
+                name: lr50_ratio(
+                    *arms[c.a].curve(failed, selection), *arms[c.b].curve(failed, selection)
+                )
+                for name, failed in rules.items()
+            }
     res.trends = trends(res)
     return res

@@ -34,14 +34,20 @@ def state(run_dir: Path) -> str:
     return "resume" if has_checkpoint(run.checkpoint) else "new"
 
 
-_procs: set[subprocess.Popen] = set()  # train.py processes alive (runs, workers): an interrupt stops and waits
+_procs: set[subprocess.Popen] = (
+    set()
+)  # train.py processes alive (runs, workers): an interrupt stops and waits
 
 
 def worker_env(threads: int, gpu: str | None) -> dict:
     """A run's environment: its threads, its GPU, this checkout first on the path."""
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": path}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": path,
+    }
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
@@ -53,13 +59,22 @@ class Worker:
     gets that exit code and the next run starts a fresh process."""
 
     def __init__(self, threads: int, gpu: str | None, label: str = ""):
-        self.env, self.proc, self.label = worker_env(threads, gpu), None, label  # label: shown by ps
+        self.env, self.proc, self.label = (
+            worker_env(threads, gpu),
+            None,
+            label,
+        )  # label: shown by ps
 
     def run(self, argv: list[str], log: Path) -> int:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "study.worker", self.label],
-                                         env=self.env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "study.worker", self.label],
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
             _procs.add(self.proc)
         try:
             self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
@@ -81,15 +96,29 @@ class Worker:
             _procs.discard(self.proc)
 
 
-def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | None,
-            worker: Worker | None = None) -> dict:
+def run_one(
+    run: dict,
+    study: dict,
+    study_dir: Path,
+    threads: int,
+    gpu: str | None,
+    worker: Worker | None = None,
+) -> dict:
     """Train (or resume) one run, in `worker` or else in a process of its own; return its index entry. Every
     launch is the same command with --resume, which starts a run that has no checkpoint yet and continues one
     that has."""
     runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
     resumed = state(run_dir) == "resume"
-    argv = ["--config", study["config"], "--name", run["name"], "--resume", *run["overrides"],
-            f"log.out_dir={runs_dir}", f"train.threads={threads}"]
+    argv = [
+        "--config",
+        study["config"],
+        "--name",
+        run["name"],
+        "--resume",
+        *run["overrides"],
+        f"log.out_dir={runs_dir}",
+        f"train.threads={threads}",
+    ]
     cmd = [sys.executable, str(REPO / "train.py"), *argv]
     log = study_dir / "logs" / f"{run['name']}.log"
     t0 = time.time()
@@ -99,7 +128,9 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
         if worker is not None:
             code = worker.run(argv, log)
         else:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=worker_env(threads, gpu))
+            proc = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, env=worker_env(threads, gpu)
+            )
             _procs.add(proc)
             try:
                 code = proc.wait()
@@ -108,11 +139,19 @@ def run_one(run: dict, study: dict, study_dir: Path, threads: int, gpu: str | No
     status = RunDir(run_dir).status() or "failed"
     if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
         status = "failed"
-    entry = {"name": run["name"], "overrides": run["overrides"], "status": status, "exit_code": code,
-             "wall_time_s": round(time.time() - t0, 1), "resumed": resumed}
+    entry = {
+        "name": run["name"],
+        "overrides": run["overrides"],
+        "status": status,
+        "exit_code": code,
+        "wall_time_s": round(time.time() - t0, 1),
+        "resumed": resumed,
+    }
     if status == "failed":
         errors = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
-        entry["error"] = errors[-1] if errors else f"exit code {code}" + (" (killed)" if code < 0 else "")
+        entry["error"] = (
+            errors[-1] if errors else f"exit code {code}" + (" (killed)" if code < 0 else "")
+        )
     return entry
 
 
@@ -163,7 +202,9 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
 def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None:
     entries = [index[r["name"]] for r in runs if r["name"] in index]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"study": study, "runs": entries}, indent=2, default=dataclasses.asdict) + "\n")
+    tmp.write_text(
+        json.dumps({"study": study, "runs": entries}, indent=2, default=dataclasses.asdict) + "\n"
+    )
     os.replace(tmp, path)
 
 
@@ -178,7 +219,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     except ValueError:
         raise ValueError(f"--shard must be K/N with integers, e.g. 0/8, not {text!r}") from None
     if not 0 <= k < n:
-        raise ValueError(f"--shard {text}: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)")
+        raise ValueError(
+            f"--shard {text}: need 0 <= K < N (K counts from 0, like SLURM_ARRAY_TASK_ID)"
+        )
     return k, n
 
 
@@ -196,14 +239,28 @@ cd {repo}
 """
 
 
-def sbatch_script(study: dict, study_file: Path, out_parent: Path, n_runs: int, gpus_per_run: int,
-                  extra: list[str]) -> str:
+def sbatch_script(
+    study: dict,
+    study_file: Path,
+    out_parent: Path,
+    n_runs: int,
+    gpus_per_run: int,
+    extra: list[str],
+) -> str:
     """An sbatch job-array script: one array task per run, each a `sweep.py --shard i/N` on the shared folder."""
-    return SBATCH.format(name=study["name"], n=n_runs, last=n_runs - 1, threads=study.get("threads_per_worker", 1),
-                         gpu=f"#SBATCH --gpus-per-task={gpus_per_run}\n" if gpus_per_run else "",
-                         out=out_parent / study["name"], repo=REPO, python=sys.executable,
-                         study_file=study_file.resolve(), out_parent=out_parent,
-                         extra=(" --set " + " ".join(extra)) if extra else "")
+    return SBATCH.format(
+        name=study["name"],
+        n=n_runs,
+        last=n_runs - 1,
+        threads=study.get("threads_per_worker", 1),
+        gpu=f"#SBATCH --gpus-per-task={gpus_per_run}\n" if gpus_per_run else "",
+        out=out_parent / study["name"],
+        repo=REPO,
+        python=sys.executable,
+        study_file=study_file.resolve(),
+        out_parent=out_parent,
+        extra=(" --set " + " ".join(extra)) if extra else "",
+    )
 
 
 def shown(path: Path) -> str:
@@ -212,29 +269,58 @@ def shown(path: Path) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
-def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | None = None,
-              index_name: str = "sweep.json", process_per_run: bool = False) -> dict[str, int] | None:
+def run_study(
+    study: dict,
+    runs: list[dict],
+    study_dir: Path,
+    workers: int | None = None,
+    index_name: str = "sweep.json",
+    process_per_run: bool = False,
+) -> dict[str, int] | None:
     """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
     of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight checkpoint, are waited
     for, and a rerun resumes them)."""
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
     (study_dir / "runs").mkdir(exist_ok=True)
     n_workers, threads, gpus = workers_for(study, workers)
-    index_path = study_dir / index_name  # a shard of an array job writes its own (sweep-K-of-N.json)
-    index = {e["name"]: e for e in json.loads(index_path.read_text())["runs"]} if index_path.exists() else {}
+    index_path = (
+        study_dir / index_name
+    )  # a shard of an array job writes its own (sweep-K-of-N.json)
+    index = (
+        {e["name"]: e for e in json.loads(index_path.read_text())["runs"]}
+        if index_path.exists()
+        else {}
+    )
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
-    print(f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
-          f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}", file=sys.stderr)
+    print(
+        f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
+        f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}",
+        file=sys.stderr,
+    )
     prepare_once(study, runs)
     free = list(range(n_workers))  # worker slots, for GPU assignment
-    slots = [None if process_per_run else Worker(threads, gpus[i], str(study_dir / "runs")) for i in range(n_workers)]
+    slots = [
+        None if process_per_run else Worker(threads, gpus[i], str(study_dir / "runs"))
+        for i in range(n_workers)
+    ]
     counts: dict[str, int] = {}
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=study["name"], dynamic_ncols=True)
+    bar = tqdm(
+        total=len(runs),
+        initial=len(runs) - len(todo),
+        unit="run",
+        desc=study["name"],
+        dynamic_ncols=True,
+    )
     pool = ThreadPoolExecutor(n_workers)
     # Ctrl-C and SIGTERM stop the sweep at a checkpoint; SIGINT's handler is installed here, not inherited: a
     # process started in the background by a shell script inherits SIGINT ignored, and `kill -INT` did nothing
-    previous = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _raise_interrupt),
-                                                                       (signal.SIGINT, signal.default_int_handler))}
+    previous = {
+        sig: signal.signal(sig, handler)
+        for sig, handler in (
+            (signal.SIGTERM, _raise_interrupt),
+            (signal.SIGINT, signal.default_int_handler),
+        )
+    }
 
     def job(run):
         slot = free.pop()
@@ -251,7 +337,9 @@ def run_study(study: dict, runs: list[dict], study_dir: Path, workers: int | Non
             bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in sorted(counts.items())))
             bar.update(1)
             if entry["status"] == "failed":
-                bar.write(f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}")
+                bar.write(
+                    f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}"
+                )
             _write_index(index_path, study, runs, index)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler
         pool.shutdown(wait=False, cancel_futures=True)

@@ -26,9 +26,16 @@ import numpy as np
 from study.arms import Arm
 from study.paired import mean_ci
 
-SIZE = ("model.dim", "model.n_layers", "model.hidden_dim", "model.n_heads")  # what makes two arms one model size
+SIZE = (
+    "model.dim",
+    "model.n_layers",
+    "model.hidden_dim",
+    "model.n_heads",
+)  # what makes two arms one model size
 BOOTSTRAP = 2000
-BOOTSTRAP_FROM = 30  # seeds: below this the per-arm CI is a t interval (a bootstrap of 8 covers ~0.88)
+BOOTSTRAP_FROM = (
+    30  # seeds: below this the per-arm CI is a t interval (a bootstrap of 8 covers ~0.88)
+)
 
 
 def capped(run, l0: float) -> float:
@@ -51,7 +58,11 @@ class Sensitivity:
         if self.mean is None:
             return "no seed ran every LR of the grid"
         ci = f"95% CI {self.ci[0]:.3f}..{self.ci[1]:.3f}, " if self.ci else ""
-        edge = "" if self.bracketed else f"; its best LR {self.best_lr:g} is an end of the grid: not bracketed"
+        edge = (
+            ""
+            if self.bracketed
+            else f"; its best LR {self.best_lr:g} is an end of the grid: not bracketed"
+        )
         return f"{self.mean:.3f} nats ({ci}n = {len(self.per_seed)} seeds, over {len(self.lrs)} LRs{edge})"
 
 
@@ -125,6 +136,13 @@ def sensitivities(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[str
         mean = statistics.fmean(seeds.values()) if seeds else None
         means = _means(a, lrs)
         best = min(means, key=means.get) if means else None
-        out[label] = Sensitivity(seeds, mean, mean_interval(list(seeds.values())), lrs, l_star, best,
-                                 best is None or len(lrs) < 3 or lrs[0] < best < lrs[-1])
+        out[label] = Sensitivity(
+            seeds,
+            mean,
+            mean_interval(list(seeds.values())),
+            lrs,
+            l_star,
+            best,
+            best is None or len(lrs) < 3 or lrs[0] < best < lrs[-1],
+        )
     return out

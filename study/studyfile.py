@@ -19,15 +19,37 @@ from training.config import ConfigError, load_config
 
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
 
-ALIASES = {"norm": "model.norm", "placement": "model.placement", "lr": "optim.lr", "seed": "train.seed",
-           "seeds": "train.seed"}
+ALIASES = {
+    "norm": "model.norm",
+    "placement": "model.placement",
+    "lr": "optim.lr",
+    "seed": "train.seed",
+    "seeds": "train.seed",
+}
 
 
 TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
-STUDY_KEYS = {"name", "about", "config", "failure", "sensitivity_margin", "ratio_margin", "overrides", "grid",
-              "exclude", "threads_per_worker", "workers", "equivalence_margin",
-              "margin_reason", "protocol", "claims", "withdrawn", "quick", "expected", "history"}
-
+STUDY_KEYS = {
+    "name",
+    "about",
+    "config",
+    "failure",
+    "sensitivity_margin",
+    "ratio_margin",
+    "overrides",
+    "grid",
+    "exclude",
+    "threads_per_worker",
+    "workers",
+    "equivalence_margin",
+    "margin_reason",
+    "protocol",
+    "claims",
+    "withdrawn",
+    "quick",
+    "expected",
+    "history",
+}
 
 
 def train_config(study_path: Path, name: str) -> str:
@@ -35,7 +57,9 @@ def train_config(study_path: Path, name: str) -> str:
     for base in (study_path.parent, TRAIN_CONFIGS):
         if (base / name).is_file():
             return str((base / name).resolve())
-    raise ConfigError(f"{study_path}: config {name!r} does not exist beside the study file or in {TRAIN_CONFIGS}")
+    raise ConfigError(
+        f"{study_path}: config {name!r} does not exist beside the study file or in {TRAIN_CONFIGS}"
+    )
 
 
 def load_study(path: Path) -> dict:
@@ -47,10 +71,14 @@ def load_study(path: Path) -> dict:
     except Exception as e:
         raise ConfigError(f"cannot parse {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
     if not isinstance(study, dict) or not isinstance(study.get("grid"), dict):
-        raise ConfigError(f"{path}: a study is a mapping with a 'grid' mapping of config fields to value lists")
+        raise ConfigError(
+            f"{path}: a study is a mapping with a 'grid' mapping of config fields to value lists"
+        )
     unknown = set(study) - STUDY_KEYS
     if unknown:
-        raise ConfigError(f"unknown study key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(STUDY_KEYS))}")
+        raise ConfigError(
+            f"unknown study key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(STUDY_KEYS))}"
+        )
     if not study.get("grid"):
         raise ConfigError(f"{path}: a study needs a non-empty 'grid'")
     grid = {}
@@ -60,35 +88,56 @@ def load_study(path: Path) -> dict:
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
     study["exclude"] = _exclude(path, study.get("exclude"), grid)
-    for key, low in (("equivalence_margin", 0.0), ("sensitivity_margin", 0.0), ("ratio_margin", 1.0)):
+    for key, low in (
+        ("equivalence_margin", 0.0),
+        ("sensitivity_margin", 0.0),
+        ("ratio_margin", 1.0),
+    ):
         value = study.get(key)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value <= low):
-            raise ConfigError(f"{path}: {key} must be a number > {low:g}, got {value!r}"
-                              + (" (a ratio within [1/m, m])" if key == "ratio_margin" else " (nats)"))
+        if value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool) or value <= low
+        ):
+            raise ConfigError(
+                f"{path}: {key} must be a number > {low:g}, got {value!r}"
+                + (" (a ratio within [1/m, m])" if key == "ratio_margin" else " (nats)")
+            )
     for key in ("threads_per_worker", "workers"):
         value = study.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
             raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
     if "protocol" in study:
         if "optim.lr" not in grid or "train.seed" in grid:
-            raise ConfigError(f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
-                              f"protocol's seeds replace it)")
+            raise ConfigError(
+                f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
+                f"protocol's seeds replace it)"
+            )
         study["protocol"] = parse_protocol(study["protocol"], str(path))
     else:
         study["protocol"] = None
     study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
     withdrawn = study.get("withdrawn") or []
-    if not isinstance(withdrawn, list) or any(not isinstance(w, dict) or set(w) != {"paper", "says", "why"}
-                                              for w in withdrawn):
-        raise ConfigError(f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test as "
-                          f"the paper states it, and why")
+    if not isinstance(withdrawn, list) or any(
+        not isinstance(w, dict) or set(w) != {"paper", "says", "why"} for w in withdrawn
+    ):
+        raise ConfigError(
+            f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test as "
+            f"the paper states it, and why"
+        )
     study["withdrawn"] = withdrawn
     if not isinstance(study.get("history") or [], list):
-        raise ConfigError(f"{path}: history is a list of notes (what changed after results, and when)")
+        raise ConfigError(
+            f"{path}: history is a list of notes (what changed after results, and when)"
+        )
     quick = study.pop("quick", None)
-    if quick is not None and (not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}):
-        raise ConfigError(f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)")
+    if quick is not None and (
+        not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}
+    ):
+        raise ConfigError(
+            f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)"
+        )
     study["quick"] = quick
     study["name"] = study.get("name") or path.stem
     study["about"] = str(study.get("about") or "")
@@ -107,21 +156,28 @@ def _exclude(path: Path, section, grid: dict) -> list[dict]:
         return []
     where = f"{path}: exclude"
     if not isinstance(section, list) or any(not isinstance(e, dict) or not e for e in section):
-        raise ConfigError(f"{where} is a list of mappings of grid fields to values (the combinations not run)")
+        raise ConfigError(
+            f"{where} is a list of mappings of grid fields to values (the combinations not run)"
+        )
     out = []
     for e in section:
         entry = {ALIASES.get(k, k): v for k, v in e.items()}
         for key, value in entry.items():
             if key in ("optim.lr", "train.seed") or key not in grid or value not in grid[key]:
-                raise ConfigError(f"{where}: {key}={value!r} is not a value of the grid (arms are grid values other "
-                                  f"than lr and seed)")
+                raise ConfigError(
+                    f"{where}: {key}={value!r} is not a value of the grid (arms are grid values other "
+                    f"than lr and seed)"
+                )
         out.append(entry)
     return out
 
 
 def excluded(study: dict, combination: dict) -> bool:
     """Whether a grid combination ({field: value}) is one the study file's `exclude:` drops."""
-    return any(all(k in combination and combination[k] == v for k, v in e.items()) for e in study.get("exclude") or [])
+    return any(
+        all(k in combination and combination[k] == v for k, v in e.items())
+        for e in study.get("exclude") or []
+    )
 
 
 @dataclass(frozen=True)
@@ -133,21 +189,35 @@ class Protocol:
     min_lr: float = 1e-5
     max_lr: float = 10.0
     steps: int = 3  # at most this many LRs beyond each end of the grid
-    refine: float = 2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+    refine: float = (
+        2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+    )
     common_seeds: tuple = ()  # the seeds that compare a common_loss claim's arms at their common safe LR
 
 
-PROTOCOL_KEYS = {"selection_seeds", "test_seeds", "failure_seeds", "common_seeds", "bracket", "refine"}
+PROTOCOL_KEYS = {
+    "selection_seeds",
+    "test_seeds",
+    "failure_seeds",
+    "common_seeds",
+    "bracket",
+    "refine",
+}
 BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
 
 
 def parse_protocol(section, where: str) -> Protocol:
     """The study file's `protocol:` section; ConfigError on anything else."""
-    if not isinstance(section, dict) or set(section) - PROTOCOL_KEYS or \
-            not {"selection_seeds", "test_seeds"} <= set(section):
-        raise ConfigError(f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
-                          f"optionally failure_seeds, common_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, "
-                          f"refine")
+    if (
+        not isinstance(section, dict)
+        or set(section) - PROTOCOL_KEYS
+        or not {"selection_seeds", "test_seeds"} <= set(section)
+    ):
+        raise ConfigError(
+            f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
+            f"optionally failure_seeds, common_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, "
+            f"refine"
+        )
     seeds = {}
     for key in ("selection_seeds", "test_seeds", "failure_seeds", "common_seeds"):
         value = section.get(key, [] if key == "common_seeds" else section["test_seeds"])
@@ -157,18 +227,31 @@ def parse_protocol(section, where: str) -> Protocol:
         if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
         seeds[key] = tuple(value)
-    if set(seeds["selection_seeds"]) & (set(seeds["test_seeds"]) | set(seeds["failure_seeds"])
-                                        | set(seeds["common_seeds"])):
-        raise ConfigError(f"{where}: protocol.selection_seeds must not appear among the test, failure or common "
-                          f"seeds (an LR is chosen on some seeds and tested on others)")
+    if set(seeds["selection_seeds"]) & (
+        set(seeds["test_seeds"]) | set(seeds["failure_seeds"]) | set(seeds["common_seeds"])
+    ):
+        raise ConfigError(
+            f"{where}: protocol.selection_seeds must not appear among the test, failure or common "
+            f"seeds (an LR is chosen on some seeds and tested on others)"
+        )
     bracket = section.get("bracket") or {}
     if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
         raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
-    out = Protocol(**seeds, **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
-                   refine=float(section.get("refine", Protocol.refine)))
-    if out.factor <= 1 or not 0 < out.min_lr < out.max_lr or out.steps < 0 or (out.refine and out.refine <= 1):
-        raise ConfigError(f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
-                          f"refine > 1 (or 0 for none)")
+    out = Protocol(
+        **seeds,
+        **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
+        refine=float(section.get("refine", Protocol.refine)),
+    )
+    if (
+        out.factor <= 1
+        or not 0 < out.min_lr < out.max_lr
+        or out.steps < 0
+        or (out.refine and out.refine <= 1)
+    ):
+        raise ConfigError(
+            f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
+            f"refine > 1 (or 0 for none)"
+        )
     return out
 
 
@@ -190,14 +273,18 @@ class Rule:
     above_l0: bool = True
     arm_gap: float | None = None
     slow_slope: float = 0.01
-    labels: bool = False  # judge by train.py's own labels instead (runs compared without a study file)
+    labels: bool = (
+        False  # judge by train.py's own labels instead (runs compared without a study file)
+    )
 
     def describe(self) -> str:
         if self.labels:
             return "train.py's own label collapsed, unstable or diverged (ok and plateau trained)"
         parts = ["a non-finite loss"]
         if self.learn_margin is not None:
-            parts.append(f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget")
+            parts.append(
+                f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget"
+            )
         if self.blowup_margin is not None:
             parts.append(f"an eval {self.blowup_margin:g} nats above its best so far")
         if self.above_l0:
@@ -207,8 +294,10 @@ class Rule:
         return ", ".join(parts[:-1]) + " or " + parts[-1]
 
 
-DEFAULT_ALTERNATIVES = (Rule("the arm's best + 1 nat", None, None, False, 1.0),
-                        Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None))
+DEFAULT_ALTERNATIVES = (
+    Rule("the arm's best + 1 nat", None, None, False, 1.0),
+    Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None),
+)
 RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap", "slow_slope"}
 
 
@@ -218,7 +307,9 @@ def parse_rule(section, where: str, name: str) -> Rule:
     out = Rule(**{"name": name, **{k: section[k] for k in section}})
     for key in ("learn_margin", "blowup_margin", "arm_gap", "slow_slope"):
         value = getattr(out, key)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+        if value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool) or value < 0
+        ):
             raise ConfigError(f"{where}: {key} must be a number >= 0 or null, got {value!r}")
     if not isinstance(out.above_l0, bool):
         raise ConfigError(f"{where}: above_l0 is true or false")
@@ -231,22 +322,30 @@ def parse_failure(section, where: str) -> tuple[Rule, tuple[Rule, ...]]:
     if section is None:
         return Rule(), DEFAULT_ALTERNATIVES
     if not isinstance(section, dict):
-        raise ConfigError(f"{where}: failure is a mapping: the main rule's criteria and alternatives")
+        raise ConfigError(
+            f"{where}: failure is a mapping: the main rule's criteria and alternatives"
+        )
     alternatives = section.get("alternatives", [])
-    if not isinstance(alternatives, list) or any(not isinstance(a, dict) or "name" not in a for a in alternatives):
+    if not isinstance(alternatives, list) or any(
+        not isinstance(a, dict) or "name" not in a for a in alternatives
+    ):
         raise ConfigError(f"{where}: failure.alternatives is a list of rules, each with a name")
     main = parse_rule({k: v for k, v in section.items() if k != "alternatives"}, where, "main")
-    return main, tuple(parse_rule({k: v for k, v in a.items() if k != "name"}, where, str(a["name"]))
-                       for a in alternatives)
+    return main, tuple(
+        parse_rule({k: v for k, v in a.items() if k != "name"}, where, str(a["name"]))
+        for a in alternatives
+    )
 
 
-CLAIM_METRICS = {"best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
-                              "the test seeds where both trained",
-                 "common_loss": "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
-                                "5% at its upper one-sided 95% bound), paired on the common seeds",
-                 "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)",
-                 "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023): mean over the study's LR grid of "
-                                   "min(L, L0) - L*, paired by seed"}
+CLAIM_METRICS = {
+    "best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
+    "the test seeds where both trained",
+    "common_loss": "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
+    "5% at its upper one-sided 95% bound), paired on the common seeds",
+    "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)",
+    "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023): mean over the study's LR grid of "
+    "min(L, L0) - L*, paired by seed",
+}
 CLAIM_EXPECTS = ("higher", "lower", "same")
 
 
@@ -257,8 +356,10 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
     if not isinstance(claim, dict) or set(claim) != {"paper", "says", "a", "b", "metric", "expect"}:
         raise ConfigError(f"{where} needs exactly: paper, says, a, b, metric, expect")
     if claim["metric"] not in CLAIM_METRICS or claim["expect"] not in CLAIM_EXPECTS:
-        raise ConfigError(f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
-                          f"{', '.join(CLAIM_EXPECTS)}")
+        raise ConfigError(
+            f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
+            f"{', '.join(CLAIM_EXPECTS)}"
+        )
     sides = {}
     for side in ("a", "b"):
         if not isinstance(claim[side], dict) or not claim[side]:
@@ -267,8 +368,10 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
         for key, value in claim[side].items():
             field = ALIASES.get(key, key)
             if field in ("optim.lr", "train.seed") or field not in grid or value not in grid[field]:
-                raise ConfigError(f"{where}.{side}: {key}={value!r} is not a value of the grid (arms are grid "
-                                  f"values other than lr and seed)")
+                raise ConfigError(
+                    f"{where}.{side}: {key}={value!r} is not a value of the grid (arms are grid "
+                    f"values other than lr and seed)"
+                )
             sides[side][field] = value
     if sides["a"] == sides["b"]:
         raise ConfigError(f"{where}: a and b are the same arm")
@@ -291,11 +394,15 @@ def expected_time(study: dict, runs: list[dict]) -> str | None:
         total += flops_per_token(cfg.model, t.seq_len) * t.batch_size * t.seq_len * t.steps
     peak = peak_flops(str(exp["device"]), str(exp.get("dtype", "bfloat16")))
     if not peak:
-        raise ConfigError(f"expected.device {exp['device']!r} has no known peak (training/flops.py PEAK_TFLOPS)")
+        raise ConfigError(
+            f"expected.device {exp['device']!r} has no known peak (training/flops.py PEAK_TFLOPS)"
+        )
     gpus, mfu = int(exp.get("gpus", 8)), float(exp.get("mfu", 0.4))
     hours = total / (peak * mfu * gpus) / 3600
-    return (f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x {exp['device']} "
-            f"at {mfu:.0%} MFU ({total / len(runs) / (peak * mfu) / 3600:.2f} GPU-h per run)")
+    return (
+        f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x {exp['device']} "
+        f"at {mfu:.0%} MFU ({total / len(runs) / (peak * mfu) / 3600:.2f} GPU-h per run)"
+    )
 
 
 def quick_study(study: dict) -> dict:
@@ -308,11 +415,16 @@ def quick_study(study: dict) -> dict:
     if "config" in quick:
         out["config"] = train_config(Path(study["dir"]) / "study.yaml", quick["config"])
     if "overrides" in quick:
-        out["overrides"] = OmegaConf.to_container(OmegaConf.merge(study.get("overrides") or {}, quick["overrides"]))
+        out["overrides"] = OmegaConf.to_container(
+            OmegaConf.merge(study.get("overrides") or {}, quick["overrides"])
+        )
     if "grid" in quick:
         out["grid"] = {ALIASES.get(k, k): v for k, v in quick["grid"].items()}
-    out["claims"] = [c for c in study["claims"] if all(
-        v in out["grid"].get(k, []) for side in ("a", "b") for k, v in c[side].items())]
+    out["claims"] = [
+        c
+        for c in study["claims"]
+        if all(v in out["grid"].get(k, []) for side in ("a", "b") for k, v in c[side].items())
+    ]
     return out
 
 
@@ -348,7 +460,6 @@ def expand(study: dict, extra: list[str] = ()) -> list[dict]:
     return runs
 
 
-
 @dataclass
 class StudyFile:
     """What a report needs of the study file, read once: what it asks, its margin and why, its claims, its
@@ -366,7 +477,9 @@ class StudyFile:
     sensitivity_margin: float = 0.1  # nats: LR sensitivity's equivalence margin
     ratio_margin: float = 2.0  # an LR50 ratio within [1/m, m] is "the same"
     grid_lrs: tuple = ()  # the study file's LR grid: where LR sensitivity is measured
-    history: list = field(default_factory=list)  # notes on changes made after results (study/history.py)
+    history: list = field(
+        default_factory=list
+    )  # notes on changes made after results (study/history.py)
     given: bool = True  # False: runs compared without a study file (train.py's labels judge them)
 
 
@@ -375,14 +488,28 @@ def study_file(paths: list[Path]) -> StudyFile:
     for p in paths:
         if (p / "study.yaml").is_file():
             return read_study_file(p / "study.yaml")
-    return StudyFile(", ".join(p.name for p in paths), rule=Rule(name="train.py's labels", labels=True),
-                     alternatives=(), given=False)
+    return StudyFile(
+        ", ".join(p.name for p in paths),
+        rule=Rule(name="train.py's labels", labels=True),
+        alternatives=(),
+        given=False,
+    )
 
 
 def read_study_file(path: Path) -> StudyFile:
     study = load_study(path)
-    return StudyFile(study["name"], study["about"], float(study.get("equivalence_margin") or DEFAULT_MARGIN),
-                     study.get("margin_reason"), study["claims"], study["protocol"], study["withdrawn"],
-                     study["rule"], study["alternatives"], float(study.get("sensitivity_margin") or 0.1),
-                     float(study.get("ratio_margin") or 2.0), tuple(study["grid"].get("optim.lr", ())),
-                     list(study.get("history") or []))
+    return StudyFile(
+        study["name"],
+        study["about"],
+        float(study.get("equivalence_margin") or DEFAULT_MARGIN),
+        study.get("margin_reason"),
+        study["claims"],
+        study["protocol"],
+        study["withdrawn"],
+        study["rule"],
+        study["alternatives"],
+        float(study.get("sensitivity_margin") or 0.1),
+        float(study.get("ratio_margin") or 2.0),
+        tuple(study["grid"].get("optim.lr", ())),
+        list(study.get("history") or []),
+    )

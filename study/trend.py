@@ -50,39 +50,68 @@ class Trend:
         unit = "log10 ratio" if self.what == "LR50 ratio" else "nats"
         of = "of " if self.what == "LR sensitivity" else ""
         per = "per doubling of " + self.axis if self.log2 else "per unit of " + self.axis
-        pts = "; ".join(f"{x:g}: " + ("-" if e is None else f"{e:+.3f}") + (
-            f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "") for x, e, ci in self.points)
+        pts = "; ".join(
+            f"{x:g}: "
+            + ("-" if e is None else f"{e:+.3f}")
+            + (f" ({ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "")
+            for x, e, ci in self.points
+        )
         head = f"{self.what} {of}{self.pair}, in {unit}, by {self.axis}: {pts}"
         if any(e is None for _, e, _ in self.points):
-            head += " ('-': no estimate: " + {"LR50 ratio": "an arm's LR50 is only bounded)",
-                                              "LR sensitivity": "no seed ran every LR of the grid)"}.get(
-                self.what, "no seed where both arms trained)")
+            head += " ('-': no estimate: " + {
+                "LR50 ratio": "an arm's LR50 is only bounded)",
+                "LR sensitivity": "no seed ran every LR of the grid)",
+            }.get(self.what, "no seed where both arms trained)")
         if self.slope is None:
-            return f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
-        ci = f"Knapp-Hartung 95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}" if self.ci else "no CI from 2 points"
-        return (f"{head}; slope {self.slope:+.3f} {per} ({ci}, from {self.used} of {len(self.points)} points; "
-                f"{self.axis} {min(p[0] for p in self.points):g}..{max(p[0] for p in self.points):g} only)")
+            return (
+                f"{head}; no slope ({self.used} of {len(self.points)} points have a two-sided CI)"
+            )
+        ci = (
+            f"Knapp-Hartung 95% CI {self.ci[0]:+.3f}..{self.ci[1]:+.3f}"
+            if self.ci
+            else "no CI from 2 points"
+        )
+        return (
+            f"{head}; slope {self.slope:+.3f} {per} ({ci}, from {self.used} of {len(self.points)} points; "
+            f"{self.axis} {min(p[0] for p in self.points):g}..{max(p[0] for p in self.points):g} only)"
+        )
 
 
-def _weighted(points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0, dfs=()):
+def _weighted(
+    points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0, dfs=()
+):
     """The points with a two-sided CI as (x, estimate, se), x on the fit's scale, their weights 1 / (se^2 + tau2),
     and the weighted centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
     dfs = list(dfs) or [None] * len(points)
-    usable = [(math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * quantile(df)))
-              for (x, e, ci), df in zip(points, dfs, strict=True)
-              if e is not None and ci is not None and ci[0] is not None and ci[1] is not None and ci[1] > ci[0]]
-    w = [1 / (se ** 2 + tau2) for _, _, se in usable]
+    usable = [
+        (math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * quantile(df)))
+        for (x, e, ci), df in zip(points, dfs, strict=True)
+        if e is not None
+        and ci is not None
+        and ci[0] is not None
+        and ci[1] is not None
+        and ci[1] > ci[0]
+    ]
+    w = [1 / (se**2 + tau2) for _, _, se in usable]
     if not usable:
         return usable, w, None
-    return usable, w, (sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w),
-                       sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w))
+    return (
+        usable,
+        w,
+        (
+            sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)) / sum(w),
+            sum(wi * y for wi, (_, y, _) in zip(w, usable, strict=True)) / sum(w),
+        ),
+    )
 
 
 def _line(usable, w, centre) -> tuple[float, float]:
     """(slope, its variance) of the weighted least-squares line through `centre`."""
     xw, yw = centre
     sxx = sum(wi * (x - xw) ** 2 for wi, (x, _, _) in zip(w, usable, strict=True))
-    return sum(wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)) / sxx, 1 / sxx
+    return sum(
+        wi * (x - xw) * (y - yw) for wi, (x, y, _) in zip(w, usable, strict=True)
+    ) / sxx, 1 / sxx
 
 
 def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()) -> float:
@@ -96,9 +125,14 @@ def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs
     slope, _ = _line(usable, w, centre)
     xw, yw = centre
     q = sum(wi * (y - yw - slope * (x - xw)) ** 2 for wi, (x, y, _) in zip(w, usable, strict=True))
-    s0, s1, s2 = sum(w), sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)), \
-        sum(wi * x * x for wi, (x, _, _) in zip(w, usable, strict=True))
-    t0, t1, t2 = (sum(wi ** 2 * x ** j for wi, (x, _, _) in zip(w, usable, strict=True)) for j in (0, 1, 2))
+    s0, s1, s2 = (
+        sum(w),
+        sum(wi * x for wi, (x, _, _) in zip(w, usable, strict=True)),
+        sum(wi * x * x for wi, (x, _, _) in zip(w, usable, strict=True)),
+    )
+    t0, t1, t2 = (
+        sum(wi**2 * x**j for wi, (x, _, _) in zip(w, usable, strict=True)) for j in (0, 1, 2)
+    )
     det = s0 * s2 - s1 * s1
     trace = (s2 * t0 - 2 * s1 * t1 + s0 * t2) / det  # tr((X'WX)^-1 X'W^2X) for X = [1, x]
     return max(0.0, (q - (k - 2)) / (s0 - trace))
@@ -110,8 +144,9 @@ def fitted(t: Trend, x: float) -> float:
     return yw + t.slope * ((math.log2(x) if t.log2 else x) - xw)
 
 
-def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()
-        ) -> tuple[float | None, tuple | None, int]:
+def fit(
+    points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()
+) -> tuple[float | None, tuple | None, int]:
     """(slope, its Knapp-Hartung 95% CI (None from 2 points), points used) of the estimates against the axis."""
     usable, w, centre = _weighted(points, log2, tau2(points, log2, dfs), dfs)
     k = len(usable)
@@ -121,7 +156,9 @@ def fit(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=
     if k < 3:
         return slope, None, k
     xw, yw = centre
-    q = sum(wi * (y - yw - slope * (x - xw)) ** 2 for wi, (x, y, _) in zip(w, usable, strict=True)) / (k - 2)
+    q = sum(
+        wi * (y - yw - slope * (x - xw)) ** 2 for wi, (x, y, _) in zip(w, usable, strict=True)
+    ) / (k - 2)
     half = float(student.ppf(0.975, k - 2)) * math.sqrt(max(1.0, q) * var)
     return slope, (slope - half, slope + half), k
 
@@ -133,8 +170,9 @@ def numeric_axes(res) -> list[str]:
     out = []
     for key in res.keys:
         values = {a.runs[0].config.get(key) for a in res.arms.values()}
-        if len(values) > 1 and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-                                   for v in values):
+        if len(values) > 1 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values
+        ):
             out.append(key)
     return out
 
@@ -164,7 +202,18 @@ def sensitivity_trends(res, axis: str) -> list[Trend]:
         if all(e is None for _, e, _ in pts):
             continue
         where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "every arm"
-        out.append(Trend("LR sensitivity", where, axis, True, pts, *fit(pts, True, dfs), tuple(dfs), tuple(labels)))
+        out.append(
+            Trend(
+                "LR sensitivity",
+                where,
+                axis,
+                True,
+                pts,
+                *fit(pts, True, dfs),
+                tuple(dfs),
+                tuple(labels),
+            )
+        )
     return out
 
 
@@ -179,7 +228,10 @@ def trends(res) -> list[Trend]:
             if c.key == axis:
                 continue
             rest = tuple((k, c.a.runs[0].config.get(k)) for k in res.keys if k not in (axis, c.key))
-            pair = (c.a.runs[0].config.get(c.key), c.b.runs[0].config.get(c.key))  # the values compared
+            pair = (
+                c.a.runs[0].config.get(c.key),
+                c.b.runs[0].config.get(c.key),
+            )  # the values compared
             groups.setdefault((c.key, pair, rest), []).append(c)
         for (key, _, rest), comps in groups.items():
             if len(comps) < 2:
@@ -190,13 +242,28 @@ def trends(res) -> list[Trend]:
             a, b = (comps[0].a.runs[0].config.get(key), comps[0].b.runs[0].config.get(key))
             where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest)
             at = f" at {where}" if where else ""
-            ratio_pts = [(x, None if not c.ratio.identified else math.log10(c.ratio.ratio),
-                          None if not c.ratio.identified or not c.ratio.ci or None in c.ratio.ci
-                          else tuple(math.log10(v) for v in c.ratio.ci)) for x, c in zip(xs, comps, strict=True)]
-            loss_pts = [(x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)]
+            ratio_pts = [
+                (
+                    x,
+                    None if not c.ratio.identified else math.log10(c.ratio.ratio),
+                    None
+                    if not c.ratio.identified or not c.ratio.ci or None in c.ratio.ci
+                    else tuple(math.log10(v) for v in c.ratio.ci),
+                )
+                for x, c in zip(xs, comps, strict=True)
+            ]
+            loss_pts = [
+                (x, c.loss.paired.mean, c.loss.paired.ci) for x, c in zip(xs, comps, strict=True)
+            ]
             loss_dfs = tuple(max(c.loss.paired.n - 1, 1) for c in comps)
-            for what, op, pts, dfs in (("LR50 ratio", "/", ratio_pts, ()), ("loss difference", "-", loss_pts,
-                                                                              loss_dfs)):
-                if what == "LR50 ratio" or any(e is not None for _, e, _ in pts):  # an LR50 without failures
-                    out.append(Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2, dfs), dfs))
+            for what, op, pts, dfs in (
+                ("LR50 ratio", "/", ratio_pts, ()),
+                ("loss difference", "-", loss_pts, loss_dfs),
+            ):
+                if what == "LR50 ratio" or any(
+                    e is not None for _, e, _ in pts
+                ):  # an LR50 without failures
+                    out.append(
+                        Trend(what, f"{a} {op} {b}{at}", axis, log2, pts, *fit(pts, log2, dfs), dfs)
+                    )
     return out

@@ -35,8 +35,10 @@ def serve(requests, answers) -> int:
             if not isinstance(log, str) or not all(isinstance(a, str) for a in argv):
                 raise TypeError
         except (ValueError, TypeError, KeyError):
-            error = f"error: malformed request {line.strip()[:200]!r}: expected " \
-                    '{"argv": [train.py arguments], "log": "path"}'
+            error = (
+                f"error: malformed request {line.strip()[:200]!r}: expected "
+                '{"argv": [train.py arguments], "log": "path"}'
+            )
             answers.write(json.dumps({"exit_code": EXIT_BAD_INPUT, "error": error}) + "\n")
             continue
         code, fatal = run_logged(argv, log)

@@ -22,20 +22,25 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "configs" / "train" / "tiny.yaml")
 # subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout an editable
 # install points at (two checkouts side by side would otherwise test each other's code)
-os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 # under pytest-xdist each worker gets its share of the cores: torch's default of one thread per core
 # in every worker makes each OpenMP barrier wait for a thread another worker has descheduled (a
 # 2-thread step ran 20x slower beside a busy process, issue 42)
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0")) or (
-    max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0)
+    max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0
+)
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
-WORDS = ("the a norm layer model train loss grad step rate mean scale root square token batch stable "
-         "spike learn weight decay warm cosine head block residual stream value key query attention "
-         "of to and in is for with on by as it at from that this be are was").split()
+WORDS = (
+    "the a norm layer model train loss grad step rate mean scale root square token batch stable "
+    "spike learn weight decay warm cosine head block residual stream value key query attention "
+    "of to and in is for with on by as it at from that this be are was"
+).split()
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +52,9 @@ def tiny_args(**kw):
     """A small ModelArgs (2 layers, d = 32, grouped-query attention) for model-level tests; kw override it."""
     from model import ModelArgs
 
-    return ModelArgs(**{**dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16), **kw})
+    return ModelArgs(
+        **{**dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16), **kw}
+    )
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -60,8 +67,10 @@ def write_corpus(path, paragraphs: int = 300, seed: int = 0) -> str:
     rng = random.Random(seed)
     paras = []
     for _ in range(paragraphs):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 14))).capitalize() + "."
-                 for _ in range(rng.randint(1, 4))]
+        lines = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 14))).capitalize() + "."
+            for _ in range(rng.randint(1, 4))
+        ]
         paras.append("\n".join(lines))
     text = "\n\n".join(paras) + "\n"
     path.write_text(text)
@@ -80,8 +89,13 @@ def prepared(corpus_file, tmp_path_factory):
     """A small prepared dataset (vocab 320) shared by the data, training and study tests."""
     from data.prepare import prepare
 
-    return prepare(f"text:{corpus_file}", vocab_size=320, val_fraction=0.1,
-                   root=tmp_path_factory.mktemp("prepared"), verbose=False)
+    return prepare(
+        f"text:{corpus_file}",
+        vocab_size=320,
+        val_fraction=0.1,
+        root=tmp_path_factory.mktemp("prepared"),
+        verbose=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -97,8 +111,13 @@ def data_args(prepared):
     """Overrides that point a run at the session's small prepared corpus (a cache hit)."""
     meta = json.loads((prepared / "meta.json").read_text())
     threads = [f"train.threads={THREADS}"] if THREADS else []
-    return [f"data.source={meta['source']}", f"data.root={prepared.parent}", "data.vocab_size=320",
-            "data.val_fraction=0.1", *threads]
+    return [
+        f"data.source={meta['source']}",
+        f"data.root={prepared.parent}",
+        "data.vocab_size=320",
+        "data.val_fraction=0.1",
+        *threads,
+    ]
 
 
 @pytest.fixture
@@ -120,25 +139,67 @@ def logged(run_dir, key: str = "train/loss") -> list:
     return [r[key] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if key in r]
 
 
-def write_run(root: Path, name: str, norm: str, lr: float, seed: int, status: str, final, l0: float = 5.0,
-               step0: bool = True, placement: str = "pre", overrides: tuple = ()):
+def write_run(
+    root: Path,
+    name: str,
+    norm: str,
+    lr: float,
+    seed: int,
+    status: str,
+    final,
+    l0: float = 5.0,
+    step0: bool = True,
+    placement: str = "pre",
+    overrides: tuple = (),
+):
     """A finished run directory made by hand (config, summary, a 3-step metrics file), no training: for the
     study and report tests. final=None for a run without a final loss; `overrides` set more config fields."""
     import json
 
     from training.config import load_config, to_yaml
 
-    cfg = load_config(Path(TINY), [f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}",
-                                              f"model.placement={placement}", *overrides])
+    cfg = load_config(
+        Path(TINY),
+        [
+            f"model.norm={norm}",
+            f"optim.lr={lr}",
+            f"train.seed={seed}",
+            f"model.placement={placement}",
+            *overrides,
+        ],
+    )
     d = root / "runs" / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(to_yaml(cfg))
     records = [{"step": 0, "val/loss": l0, "val/loss_se": 0.01}] if step0 else []
-    records += [{"step": s, "train/loss": l0 - s * 0.1, "grad/norm": 1.0 + s, "grad/norm/layer_0": 0.5,
-                 "grad/norm/layer_1": 0.25, "act/rms/layer_0": 1.0 + s, "act/rms/layer_1": 2.0 + s,
-                 "attn/logit_max/layer_0": lr * 100, "attn/logit_max/layer_1": lr * 10} for s in (1, 2, 3)]
+    records += [
+        {
+            "step": s,
+            "train/loss": l0 - s * 0.1,
+            "grad/norm": 1.0 + s,
+            "grad/norm/layer_0": 0.5,
+            "grad/norm/layer_1": 0.25,
+            "act/rms/layer_0": 1.0 + s,
+            "act/rms/layer_1": 2.0 + s,
+            "attn/logit_max/layer_0": lr * 100,
+            "attn/logit_max/layer_1": lr * 10,
+        }
+        for s in (1, 2, 3)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps({
-        "status": status, "final_val_loss": final, "best_val_loss": final, "unigram_entropy": 4.0,
-        "spike_score/loss": 1.0, "spike_score/grad_norm": 3.0, "tokens_per_s": 1000.0 * (1 + seed),
-        "spike_window": 5, "spike_k": 5.0, "diverged_at": 2 if status == "diverged" else None}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "final_val_loss": final,
+                "best_val_loss": final,
+                "unigram_entropy": 4.0,
+                "spike_score/loss": 1.0,
+                "spike_score/grad_norm": 3.0,
+                "tokens_per_s": 1000.0 * (1 + seed),
+                "spike_window": 5,
+                "spike_k": 5.0,
+                "diverged_at": 2 if status == "diverged" else None,
+            }
+        )
+    )

@@ -48,7 +48,9 @@ def test_autocast_precision_overflows_float16_where_the_float32_policy_does_not(
         assert y_naive[0].abs().max() == 0
     else:  # layernorm centres first; its variance overflows as well: a row of zeros or NaN
         assert not torch.isfinite(y_naive[0]).all() or y_naive[0].abs().max() == 0
-    torch.testing.assert_close(y_naive[1:].double(), want[1:], rtol=2e-3, atol=2e-3)  # float16 rounding only
+    torch.testing.assert_close(
+        y_naive[1:].double(), want[1:], rtol=2e-3, atol=2e-3
+    )  # float16 rounding only
 
 
 def test_autocast_precision_in_bfloat16_is_the_formula_in_bfloat16():
@@ -57,9 +59,13 @@ def test_autocast_precision_in_bfloat16_is_the_formula_in_bfloat16():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = naive(x)
     xb = x.bfloat16()
-    torch.testing.assert_close(y, (xb * torch.rsqrt(xb.pow(2).mean(-1, keepdim=True) + 1e-5)).float(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        y, (xb * torch.rsqrt(xb.pow(2).mean(-1, keepdim=True) + 1e-5)).float(), rtol=0, atol=0
+    )
     assert (y - build_norm("rmsnorm", 64)(x)).abs().max() > 0  # bfloat16 rounding is visible...
-    assert naive(x).equal(build_norm("rmsnorm", 64)(x))  # ...and without autocast float32 input stays float32
+    assert naive(x).equal(
+        build_norm("rmsnorm", 64)(x)
+    )  # ...and without autocast float32 input stays float32
 
 
 def _block(cls, **kw):
@@ -89,8 +95,16 @@ def test_deepnorm_scales_the_residual_by_alpha_and_its_init_by_beta():
     assert deep.alpha == pytest.approx(alpha)
     for name in ("attention.wq", "attention.wk"):  # the same draws, unscaled
         assert deep.get_submodule(name).weight.equal(post.get_submodule(name).weight)
-    for name in ("attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):
-        torch.testing.assert_close(deep.get_submodule(name).weight, post.get_submodule(name).weight * beta)
+    for name in (
+        "attention.wv",
+        "attention.wo",
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+    ):
+        torch.testing.assert_close(
+            deep.get_submodule(name).weight, post.get_submodule(name).weight * beta
+        )
     model = Llama(ModelArgs(**ARGS, placement="deepnorm"))
     rope = (model.rope_cos[:8], model.rope_sin[:8])
     x = torch.randn(2, 8, 32)
@@ -115,6 +129,7 @@ def test_linear_biases_start_at_zero_are_biases_and_enter_the_fused_qkv_matmul()
     want_v = attn.wv(x).view(2, 8, 2, 8).transpose(1, 2)  # separate nn.Linear calls, bias included
     torch.testing.assert_close(v, want_v)
     from model.layers import apply_rope
+
     torch.testing.assert_close(q, apply_rope(attn.wq(x).view(2, 8, 4, 8), rope).transpose(1, 2))
 
 

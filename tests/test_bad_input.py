@@ -24,35 +24,61 @@ CONFIGS = [
     ("missing file", None, ["--config", "{dir}/missing.yaml"], "does not exist"),
 ]
 FIELDS = [
-    ("train.steps=abc", "train.steps"), ("train.steps=-1", "train.steps must be > 0"),
-    ("optim.lr=0", "optim.lr must be > 0"), ("model.norm=batchnorm", "model.norm='batchnorm' is not one of"),
+    ("train.steps=abc", "train.steps"),
+    ("train.steps=-1", "train.steps must be > 0"),
+    ("optim.lr=0", "optim.lr must be > 0"),
+    ("model.norm=batchnorm", "model.norm='batchnorm' is not one of"),
     ("model.placement=middle", "model.placement='middle' is not one of"),
-    ("train.dtype=float8", "train.dtype='float8' is not one of"), ("optim.schedule=step", "optim.schedule"),
-    ("log.wandb=maybe", "log.wandb"), ("train.device=tpu", "train.device"),
-    ("model.dim=30", "model.dim=30 must be divisible by model.n_heads=4"), ("model.n_kv_heads=3", "n_kv_heads"),
-    ("model.ffn_dim_multiplier=0", "ffn_dim_multiplier"), ("optim.beta1=1.5", "optim.beta1"),
-    ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of train.micro_batch_size=3"),
-    ("log.spike_window=1", "log.spike_window"), ("data.vocab_size=100", "data.vocab_size must be >= 300"),
-    ("data.val_fraction=1.5", "data.val_fraction must be in (0, 1)"), ("train.seq_len=0", "train.seq_len"),
-    ("data.source=ftp:x", "unknown data source 'ftp:x'"), ("train.eval_every=0", "train.eval_every must be > 0"),
-    ("steps=3", "unknown config key 'steps'"), ("optim.lr", "expected key=value"),
-    ("train.seq_len=100000000", "more memory per process"),  # too big for any machine: refused before it starts
+    ("train.dtype=float8", "train.dtype='float8' is not one of"),
+    ("optim.schedule=step", "optim.schedule"),
+    ("log.wandb=maybe", "log.wandb"),
+    ("train.device=tpu", "train.device"),
+    ("model.dim=30", "model.dim=30 must be divisible by model.n_heads=4"),
+    ("model.n_kv_heads=3", "n_kv_heads"),
+    ("model.ffn_dim_multiplier=0", "ffn_dim_multiplier"),
+    ("optim.beta1=1.5", "optim.beta1"),
+    (
+        "train.micro_batch_size=3",
+        "train.batch_size=8 must be a multiple of train.micro_batch_size=3",
+    ),
+    ("log.spike_window=1", "log.spike_window"),
+    ("data.vocab_size=100", "data.vocab_size must be >= 300"),
+    ("data.val_fraction=1.5", "data.val_fraction must be in (0, 1)"),
+    ("train.seq_len=0", "train.seq_len"),
+    ("data.source=ftp:x", "unknown data source 'ftp:x'"),
+    ("train.eval_every=0", "train.eval_every must be > 0"),
+    ("steps=3", "unknown config key 'steps'"),
+    ("optim.lr", "expected key=value"),
+    (
+        "train.seq_len=100000000",
+        "more memory per process",
+    ),  # too big for any machine: refused before it starts
     ("train.tp_size=0", "train.tp_size must be > 0"),
 ]
 SOURCES = [  # text sources: (file contents, or a directory)
-    ("missing", None, "matches no files"), ("empty", b"", "non-empty documents"),
+    ("missing", None, "matches no files"),
+    ("empty", b"", "non-empty documents"),
     ("whitespace only", b"  \n\n\t\n  \n", "non-empty documents"),
-    ("binary", bytes(range(256)) * 64, "not UTF-8 text"), ("a directory", "dir", "matches no files"),
+    ("binary", bytes(range(256)) * 64, "not UTF-8 text"),
+    ("a directory", "dir", "matches no files"),
 ]
 STUDIES = [
-    ("not yaml", "grid: [1, 2\n", "cannot parse"), ("not a mapping", "- 1\n", "a 'grid' mapping"),
+    ("not yaml", "grid: [1, 2\n", "cannot parse"),
+    ("not a mapping", "- 1\n", "a 'grid' mapping"),
     ("grid not a mapping", "grid: [1, 2]\n", "a 'grid' mapping"),
     ("grid value not a list", "grid: {lr: 0.1}\n", "grid.lr must be a non-empty list"),
     ("unknown key", "grid: {lr: [0.1]}\nworkerz: 2\n", "unknown study key(s) workerz"),
-    ("bad grid value", f"config: {TINY}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n", "model.norm='groupnorm'"),
+    (
+        "bad grid value",
+        f"config: {TINY}\ngrid: {{norm: [rmsnorm, groupnorm]}}\n",
+        "model.norm='groupnorm'",
+    ),
     ("unknown grid field", f"config: {TINY}\ngrid: {{model.dimm: [1]}}\n", "model.dimm"),
-    ("bad override type", f"config: {TINY}\noverrides: {{train: {{steps: many}}}}\ngrid: {{lr: [0.1]}}\n",
-     "train.steps"),
+    (
+        "bad override type",
+        f"config: {TINY}\noverrides: {{train: {{steps: many}}}}\ngrid: {{lr: [0.1]}}\n",
+        "train.steps",
+    ),
     ("missing config", "config: nowhere.yaml\ngrid: {lr: [0.1]}\n", "does not exist"),
     ("threads zero", "grid: {lr: [0.1]}\nthreads_per_worker: 0\n", "must be an integer >= 1"),
     ("threads not a number", "grid: {lr: [0.1]}\nthreads_per_worker: two\n", "threads_per_worker"),
@@ -92,13 +118,22 @@ def test_bad_data_sources(tmp_path, capsys, case, content, must_say):
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
-    code = train.main(["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", f"data.source=text:{path}",
-                       f"data.root={tmp_path / 'prepared'}"])
+    code = train.main(
+        [
+            "--config",
+            TINY,
+            f"log.out_dir={tmp_path / 'runs'}",
+            f"data.source=text:{path}",
+            f"data.root={tmp_path / 'prepared'}",
+        ]
+    )
     line = _one_line(capsys, code, must_say)
     assert str(path) in line  # names the file
     assert not (tmp_path / "runs").exists()
     prepared = tmp_path / "prepared"
-    assert not prepared.exists() or not [p for p in prepared.iterdir() if p.is_dir()]  # no half-prepared data
+    assert not prepared.exists() or not [
+        p for p in prepared.iterdir() if p.is_dir()
+    ]  # no half-prepared data
 
 
 @pytest.mark.parametrize("case,text,must_say", STUDIES, ids=[s[0] for s in STUDIES])

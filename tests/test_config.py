@@ -12,31 +12,49 @@ from training.outcome import EXIT_BAD_INPUT
 
 def test_precedence_defaults_yaml_cli(tmp_path):
     path = tmp_path / "exp.yaml"
-    path.write_text("base: ../../../configs/train/tiny.yaml\noptim: {lr: 1.0e-2, beta2: 0.99}\n".replace(
-        "../../../configs", str(train.REPO / "configs")))
+    path.write_text(
+        "base: ../../../configs/train/tiny.yaml\noptim: {lr: 1.0e-2, beta2: 0.99}\n".replace(
+            "../../../configs", str(train.REPO / "configs")
+        )
+    )
     cfg = load_config(path, ["optim.lr=5e-3", "train.steps=7"])
     assert cfg.optim.lr == 5e-3  # CLI beats YAML
     assert cfg.optim.beta2 == 0.99  # YAML beats its base and the defaults
     assert cfg.model.dim == 32 and cfg.train.steps == 7  # the base (tiny) and CLI
     assert cfg.optim.beta1 == 0.9 and cfg.data.source == "pydocs"  # defaults through default.yaml
-    assert cfg.model.vocab_size == cfg.data.vocab_size == 320 and cfg.model.max_seq_len == cfg.train.seq_len
+    assert (
+        cfg.model.vocab_size == cfg.data.vocab_size == 320
+        and cfg.model.max_seq_len == cfg.train.seq_len
+    )
 
 
-@pytest.mark.parametrize("override,message", [
-    ("optim.lrr=1", "unknown config key 'optim.lrr'; valid keys in optim: lr, schedule"),
-    ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
-    ("train.steps=abc", "bad value for train.steps: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("model.norm=batchnorm", f"model.norm='batchnorm' is not one of: {', '.join(sorted(NORMS))}"),
-    ("model.placement=middle", "model.placement='middle' is not one of: deepnorm, peri, post, pre, reordered"),
-    ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float16, float32"),
-    ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),
-    ("train.steps=0", "train.steps must be > 0"),
-    ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
-    ("optim.lr", "expected key=value overrides"),
-    ("model.n_heads=0", "model.n_heads must be positive"),
-    ("model.init_scale=fan_in", "unknown init_scale 'fan_in'; valid: absolute, width"),
-    ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("optim.lrr=1", "unknown config key 'optim.lrr'; valid keys in optim: lr, schedule"),
+        ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
+        (
+            "train.steps=abc",
+            "bad value for train.steps: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            "model.norm=batchnorm",
+            f"model.norm='batchnorm' is not one of: {', '.join(sorted(NORMS))}",
+        ),
+        (
+            "model.placement=middle",
+            "model.placement='middle' is not one of: deepnorm, peri, post, pre, reordered",
+        ),
+        ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float16, float32"),
+        ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),
+        ("train.steps=0", "train.steps must be > 0"),
+        ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
+        ("optim.lr", "expected key=value overrides"),
+        ("model.n_heads=0", "model.n_heads must be positive"),
+        ("model.init_scale=fan_in", "unknown init_scale 'fan_in'; valid: absolute, width"),
+        ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
+    ],
+)
 def test_bad_values_raise_one_clear_line(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(train.DEFAULT_CONFIG, [override])
@@ -44,8 +62,12 @@ def test_bad_values_raise_one_clear_line(override, message):
 
 
 def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys):
-    for argv in (["--norm", "batchnorm"], ["--config", str(tmp_path / "missing.yaml")], ["train.stepz=3"],
-                 ["--resume"]):  # (--resume of a run that does not exist starts it: tests/test_faults.py)
+    for argv in (
+        ["--norm", "batchnorm"],
+        ["--config", str(tmp_path / "missing.yaml")],
+        ["train.stepz=3"],
+        ["--resume"],
+    ):  # (--resume of a run that does not exist starts it: tests/test_faults.py)
         assert train.main([*argv, f"log.out_dir={tmp_path / 'runs'}"]) == EXIT_BAD_INPUT
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ")
@@ -53,15 +75,25 @@ def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys):
 
 
 def test_norm_and_placement_flags_change_the_model():
-    cfg, _, name = train.parse_cli(["--config", str(train.REPO / "configs/train/tiny.yaml"), "--norm", "layernorm",
-                                    "--placement", "post"])
+    cfg, _, name = train.parse_cli(
+        [
+            "--config",
+            str(train.REPO / "configs/train/tiny.yaml"),
+            "--norm",
+            "layernorm",
+            "--placement",
+            "post",
+        ]
+    )
     model = Llama(cfg.model)
     assert name == "tiny-layernorm-post"
     assert all(isinstance(b, PostNormBlock) for b in model.layers)
     assert isinstance(model.layers[0].attention_norm, LayerNorm)
     cfg, _, _ = train.parse_cli(["--config", str(train.REPO / "configs/train/tiny.yaml")])
     model = Llama(cfg.model)
-    assert isinstance(model.layers[0], PreNormBlock) and isinstance(model.layers[0].ffn_norm, RMSNorm)
+    assert isinstance(model.layers[0], PreNormBlock) and isinstance(
+        model.layers[0].ffn_norm, RMSNorm
+    )
 
 
 def test_resume_may_change_length_not_what_is_trained(tmp_path):
@@ -79,8 +111,14 @@ def test_resume_may_change_length_not_what_is_trained(tmp_path):
 def test_lr_schedule_warms_up_then_reaches_the_floor_at_the_last_step():
     from training.optim import lr_at
 
-    cfg = load_config(train.DEFAULT_CONFIG, ["optim.lr=1.0", "optim.warmup_steps=5", "optim.min_lr_ratio=0.1"]).optim
+    cfg = load_config(
+        train.DEFAULT_CONFIG, ["optim.lr=1.0", "optim.warmup_steps=5", "optim.min_lr_ratio=0.1"]
+    ).optim
     lrs = [lr_at(s, cfg, 20) for s in range(20)]
     assert lrs[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and lrs.count(1.0) == 1
-    assert lrs[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
-    assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(0.1)  # one decay step still ends low
+    assert lrs[-1] == pytest.approx(0.1) and all(
+        a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False)
+    )
+    assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(
+        0.1
+    )  # one decay step still ends low

@@ -15,15 +15,33 @@ transformers = pytest.importorskip("transformers")
 
 
 def _export(run_dir, out):
-    return subprocess.run([sys.executable, "scripts/export_hf.py", str(run_dir), str(out)], cwd=train.REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out)],
+        cwd=train.REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tie", [False, True])
 def test_export_loads_back_with_the_same_logits_and_tokens(tmp_path, data_args, corpus_file, tie):
-    assert train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "r", "train.steps=6",
-                       f"model.tie_embeddings={tie}"]) == 0
+    assert (
+        train.main(
+            [
+                "--config",
+                TINY,
+                f"log.out_dir={tmp_path}",
+                *data_args,
+                "--name",
+                "r",
+                "train.steps=6",
+                f"model.tie_embeddings={tie}",
+            ]
+        )
+        == 0
+    )
     r = _export(tmp_path / "r", tmp_path / "hf")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "hf" / "model.safetensors").is_file()
@@ -41,10 +59,26 @@ def test_export_loads_back_with_the_same_logits_and_tokens(tmp_path, data_args, 
 
 @pytest.mark.slow
 def test_inexpressible_runs_and_bad_paths_are_refused_in_one_line(tmp_path, data_args):
-    assert train.main(["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "ln", "train.steps=2",
-                       "--norm", "layernorm"]) == 0
-    for run_dir, message in [(tmp_path / "ln", "cannot express model.norm='layernorm'"),
-                             (tmp_path / "nope", "is not a run directory")]:
+    assert (
+        train.main(
+            [
+                "--config",
+                TINY,
+                f"log.out_dir={tmp_path}",
+                *data_args,
+                "--name",
+                "ln",
+                "train.steps=2",
+                "--norm",
+                "layernorm",
+            ]
+        )
+        == 0
+    )
+    for run_dir, message in [
+        (tmp_path / "ln", "cannot express model.norm='layernorm'"),
+        (tmp_path / "nope", "is not a run directory"),
+    ]:
         r = _export(run_dir, tmp_path / "out")
         err = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(err) == 1 and message in err[0], r.stderr

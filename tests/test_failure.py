@@ -6,27 +6,36 @@ import math
 import numpy as np
 import pytest
 
-from study.lr50 import _design, _fit, _loglik, _penalized, _profile, fit_failure_curve, lr50_ratio, p_fail_upper
+from study.lr50 import (
+    _design,
+    _fit,
+    _loglik,
+    _penalized,
+    _profile,
+    fit_failure_curve,
+    lr50_ratio,
+    p_fail_upper,
+)
 
 OFFSETS = np.array([-0.6, -0.3, 0.0, 0.3, 0.6])  # the grid around the edge, in decades (x 2 steps)
 
 
 def _simulate(rng, lr50: float, slope: float, seeds: int = 5, centre: float | None = None):
-    lrs = np.repeat((centre or lr50) * 10 ** OFFSETS, seeds)
+    lrs = np.repeat((centre or lr50) * 10**OFFSETS, seeds)
     p = 1 / (1 + np.exp(-slope * (np.log10(lrs) - math.log10(lr50))))
     return lrs, rng.random(len(lrs)) < p
 
 
 def _beyond_the_top(rng, slope: float, seeds: int = 5):
     """The edge 0.9 decades above the grid's centre, past its top (0.6): few or no failures (Pre-LN's case)."""
-    return _simulate(rng, 0.01 * 10 ** 0.9, slope, seeds, centre=0.01)
+    return _simulate(rng, 0.01 * 10**0.9, slope, seeds, centre=0.01)
 
 
 def _per_seed_thresholds(rng, slope: float, seeds: int = 5):
     """Each seed has its own threshold LR (log-normal around 0.01, the spread of a logistic of this slope) and
     fails at every LR above it: a seed that fails at one LR fails above it (not independent draws)."""
     t = 0.01 * 10 ** rng.normal(0, 1.8 / slope, seeds)
-    lrs = np.tile(0.01 * 10 ** OFFSETS, seeds)
+    lrs = np.tile(0.01 * 10**OFFSETS, seeds)
     return lrs, lrs > np.repeat(t, len(OFFSETS))
 
 
@@ -38,14 +47,19 @@ def _covers(fit, truth: float) -> bool:
     return (lo is None or lo <= truth) and (hi is None or hi >= truth)
 
 
-DESIGNS = {"centred": (_simulate, 0.01), "beyond the top": (_beyond_the_top, 0.01 * 10 ** 0.9),
-           "per-seed thresholds": (_per_seed_thresholds, 0.01)}
+DESIGNS = {
+    "centred": (_simulate, 0.01),
+    "beyond the top": (_beyond_the_top, 0.01 * 10**0.9),
+    "per-seed thresholds": (_per_seed_thresholds, 0.01),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("design", DESIGNS)
 @pytest.mark.parametrize("slope", [2.0, 4.0, 8.0])
-def test_what_a_report_states_covers_a_known_lr50_in_90_percent_of_simulated_studies_or_more(design, slope):
+def test_what_a_report_states_covers_a_known_lr50_in_90_percent_of_simulated_studies_or_more(
+    design, slope
+):
     """80 simulated arms per design and slope (5 LRs x 2 around 0.01, 5 seeds): the CI where the arm's LR50 is
     identified, the bound the data give where it is not, contains the true LR50 in >= 90% of them. Measured on
     these 80: centred 0.99 / 0.975 / 0.925, edge beyond the grid's top 0.99 / 1.0 / 1.0, per-seed thresholds
@@ -53,14 +67,31 @@ def test_what_a_report_states_covers_a_known_lr50_in_90_percent_of_simulated_stu
     0.925)."""
     simulate, truth = DESIGNS[design]
     rng = np.random.default_rng(int(slope) + len(design))
-    covered = [_covers(fit_failure_curve(*simulate(rng, 0.01, slope) if design == "centred" else
-                                         simulate(rng, slope)), truth) for _ in range(80)]
+    covered = [
+        _covers(
+            fit_failure_curve(
+                *simulate(rng, 0.01, slope) if design == "centred" else simulate(rng, slope)
+            ),
+            truth,
+        )
+        for _ in range(80)
+    ]
     assert np.mean(covered) >= 0.90, np.mean(covered)
 
 
 # the default study's rmsnorm/pre arm as its report judged it (22 runs, one failure, at the top LR)
-RMS_PRE = ([0.001] * 2 + [0.00173] * 2 + [0.003] * 6 + [0.00548] * 2 + [0.01] * 2 + [0.03] * 2 + [0.1] * 2
-           + [0.316] * 2 + [1.0] * 2, [False] * 20 + [True, False])
+RMS_PRE = (
+    [0.001] * 2
+    + [0.00173] * 2
+    + [0.003] * 6
+    + [0.00548] * 2
+    + [0.01] * 2
+    + [0.03] * 2
+    + [0.1] * 2
+    + [0.316] * 2
+    + [1.0] * 2,
+    [False] * 20 + [True, False],
+)
 
 
 def test_one_failure_at_the_top_leaves_the_upper_end_open_and_is_a_bound():
@@ -70,7 +101,10 @@ def test_one_failure_at_the_top_leaves_the_upper_end_open_and_is_a_bound():
     fit = fit_failure_curve(*RMS_PRE)
     assert fit.ci[1] is None
     assert not fit.identified and fit.bounds == (0.316, None)
-    assert fit.describe() == "LR50 > 0.316: 0/2 failed there (fewer than 2 failures: a bracket, not an estimate)"
+    assert (
+        fit.describe()
+        == "LR50 > 0.316: 0/2 failed there (fewer than 2 failures: a bracket, not an estimate)"
+    )
 
 
 def test_the_profile_is_the_maximum_a_brute_force_scan_finds():
@@ -90,7 +124,9 @@ def test_complete_separation_is_a_bracket_whatever_the_penalised_fit_returns():
     fit = fit_failure_curve(lrs, [False] * 10 + [True] * 10)
     assert fit.lr50 == pytest.approx(math.sqrt(3e-3 * 1e-2), rel=1e-3)  # the penalty's midpoint
     assert not fit.identified and fit.bounds == (3e-3, 1e-2) and fit.ends == ((0, 5), (5, 5))
-    assert fit.describe().startswith("0.003 < LR50 < 0.01: 0/5 then 5/5 failed (no LR with both outcomes")
+    assert fit.describe().startswith(
+        "0.003 < LR50 < 0.01: 0/5 then 5/5 failed (no LR with both outcomes"
+    )
     # one seed of the five fails one LR early: mixed outcomes at 3e-3 identify it
     mixed = fit_failure_curve(lrs, [False] * 5 + [True] + [False] * 4 + [True] * 10)
     assert mixed.identified and mixed.lr50 < 1e-2 and "11 of 20 runs failed" in mixed.describe()
@@ -101,8 +137,14 @@ def test_no_edge_no_lr50():
     assert fit_failure_curve(lrs, [False] * 9).lr50 is None
     assert fit_failure_curve(lrs, [True] * 9).lr50 is None
     assert fit_failure_curve(lrs, [True, False, False] * 3).lr50 is None  # fails at the low LR only
-    assert fit_failure_curve(lrs, [False] * 9).describe().startswith("LR50 > 0.1: 0/9 failed (no run failed")
-    assert fit_failure_curve(lrs, [True] * 9).describe().startswith("LR50 < 0.001: 3/3 failed there")
+    assert (
+        fit_failure_curve(lrs, [False] * 9)
+        .describe()
+        .startswith("LR50 > 0.1: 0/9 failed (no run failed")
+    )
+    assert (
+        fit_failure_curve(lrs, [True] * 9).describe().startswith("LR50 < 0.001: 3/3 failed there")
+    )
 
 
 def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
@@ -113,11 +155,14 @@ def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
     x, y = np.log10(lrs) - np.log10(lrs).mean(), failed.astype(float)
     b0, b1 = _fit(x, y)
     eps = 1e-5
-    grad = [(_loglik(b0 + eps, b1, x, y) - _loglik(b0 - eps, b1, x, y)) / (2 * eps),
-            (_loglik(b0, b1 + eps, x, y) - _loglik(b0, b1 - eps, x, y)) / (2 * eps)]
+    grad = [
+        (_loglik(b0 + eps, b1, x, y) - _loglik(b0 - eps, b1, x, y)) / (2 * eps),
+        (_loglik(b0, b1 + eps, x, y) - _loglik(b0, b1 - eps, x, y)) / (2 * eps),
+    ]
     assert max(abs(g) for g in grad) < 1e-4
-    assert _loglik(b0, b1, x, y) > max(_loglik(b0 + d0, b1 + d1, x, y) for d0, d1 in ((0.05, 0), (0, 0.05),
-                                                                                       (-0.05, 0), (0, -0.05)))
+    assert _loglik(b0, b1, x, y) > max(
+        _loglik(b0 + d0, b1 + d1, x, y) for d0, d1 in ((0.05, 0), (0, 0.05), (-0.05, 0), (0, -0.05))
+    )
 
 
 @pytest.mark.slow
@@ -141,17 +186,31 @@ def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2, both separated: the brackets allow ratios
     # 0.1..1 (3e-3 / 3e-2 .. 1e-2 / 1e-2) and say so; the likelihood-ratio test still orders the arms
     fit = lr50_ratio(lrs, [False] * 10 + [True] * 10, lrs, [False] * 15 + [True] * 5)
-    assert not fit.identified and fit.bounds == (pytest.approx(0.1), pytest.approx(1.0)) and fit.p < 0.01
-    assert fit.describe().startswith("LR50 ratio between 0.1 and 1 (an arm's LR50 is only bracketed")
-    assert fit.bracket_p(at_most=1.0) == pytest.approx(2 * 2 ** -5)  # A's upper end, B's lower end: 5 runs each
+    assert (
+        not fit.identified
+        and fit.bounds == (pytest.approx(0.1), pytest.approx(1.0))
+        and fit.p < 0.01
+    )
+    assert fit.describe().startswith(
+        "LR50 ratio between 0.1 and 1 (an arm's LR50 is only bracketed"
+    )
+    assert fit.bracket_p(at_most=1.0) == pytest.approx(
+        2 * 2**-5
+    )  # A's upper end, B's lower end: 5 runs each
     assert fit.bracket_p(at_most=0.5) is None and fit.bracket_p(0.5, 2.0) is None
     # with mixed outcomes on both sides (one seed each fails early) the ratio is a number with a CI
-    fit = lr50_ratio(lrs, [False] * 5 + [True] + [False] * 4 + [True] * 10,
-                     lrs, [False] * 10 + [True] + [False] * 4 + [True] * 5)
+    fit = lr50_ratio(
+        lrs,
+        [False] * 5 + [True] + [False] * 4 + [True] * 10,
+        lrs,
+        [False] * 10 + [True] + [False] * 4 + [True] * 5,
+    )
     assert fit.identified and 0.1 < fit.ratio < 1 and fit.ci[0] < fit.ratio < fit.ci[1]
     # A never fails: its LR50 lies above its largest LR (0.03) and B's below 0.03: the ratio is a bound, > 1
     fit = lr50_ratio(lrs, [False] * 20, lrs, [False] * 15 + [True] * 5)
-    assert not fit.identified and fit.describe().startswith("LR50 ratio > 1")  # A: > 0.03, B: < 0.03
+    assert not fit.identified and fit.describe().startswith(
+        "LR50 ratio > 1"
+    )  # A: > 0.03, B: < 0.03
     # each arm one outcome: a bound only, the lowest LR of A over the highest of B
     fit = lr50_ratio([3e-3, 1e-2, 3e-2] * 3, [True] * 9, [3e-3, 1e-2, 3e-2] * 3, [False] * 9)
     assert not fit.identified and fit.bounds == (None, pytest.approx(0.1)) and fit.p < 1e-3
@@ -166,7 +225,9 @@ def test_the_equivalence_of_two_lr50s_within_a_factor():
     between grid LRs) are within x4 of each other (p < 0.05) and not outside it; an edge a decade apart is outside
     x2. Separated arms are not identified: TOST is not run on them (p 1)."""
     lrs = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 8)
-    thresholds = np.repeat(10 ** np.linspace(-2.6, -1.9, 8), 7)  # seed s fails above its own threshold
+    thresholds = np.repeat(
+        10 ** np.linspace(-2.6, -1.9, 8), 7
+    )  # seed s fails above its own threshold
     same = list(lrs > thresholds)
     fit = lr50_ratio(lrs, same, lrs, same)
     p_in, p_out = fit.within(4.0)
@@ -181,4 +242,9 @@ def test_the_equivalence_of_two_lr50s_within_a_factor():
 def test_the_upper_bound_of_p_fail_falls_below_the_edge():
     lrs = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 6
     failed = [lr > 2e-2 for lr in lrs]
-    assert p_fail_upper(lrs, failed, 1e-3) < 0.05 < p_fail_upper(lrs, failed, 1e-2) < p_fail_upper(lrs, failed, 3e-2)
+    assert (
+        p_fail_upper(lrs, failed, 1e-3)
+        < 0.05
+        < p_fail_upper(lrs, failed, 1e-2)
+        < p_fail_upper(lrs, failed, 3e-2)
+    )

@@ -52,14 +52,22 @@ def _as_accurate_as_the_reference(fast, ref, x, g):
 
 
 def test_kernel_builds_here():
-    assert fast_norms.kernel_available()  # gcc is part of the supported setup; the fallback is tested below
+    assert (
+        fast_norms.kernel_available()
+    )  # gcc is part of the supported setup; the fallback is tested below
 
 
 CASES = [((4, 33, 768), 768), ((3, 7, 37), 37), ((2, 5, 6, 10), (6, 10)), ((1, 1, 13), 13)]
 
 
-@pytest.mark.parametrize("ref_cls,fast_cls,bias", [(RMSNorm, FastRMSNorm, False), (LayerNorm, FastLayerNorm, False),
-                                                   (LayerNorm, FastLayerNorm, True)])
+@pytest.mark.parametrize(
+    "ref_cls,fast_cls,bias",
+    [
+        (RMSNorm, FastRMSNorm, False),
+        (LayerNorm, FastLayerNorm, False),
+        (LayerNorm, FastLayerNorm, True),
+    ],
+)
 @pytest.mark.parametrize("xshape,shape", CASES)
 def test_float32_matches_reference_within_rounding(ref_cls, fast_cls, bias, xshape, shape):
     ref, fast = _pair(ref_cls, fast_cls, shape, torch.float32, bias)
@@ -107,7 +115,9 @@ def test_bfloat16_is_as_accurate_as_the_reference(ref_cls, fast_cls, weight_dtyp
     for f, r, t in zip(got_fast, got_ref, truth, strict=True):
         assert f.dtype == r.dtype
         assert _rel(f, t) < max(1.5 * _rel(r, t), 1e-6) and _rel(f, t) < 1e-2
-    assert _rel(got_fast[0], got_ref[0]) < 4e-3  # same rounding points: outputs agree to bfloat16 ulps
+    assert (
+        _rel(got_fast[0], got_ref[0]) < 4e-3
+    )  # same rounding points: outputs agree to bfloat16 ulps
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
@@ -140,7 +150,9 @@ def test_saves_fewer_bytes_for_backward(ref_cls, fast_cls, dtype):
     x = torch.randn(64, 256).to(dtype)
     fast_bytes, ref_bytes = _saved_bytes(fast, x), _saved_bytes(ref, x)
     # the input, the gain and two per-row statistics, nothing of the size of x more
-    assert fast_bytes <= x.numel() * x.element_size() + 256 * fast.weight.element_size() + 2 * 64 * 4
+    assert (
+        fast_bytes <= x.numel() * x.element_size() + 256 * fast.weight.element_size() + 2 * 64 * 4
+    )
     assert fast_bytes < ref_bytes / 2
 
 
@@ -153,7 +165,9 @@ def test_falls_back_to_the_reference_without_a_kernel(monkeypatch):
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
 @pytest.mark.parametrize("xshape,shape", [((4, 16), 8), ((4, 3, 8), (4, 8)), ((8,), (2, 4))])
-def test_input_whose_last_dims_are_not_normalized_shape_is_refused(ref_cls, fast_cls, xshape, shape):
+def test_input_whose_last_dims_are_not_normalized_shape_is_refused(
+    ref_cls, fast_cls, xshape, shape
+):
     # before: the fast path reshaped (4, 16) into rows of 8 and returned a silently different tensor
     for cls in (ref_cls, fast_cls):
         with pytest.raises(ValueError, match="last dims must be"):
@@ -168,16 +182,23 @@ def test_kernels_check_their_arguments():
     bad_calls = {
         "weight numel": lambda: ops.norm_fwd(x, torch.ones(3), None, 1e-5, False),
         "bias numel": lambda: ops.norm_fwd(x, w, torch.zeros(3), 1e-5, True),
-        "bwd weight numel": lambda: ops.norm_bwd(torch.ones_like(x), x, torch.ones(3), rstd, mean, True, False),
+        "bwd weight numel": lambda: ops.norm_bwd(
+            torch.ones_like(x), x, torch.ones(3), rstd, mean, True, False
+        ),
         "bwd grad shape": lambda: ops.norm_bwd(torch.ones(2, 8), x, w, rstd, mean, True, False),
-        "bwd stats": lambda: ops.norm_bwd(torch.ones_like(x), x, w, rstd[:2], mean[:2], True, False),
+        "bwd stats": lambda: ops.norm_bwd(
+            torch.ones_like(x), x, w, rstd[:2], mean[:2], True, False
+        ),
         "bwd x 1-d": lambda: ops.norm_bwd(torch.ones(8), x[0], w, rstd, mean, True, False),
-        "ce bwd lse": lambda: ops.cross_entropy_bwd(torch.tensor(1.0), x, torch.zeros(4, dtype=torch.long),
-                                                    torch.zeros(2), -1),
-        "ce bwd target": lambda: ops.cross_entropy_bwd(torch.tensor(1.0), x, torch.full((4,), 99, dtype=torch.long),
-                                                       torch.zeros(4), -1),
-        "ce bwd scale": lambda: ops.cross_entropy_bwd(torch.ones(2), x, torch.zeros(4, dtype=torch.long),
-                                                      torch.zeros(4), -1),
+        "ce bwd lse": lambda: ops.cross_entropy_bwd(
+            torch.tensor(1.0), x, torch.zeros(4, dtype=torch.long), torch.zeros(2), -1
+        ),
+        "ce bwd target": lambda: ops.cross_entropy_bwd(
+            torch.tensor(1.0), x, torch.full((4,), 99, dtype=torch.long), torch.zeros(4), -1
+        ),
+        "ce bwd scale": lambda: ops.cross_entropy_bwd(
+            torch.ones(2), x, torch.zeros(4, dtype=torch.long), torch.zeros(4), -1
+        ),
     }
     for what, call in bad_calls.items():
         with pytest.raises((RuntimeError, IndexError)):  # TORCH_CHECK / TORCH_CHECK_INDEX
@@ -231,12 +252,21 @@ def test_every_instruction_set_of_the_portable_build_is_as_accurate(capability):
         "    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()\n"
         "    bound = 2e-6 if dt == torch.float32 else 1e-2\n"
         "    errs = (rel(y, t(x.double())), rel(xf.grad, xd.grad), rel(m.weight.grad, t.weight.grad))\n"
-        "    assert max(errs) < bound, (cls, dt, errs)\n")
+        "    assert max(errs) < bound, (cls, dt, errs)\n"
+    )
     env = {**os.environ, "NORMLAB_PORTABLE": "1", "ATEN_CPU_CAPABILITY": capability}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    want = {"default": "portable baseline", "avx2": "portable AVX2", "avx512": "portable AVX-512"}[capability]
+    want = {"default": "portable baseline", "avx2": "portable AVX2", "avx512": "portable AVX-512"}[
+        capability
+    ]
     assert r.stdout.strip() == want, r.stdout
 
 
@@ -244,8 +274,10 @@ def _cpu_has(capability: str) -> bool:
     from fused import cpu_features
 
     flags = (cpu_features() or "").split()
-    return {"avx2": {"avx2", "fma", "bmi2"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}[capability] \
-        <= set(flags)
+    return {
+        "avx2": {"avx2", "fma", "bmi2"},
+        "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+    }[capability] <= set(flags)
 
 
 @pytest.mark.parametrize("cls", [FusedRMSNorm, FusedLayerNorm])
@@ -280,7 +312,10 @@ def test_kernel_available_is_a_compile_constant_without_importing_dynamo():
     import fused
 
     code = "import sys, fused, train; sys.exit('torch._dynamo' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
+    assert (
+        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode
+        == 0
+    )
 
     def probe():
         return True

@@ -25,26 +25,40 @@ def records(run_dir):
 
 def curve(run_dir):
     """What must survive any fault bit for bit: every step's losses and gradient norm, in order."""
-    return [(r["step"], r.get("train/loss"), r.get("grad/norm"), r.get("val/loss")) for r in records(run_dir)]
+    return [
+        (r["step"], r.get("train/loss"), r.get("grad/norm"), r.get("val/loss"))
+        for r in records(run_dir)
+    ]
 
 
 # -- --resume on every launch ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
-    args = ["--name", "p", "--resume", "train.steps=8", "train.checkpoint_every=4", "train.eval_every=4"]
+    args = [
+        "--name",
+        "p",
+        "--resume",
+        "train.steps=8",
+        "train.checkpoint_every=4",
+        "train.eval_every=4",
+    ]
     assert run_tiny(*args) == 0  # no run directory: starts at step 0
     assert [r["step"] for r in records(tmp_path / "p")] == list(range(0, 9))
     capsys.readouterr()
     assert run_tiny(*args) == 0  # finished: says so, touches nothing
     assert "already finished" in capsys.readouterr().err
-    assert run_tiny("--name", "ref", "train.steps=8", "train.checkpoint_every=4",
-               "train.eval_every=4") == 0
+    assert (
+        run_tiny("--name", "ref", "train.steps=8", "train.checkpoint_every=4", "train.eval_every=4")
+        == 0
+    )
     assert curve(tmp_path / "p") == curve(tmp_path / "ref")
     # a run directory with logs but no checkpoint yet (killed before its first checkpoint): starts over
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "tr')
     assert run_tiny(*args[:1], "q", *args[2:]) == 0
-    assert "no checkpoint" in capsys.readouterr().err and curve(tmp_path / "q") == curve(tmp_path / "ref")
+    assert "no checkpoint" in capsys.readouterr().err and curve(tmp_path / "q") == curve(
+        tmp_path / "ref"
+    )
     # a different config under the same name is refused, in one line
     assert run_tiny("--name", "q", "--resume", "optim.lr=0.1") == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
@@ -61,26 +75,68 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     named point of a run (config written, steps, metrics records, evals, mid-checkpoint, between the checkpoint
     renames, before the summary), each followed by the same command, as a preemptible scheduler does. The final
     metrics.jsonl equals an uninterrupted run's bit for bit, with every step exactly once."""
-    common = [sys.executable, "train.py", "--config", TINY, "--resume", f"data.source=text:{corpus_file}",
-              "data.vocab_size=320", "data.val_fraction=0.1", "train.steps=60", "train.eval_every=3",
-              "train.checkpoint_every=2", "log.stats_every=2", "train.sample_tokens=0"]
+    common = [
+        sys.executable,
+        "train.py",
+        "--config",
+        TINY,
+        "--resume",
+        f"data.source=text:{corpus_file}",
+        "data.vocab_size=320",
+        "data.val_fraction=0.1",
+        "train.steps=60",
+        "train.eval_every=3",
+        "train.checkpoint_every=2",
+        "log.stats_every=2",
+        "train.sample_tokens=0",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "NORMLAB_KILL_AT"} | {"OMP_NUM_THREADS": "1"}
-    ref = subprocess.run([*common, "--name", "ref", f"log.out_dir={tmp_path}", f"data.root={tmp_path / 'd0'}"],
-                         cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
+    ref = subprocess.run(
+        [*common, "--name", "ref", f"log.out_dir={tmp_path}", f"data.root={tmp_path / 'd0'}"],
+        cwd=train.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
-    cmd = [*common, "--name", "f", f"log.out_dir={tmp_path}", f"data.root={tmp_path / 'd1'}"]  # prepares anew
+    cmd = [
+        *common,
+        "--name",
+        "f",
+        f"log.out_dir={tmp_path}",
+        f"data.root={tmp_path / 'd1'}",
+    ]  # prepares anew
     rng = random.Random(0)
     t = lambda: ("time", round(rng.uniform(0.3, 1.9), 2))  # noqa: E731  (start-up takes ~1.9 s here)
     # in run order, so that no launch can finish before its kill: each point is reached in every launch
-    plan = [("point", "config:1"), t(), ("point", "start:1"), t(), ("point", f"step:{rng.randint(1, 3)}"), t(),
-            ("point", "eval:1"), ("point", f"log:{rng.randint(1, 3)}"), t(),
-            ("point", f"checkpoint:{rng.randint(1, 2)}"), ("point", "checkpoint_swap:1"), ("point", "summary:1")]
+    plan = [
+        ("point", "config:1"),
+        t(),
+        ("point", "start:1"),
+        t(),
+        ("point", f"step:{rng.randint(1, 3)}"),
+        t(),
+        ("point", "eval:1"),
+        ("point", f"log:{rng.randint(1, 3)}"),
+        t(),
+        ("point", f"checkpoint:{rng.randint(1, 2)}"),
+        ("point", "checkpoint_swap:1"),
+        ("point", "summary:1"),
+    ]
     for kind, arg in plan:
         if kind == "point":
-            code = subprocess.run(cmd, cwd=train.REPO, env={**env, "NORMLAB_KILL_AT": arg}, capture_output=True,
-                                  timeout=300).returncode
+            code = subprocess.run(
+                cmd,
+                cwd=train.REPO,
+                env={**env, "NORMLAB_KILL_AT": arg},
+                capture_output=True,
+                timeout=300,
+            ).returncode
         else:
-            p = subprocess.Popen(cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            p = subprocess.Popen(
+                cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             time.sleep(arg)
             p.send_signal(signal.SIGKILL)
             code = p.wait(timeout=60)
@@ -88,10 +144,14 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     r = subprocess.run(cmd, cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]  # the same command, once more, finishes the run
     assert json.loads((tmp_path / "f" / "summary.json").read_text())["steps"] == 60
-    assert [r["step"] for r in records(tmp_path / "f")] == list(range(0, 61))  # none missing, none duplicated
+    assert [r["step"] for r in records(tmp_path / "f")] == list(
+        range(0, 61)
+    )  # none missing, none duplicated
     assert curve(tmp_path / "f") == curve(tmp_path / "ref")
-    print(f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing losses, "
-          f"0 missing or duplicated steps")
+    print(
+        f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing losses, "
+        f"0 missing or duplicated steps"
+    )
 
 
 # -- storage faults ------------------------------------------------------------------------------------------------
@@ -101,11 +161,16 @@ def test_unreadable_latest_checkpoint_falls_back_to_previous(tmp_path, capsys, r
     assert run_tiny("--name", "ref", *base) == 0
     assert run_tiny("--name", "c", *base, "train.stop_at=6") == 0
     ckpt = tmp_path / "c" / "checkpoints"
-    assert load_checkpoint(ckpt / "previous.pt")["step"] == 4 and load_checkpoint(ckpt / "latest.pt")["step"] == 6
+    assert (
+        load_checkpoint(ckpt / "previous.pt")["step"] == 4
+        and load_checkpoint(ckpt / "latest.pt")["step"] == 6
+    )
     data = (ckpt / "latest.pt").read_bytes()
     (ckpt / "latest.pt").write_bytes(data[: len(data) // 2])  # truncated
     capsys.readouterr()
-    assert train.main(["--name", "c", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"]) == 0
+    assert (
+        train.main(["--name", "c", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"]) == 0
+    )
     assert "resuming from previous.pt (step 4)" in capsys.readouterr().err
     assert curve(tmp_path / "c") == curve(tmp_path / "ref")
     # both unreadable: one line, exit 2, the files left as they are
@@ -139,15 +204,24 @@ def test_checkpoint_of_another_shape_and_torn_metrics(tmp_path, capsys, run_tiny
 def test_damaged_prepared_data_is_one_line(tmp_path, corpus_file, capsys, damage):
     from data.prepare import prepare
 
-    prepared = prepare(f"text:{corpus_file}", vocab_size=320, val_fraction=0.1, root=tmp_path / "d", verbose=False)
+    prepared = prepare(
+        f"text:{corpus_file}", vocab_size=320, val_fraction=0.1, root=tmp_path / "d", verbose=False
+    )
     if damage == "truncated_bin":
         data = (prepared / "train.bin").read_bytes()
         (prepared / "train.bin").write_bytes(data[:1001])
     else:
         (prepared / "meta.json").write_text('{"digest": "abc", "dtype": ')
     capsys.readouterr()
-    args = ["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", f"data.source=text:{corpus_file}",
-            f"data.root={tmp_path / 'd'}", "data.vocab_size=320", "data.val_fraction=0.1"]
+    args = [
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path / 'runs'}",
+        f"data.source=text:{corpus_file}",
+        f"data.root={tmp_path / 'd'}",
+        "data.vocab_size=320",
+        "data.val_fraction=0.1",
+    ]
     assert train.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is damaged" in err[-1] and "delete the directory" in err[-1]
@@ -156,9 +230,13 @@ def test_damaged_prepared_data_is_one_line(tmp_path, corpus_file, capsys, damage
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["checkpoint", "log"])
-def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys, where, run_tiny):
-    assert run_tiny("--name", "e", "train.steps=8", "train.checkpoint_every=2",
-               "train.stop_at=4") == 0
+def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path, monkeypatch, capsys, where, run_tiny
+):
+    assert (
+        run_tiny("--name", "e", "train.steps=8", "train.checkpoint_every=2", "train.stop_at=4") == 0
+    )
+
     def enospc(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
@@ -173,25 +251,47 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_STORAGE == 4
     assert err[-1].startswith("error: cannot write the run's files") and "No space left" in err[-1]
-    assert [e for e in err if e.startswith("error")] == [err[-1]] and not any("Traceback" in e for e in err)
+    assert [e for e in err if e.startswith("error")] == [err[-1]] and not any(
+        "Traceback" in e for e in err
+    )
     monkeypatch.undo()
-    assert load_checkpoint(tmp_path / "e" / "checkpoints" / "latest.pt")["step"] == 4  # the last good one
-    assert train.main(["--name", "e", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"]) == 0
+    assert (
+        load_checkpoint(tmp_path / "e" / "checkpoints" / "latest.pt")["step"] == 4
+    )  # the last good one
+    assert (
+        train.main(["--name", "e", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"]) == 0
+    )
 
 
 def test_interrupted_checkpoint_write_keeps_both_checkpoints(tmp_path, monkeypatch):
     path = tmp_path / "checkpoints" / "latest.pt"
     save_checkpoint(path, {"step": 1})
     save_checkpoint(path, {"step": 2})
-    assert load_checkpoint(path)["step"] == 2 and load_checkpoint(path.with_name("previous.pt"))["step"] == 1
+    assert (
+        load_checkpoint(path)["step"] == 2
+        and load_checkpoint(path.with_name("previous.pt"))["step"] == 1
+    )
 
 
 # -- concurrent use ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
-    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "same",
-           "--resume", "train.steps=100000", "train.sample_tokens=0"]  # still running when the second starts
-    first = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "--name",
+        "same",
+        "--resume",
+        "train.steps=100000",
+        "train.sample_tokens=0",
+    ]  # still running when the second starts
+    first = subprocess.Popen(
+        cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         for _ in range(600):  # until the first holds the run
             if (tmp_path / "same" / "metrics.jsonl").exists():
@@ -199,7 +299,11 @@ def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
             time.sleep(0.05)
         second = subprocess.run(cmd, cwd=train.REPO, capture_output=True, text=True, timeout=300)
         err = second.stderr.strip().splitlines()
-        assert second.returncode == 2 and err[-1].startswith("error: run") and "in use by another process" in err[-1]
+        assert (
+            second.returncode == 2
+            and err[-1].startswith("error: run")
+            and "in use by another process" in err[-1]
+        )
     finally:
         first.send_signal(signal.SIGINT)
         first.wait(timeout=120)
@@ -209,33 +313,64 @@ def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
 
 @pytest.mark.slow
 def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
-    cmd = [sys.executable, "-m", "data.prepare", "--source", f"text:{corpus_file}", "--vocab-size", "320",
-           "--root", str(tmp_path)]
-    procs = [subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "data.prepare",
+        "--source",
+        f"text:{corpus_file}",
+        "--vocab-size",
+        "320",
+        "--root",
+        str(tmp_path),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=train.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    assert sum("training a 320-piece" in err for _, err in outs) == 1  # the second waited, then hit the cache
+    assert (
+        sum("training a 320-piece" in err for _, err in outs) == 1
+    )  # the second waited, then hit the cache
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
 
 
 # -- sweeps --------------------------------------------------------------------------------------------------------
-SWEEP_STEPS = 400  # ~2 s a run: both are still in flight when the test strikes after their first checkpoints
+SWEEP_STEPS = (
+    400  # ~2 s a run: both are still in flight when the test strikes after their first checkpoints
+)
 
 
 def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
     study = tmp_path / "s.yaml"
-    study.write_text(f"name: s\nconfig: {TINY}\n"
-                     f"overrides: {{train: {{steps: {steps}, checkpoint_every: 20, eval_every: 100, "
-                     "sample_tokens: 0}}\n"
-                     "grid: {lr: [1.0e-3, 3.0e-3]}\nworkers: 2\n")
-    return [sys.executable, "scripts/sweep.py", str(study), "--out", str(tmp_path / "out"), "--no-report", "--set",
-            f"data.source=text:{corpus_file}", f"data.root={tmp_path / 'd'}", "data.vocab_size=320",
-            "data.val_fraction=0.1"]
+    study.write_text(
+        f"name: s\nconfig: {TINY}\n"
+        f"overrides: {{train: {{steps: {steps}, checkpoint_every: 20, eval_every: 100, "
+        "sample_tokens: 0}}\n"
+        "grid: {lr: [1.0e-3, 3.0e-3]}\nworkers: 2\n"
+    )
+    return [
+        sys.executable,
+        "scripts/sweep.py",
+        str(study),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-report",
+        "--set",
+        f"data.source=text:{corpus_file}",
+        f"data.root={tmp_path / 'd'}",
+        "data.vocab_size=320",
+        "data.val_fraction=0.1",
+    ]
 
 
 def _runs_in_flight(study_dir) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", str(study_dir / "runs")], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", str(study_dir / "runs")], capture_output=True, text=True
+    ).stdout
     return [int(p) for p in out.split()]
 
 
@@ -253,10 +388,18 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
     cmd = _sweep_cmd(tmp_path, corpus_file)
     study_dir = tmp_path / "out" / "s"
     # started as a background job of a script is (SIGINT ignored, inherited): the sweep must still stop on kill -INT
-    sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    sweep = subprocess.Popen(
+        cmd,
+        cwd=train.REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) == 2)
-    sweep.send_signal(signal.SIGINT)  # to the sweep alone, as `kill -INT` (a terminal's Ctrl-C reaches all)
+    sweep.send_signal(
+        signal.SIGINT
+    )  # to the sweep alone, as `kill -INT` (a terminal's Ctrl-C reaches all)
     assert sweep.wait(timeout=120) == 130
     assert _runs_in_flight(study_dir) == []  # no orphans: the sweep waited for its runs
     for run_dir in study_dir.glob("runs/*/"):
@@ -264,7 +407,9 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
     r = subprocess.run(cmd, cwd=train.REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     index = json.loads((study_dir / "sweep.json").read_text())["runs"]
-    assert [e["status"] for e in index] == ["ok", "ok"] or all(e["status"] in ("ok", "plateau") for e in index)
+    assert [e["status"] for e in index] == ["ok", "ok"] or all(
+        e["status"] in ("ok", "plateau") for e in index
+    )
     assert all(e["resumed"] for e in index)
     for run_dir in study_dir.glob("runs/*/"):
         assert [r["step"] for r in records(run_dir)] == list(range(0, SWEEP_STEPS + 1))
@@ -274,10 +419,16 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
 def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_file):
     cmd = _sweep_cmd(tmp_path, corpus_file)
     study_dir = tmp_path / "out" / "s"
-    sweep = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sweep = subprocess.Popen(
+        cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) >= 1)
-    name = next(study_dir.glob("runs/*/checkpoints/latest.pt")).parent.parent.name  # a run with a checkpoint
-    victim = json.loads((study_dir / "runs" / name / "meta.json").read_text())["pid"]  # its worker process
+    name = next(
+        study_dir.glob("runs/*/checkpoints/latest.pt")
+    ).parent.parent.name  # a run with a checkpoint
+    victim = json.loads((study_dir / "runs" / name / "meta.json").read_text())[
+        "pid"
+    ]  # its worker process
     assert victim in _runs_in_flight(study_dir)
     os.kill(victim, signal.SIGKILL)  # the OOM killer, a node failure...
     assert sweep.wait(timeout=300) == 0
@@ -288,5 +439,10 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
     r = subprocess.run(cmd, cwd=train.REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     index = {e["name"]: e for e in json.loads((study_dir / "sweep.json").read_text())["runs"]}
-    assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in ("ok", "plateau"), index
-    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(range(0, SWEEP_STEPS + 1))
+    assert index[killed[0]["name"]]["resumed"] and index[killed[0]["name"]]["status"] in (
+        "ok",
+        "plateau",
+    ), index
+    assert [r["step"] for r in records(study_dir / "runs" / killed[0]["name"])] == list(
+        range(0, SWEEP_STEPS + 1)
+    )

@@ -27,15 +27,18 @@ def test_gqa_repeats_kv_heads_only_for_float32_on_cuda():
     assert not expand_kv(_On("cpu", torch.float32))
     # under autocast SDPA runs in the autocast dtype, whatever q's dtype (RoPE's float32 tables promote q)
     assert not runs_in_float32("cuda", torch.float32, True, torch.bfloat16)
-    assert runs_in_float32("cuda", torch.float32, True, torch.float32) and runs_in_float32("cuda", torch.float32,
-                                                                                            False, torch.bfloat16)
+    assert runs_in_float32("cuda", torch.float32, True, torch.float32) and runs_in_float32(
+        "cuda", torch.float32, False, torch.bfloat16
+    )
     assert not runs_in_float32("cpu", torch.float32, False, torch.bfloat16)
 
 
 def test_repeated_kv_heads_give_the_same_attention_as_enable_gqa():
     q, k, v = torch.randn(2, 8, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
     gqa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    rep = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
+    rep = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True
+    )
     torch.testing.assert_close(gqa, rep)
 
 
@@ -53,14 +56,28 @@ def test_tf32_is_switched_on_through_the_api_inductor_reads():
 
 @pytest.mark.slow
 def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
-    r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| rmsnorm | ours (fused) | bfloat16 |" in r.stdout and "| layernorm | torch.nn.LayerNorm |" in r.stdout
+    assert (
+        "| rmsnorm | ours (fused) | bfloat16 |" in r.stdout
+        and "| layernorm | torch.nn.LayerNorm |" in r.stdout
+    )
     rows = [line for line in r.stdout.splitlines() if line.startswith("| gpt2-124m")]
     assert len(rows) == 2 and "| bfloat16 |" in rows[0] and "| float32 |" in rows[1]
 
 
 def test_gpu_script_without_a_gpu_is_one_line():
-    r = subprocess.run([sys.executable, "scripts/gpu_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no CUDA device")

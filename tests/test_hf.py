@@ -8,7 +8,9 @@ transformers = pytest.importorskip("transformers")
 from model import Llama, ModelArgs  # noqa: E402
 from model.hf import from_hf, to_hf  # noqa: E402
 
-ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32, rope_theta=500.0)
+ARGS = dict(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32, rope_theta=500.0
+)
 
 
 def _perturb_gains(model: torch.nn.Module) -> None:
@@ -33,39 +35,86 @@ def test_ours_to_hf_same_logits(tie):
 def test_hf_initialized_llama_to_ours_same_logits(tie):
     torch.manual_seed(1)
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=500.0,
-        tie_word_embeddings=tie)
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        rms_norm_eps=1e-6,
+        rope_theta=500.0,
+        tie_word_embeddings=tie,
+    )
     theirs = transformers.LlamaForCausalLM(config).eval()
     _perturb_gains(theirs)
     ours = from_hf(theirs).eval()
-    assert ours.args.n_kv_heads == 2 and ours.args.ffn_hidden_dim == 160 and ours.args.tie_embeddings == tie
+    assert (
+        ours.args.n_kv_heads == 2
+        and ours.args.ffn_hidden_dim == 160
+        and ours.args.tie_embeddings == tie
+    )
     idx = torch.randint(0, 97, (3, 32))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], theirs(idx).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("change", [dict(norm="layernorm"), dict(placement="post"), dict(placement="peri"),
-                                    dict(qk_norm="rmsnorm"), dict(qk_norm="layernorm"), dict(attn_softcap=50.0),
-                                    dict(logit_softcap=30.0)])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(norm="layernorm"),
+        dict(placement="post"),
+        dict(placement="peri"),
+        dict(qk_norm="rmsnorm"),
+        dict(qk_norm="layernorm"),
+        dict(attn_softcap=50.0),
+        dict(logit_softcap=30.0),
+    ],
+)
 def test_inexpressible_configs_are_refused(change):
     model = Llama(ModelArgs(**{**ARGS, **change}))
-    with pytest.raises(ValueError, match="LlamaForCausalLM cannot express "
-                                         "model.(norm|placement|qk_norm|attn_softcap|logit_softcap)"):
+    with pytest.raises(
+        ValueError,
+        match="LlamaForCausalLM cannot express "
+        "model.(norm|placement|qk_norm|attn_softcap|logit_softcap)",
+    ):
         to_hf(model)
 
 
-HF_SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6)
+HF_SMALL = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+    rms_norm_eps=1e-6,
+)
 
 
-@pytest.mark.parametrize("change,reason", [
-    (dict(attention_bias=True), "attention_bias=True"),
-    (dict(mlp_bias=True), "mlp_bias=True"),
-    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
-    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}), "RoPE scaling"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}), "RoPE scaling"),
-])
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        (dict(attention_bias=True), "attention_bias=True"),
+        (dict(mlp_bias=True), "mlp_bias=True"),
+        (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+        (
+            dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+            "RoPE scaling",
+        ),
+        (
+            dict(
+                rope_scaling={
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                }
+            ),
+            "RoPE scaling",
+        ),
+    ],
+)
 def test_from_hf_refuses_what_it_cannot_express(change, reason):
     torch.manual_seed(0)
     theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_SMALL, **change))
@@ -79,10 +128,21 @@ def test_transformers_4x_config_form():
 
     from model.hf import args_from_hf
 
-    base = dict(HF_SMALL, hidden_act="silu", attention_bias=False, mlp_bias=False, head_dim=16, rope_theta=500.0,
-                tie_word_embeddings=False, initializer_range=0.02)
+    base = dict(
+        HF_SMALL,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        head_dim=16,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+    )
     assert args_from_hf(SimpleNamespace(**base, rope_scaling=None)).rope_theta == 500.0
-    assert args_from_hf(SimpleNamespace(**base, rope_scaling={"rope_type": "default"})).rope_theta == 500.0
+    assert (
+        args_from_hf(SimpleNamespace(**base, rope_scaling={"rope_type": "default"})).rope_theta
+        == 500.0
+    )
     for scaling in ({"type": "linear", "factor": 2.0}, {"rope_type": "llama3", "factor": 8.0}):
         with pytest.raises(ValueError, match="RoPE scaling"):
             args_from_hf(SimpleNamespace(**base, rope_scaling=scaling))
@@ -107,8 +167,10 @@ def test_real_valued_rope_equals_the_complex_rotation():
 
     x = torch.randn(2, 8, 4, 16, dtype=torch.float64)
     cos, sin = rope_tables(16, 8, 500.0)
-    expected = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2)))
-                                  * torch.complex(cos.double(), sin.double())[:, None, :]).flatten(-2)
+    expected = torch.view_as_real(
+        torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+        * torch.complex(cos.double(), sin.double())[:, None, :]
+    ).flatten(-2)
     torch.testing.assert_close(apply_rope(x, (cos, sin)).double(), expected, rtol=0, atol=1e-6)
 
 
@@ -130,7 +192,9 @@ def test_rope_is_the_pairwise_formula_bit_for_bit_forward_and_backward(dtype):
     outs = []
     for fn in (apply_rope, pairwise):
         x = base.clone().requires_grad_()
-        y = fn(x[..., 32:96].view(3, 12, 4, 16), rope)  # a slice of a wider projection, as q and k are
+        y = fn(
+            x[..., 32:96].view(3, 12, 4, 16), rope
+        )  # a slice of a wider projection, as q and k are
         y.backward(g)
         outs.append((y, x.grad))
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

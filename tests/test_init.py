@@ -25,8 +25,13 @@ def test_residual_scaling_and_embedding_std():
     scaled = Llama(ModelArgs(**base))
     torch.manual_seed(0)
     plain = Llama(ModelArgs(**base, init_residual="plain", init_embedding_std=1.0))
-    wo_scaled, wo_plain = _std(scaled.layers[3].attention.wo.weight), _std(plain.layers[3].attention.wo.weight)
-    assert wo_scaled == pytest.approx(0.02 / math.sqrt(16), rel=0.05) and wo_plain == pytest.approx(0.02, rel=0.05)
+    wo_scaled, wo_plain = (
+        _std(scaled.layers[3].attention.wo.weight),
+        _std(plain.layers[3].attention.wo.weight),
+    )
+    assert wo_scaled == pytest.approx(0.02 / math.sqrt(16), rel=0.05) and wo_plain == pytest.approx(
+        0.02, rel=0.05
+    )
     assert _std(plain.layers[3].attention.wq.weight) == pytest.approx(0.02, rel=0.05)
     assert _std(plain.tok_embeddings.weight) == pytest.approx(1.0, rel=0.05)
     assert _std(scaled.tok_embeddings.weight) == pytest.approx(0.02, rel=0.05)
@@ -46,10 +51,14 @@ def test_width_init_scale_draws_c_over_sqrt_d_everywhere_the_std_defaults_to_ini
     m = Llama(ModelArgs(**base))
     want = c / math.sqrt(dim)
     assert m.args.matrix_std == pytest.approx(want, rel=1e-12)
-    for name, t, std in [("embedding", m.tok_embeddings.weight, want), ("wq", m.layers[2].attention.wq.weight, want),
-                         ("w1", m.layers[2].feed_forward.w1.weight, want), ("head", m.output.weight, want),
-                         ("wo", m.layers[2].attention.wo.weight, want / math.sqrt(8)),
-                         ("w2", m.layers[2].feed_forward.w2.weight, want / math.sqrt(8))]:
+    for name, t, std in [
+        ("embedding", m.tok_embeddings.weight, want),
+        ("wq", m.layers[2].attention.wq.weight, want),
+        ("w1", m.layers[2].feed_forward.w1.weight, want),
+        ("head", m.output.weight, want),
+        ("wo", m.layers[2].attention.wo.weight, want / math.sqrt(8)),
+        ("w2", m.layers[2].feed_forward.w2.weight, want / math.sqrt(8)),
+    ]:
         assert _std(t) == pytest.approx(std, rel=0.05), name
     # explicit stds are absolute under either scale; the head's own std
     torch.manual_seed(0)
@@ -79,7 +88,11 @@ def test_init_head_std_alone_and_the_reference_width_and_bad_values():
     # d = 4096 is where both scales agree; absolute leaves init_std as written at every width
     assert ModelArgs(dim=4096, init_scale="width").matrix_std == 0.02
     assert ModelArgs(dim=64, init_scale="absolute").matrix_std == 0.02
-    assert ModelArgs(dim=64, init_scale="width").head_std == ModelArgs(dim=64, init_scale="width").embedding_std == 0.16
+    assert (
+        ModelArgs(dim=64, init_scale="width").head_std
+        == ModelArgs(dim=64, init_scale="width").embedding_std
+        == 0.16
+    )
     with pytest.raises(ValueError, match="unknown init_scale 'xavier'; valid: absolute, width"):
         ModelArgs(**base, init_scale="xavier").check()
     with pytest.raises(ValueError, match="model.init_head_std must be >= 0 or null, got -1"):
@@ -99,24 +112,62 @@ def _init_grads():
 
 @pytest.mark.slow
 def test_init_grads_script_writes_sentences_with_n_and_ci(tmp_path):
-    r = subprocess.run([sys.executable, "scripts/init_grads.py", "--depths", "2", "3", "--dim", "16", "--batch", "2",
-                        "--seq", "8", "--seeds", "0", "1", "2", "--jvp-dirs", "2", "--out", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "scripts/init_grads.py",
+            "--depths",
+            "2",
+            "3",
+            "--dim",
+            "16",
+            "--batch",
+            "2",
+            "--seq",
+            "8",
+            "--seeds",
+            "0",
+            "1",
+            "2",
+            "--jvp-dirs",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     ig = _init_grads()
     arms = len(BLOCKS) * 2 + 1
-    assert set(ig.SETTINGS) == {"default", "xiong-swiglu", "xiong-relu", "xiong-gelu", "xiong-relu2"}
-    rows = [line for line in r.stdout.splitlines() if line.startswith(tuple(f"| {s} |" for s in ig.SETTINGS))]
+    assert set(ig.SETTINGS) == {
+        "default",
+        "xiong-swiglu",
+        "xiong-relu",
+        "xiong-gelu",
+        "xiong-relu2",
+    }
+    rows = [
+        line
+        for line in r.stdout.splitlines()
+        if line.startswith(tuple(f"| {s} |" for s in ig.SETTINGS))
+    ]
     assert len(rows) == len(ig.SETTINGS) * arms * 2  # settings x arms x depths
     for name in ("init_grads.png", "init_grads_w2.png", "jacobian_gain.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"] == len(ig.SETTINGS) * arms * 2 * 3 and "claims" not in report
     ablation = len(ig.ABLATION_ARMS)
-    assert len(report["findings"]) == len(ig.SETTINGS) * 3 + ablation  # W2, all matrices, gain; FFN ablation
+    assert (
+        len(report["findings"]) == len(ig.SETTINGS) * 3 + ablation
+    )  # W2, all matrices, gain; FFN ablation
     for i, sentence in enumerate(report["findings"]):
         clauses = sentence.split("; ")
-        assert len(clauses) == (arms if i < len(ig.SETTINGS) * 3 else len(ig.FFNS) + len(ig.PAIRED_FFNS))
+        assert len(clauses) == (
+            arms if i < len(ig.SETTINGS) * 3 else len(ig.FFNS) + len(ig.PAIRED_FFNS)
+        )
         for c in clauses:  # every verdict carries its CI and n (or says why it has none)
             assert ("95% CI" in c and "n = 3)" in c) or "not finite in" in c, c
     for t in report["layer_slopes"]:  # each verdict is the one its CI decides
@@ -162,7 +213,9 @@ def test_trend_interval_covers_the_true_slope_at_its_level():
     ig = _init_grads()
     gen = torch.Generator().manual_seed(0)
     covered, trials = 0, 400
-    for _ in range(trials):  # 10 seeds, each a true slope 0.05 + seed effect, per-layer noise on the logs
+    for _ in range(
+        trials
+    ):  # 10 seeds, each a true slope 0.05 + seed effect, per-layer noise on the logs
         curves = []
         for _ in range(10):
             b = 0.05 + 0.02 * torch.randn((), generator=gen).item()
@@ -176,8 +229,18 @@ def test_trend_interval_covers_the_true_slope_at_its_level():
 def test_jacobian_gain_of_an_identity_block_is_one():
     ig = _init_grads()
     torch.manual_seed(0)
-    model = Llama(ModelArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=8,
-                           norm_impl="reference", ops_impl="reference"))  # JVP: torch ops
+    model = Llama(
+        ModelArgs(
+            dim=16,
+            n_layers=1,
+            n_heads=4,
+            n_kv_heads=2,
+            vocab_size=32,
+            max_seq_len=8,
+            norm_impl="reference",
+            ops_impl="reference",
+        )
+    )  # JVP: torch ops
     block = model.layers[0]
     with torch.no_grad():  # no residual branch output: h = x + 0 + 0
         block.attention.wo.weight.zero_()
@@ -193,22 +256,40 @@ def test_jacobian_gain_of_a_linear_map_is_its_rms_singular_value():
     u, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen))
     w, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen))
     x = torch.randn(64, generator=gen)
-    assert ig.jacobian_gain(lambda h: 2.5 * (u @ h), x, 3, gen) == pytest.approx(2.5, rel=1e-5)  # every sv 2.5
+    assert ig.jacobian_gain(lambda h: 2.5 * (u @ h), x, 3, gen) == pytest.approx(
+        2.5, rel=1e-5
+    )  # every sv 2.5
     s = torch.linspace(0.1, 3.0, 64)
     rms = s.square().mean().sqrt().item()
-    assert ig.jacobian_gain(lambda h: u @ (s * (w.T @ h)), x, 2000, gen) == pytest.approx(rms, rel=0.02)
+    assert ig.jacobian_gain(lambda h: u @ (s * (w.T @ h)), x, 2000, gen) == pytest.approx(
+        rms, rel=0.02
+    )
 
 
 def test_jacobian_gain_of_a_block_matches_its_full_jacobian():
     ig = _init_grads()
     torch.manual_seed(0)
-    args = ModelArgs(dim=8, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=32, max_seq_len=3, placement="post",
-                     ffn="relu", init_std=8 ** -0.5, init_residual="plain", norm_impl="reference", ops_impl="reference")
+    args = ModelArgs(
+        dim=8,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=32,
+        max_seq_len=3,
+        placement="post",
+        ffn="relu",
+        init_std=8**-0.5,
+        init_residual="plain",
+        norm_impl="reference",
+        ops_impl="reference",
+    )
     model = Llama(args)
     rope = (model.rope_cos, model.rope_sin)
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1))
     f = lambda h: model.layers[1](h, rope)  # noqa: E731
-    jac = torch.autograd.functional.jacobian(f, x).reshape(24, 24)  # reverse mode, the flash kernel's backward
+    jac = torch.autograd.functional.jacobian(f, x).reshape(
+        24, 24
+    )  # reverse mode, the flash kernel's backward
     expected = (jac.square().sum() / 24).sqrt().item()
     got = ig.jacobian_gain(f, x, 4000, torch.Generator().manual_seed(2))
     assert got == pytest.approx(expected, rel=0.03)
@@ -225,10 +306,13 @@ def test_relu_feed_forward_is_the_original_transformers():
         Llama(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=64, ffn="geglu"))
 
 
-@pytest.mark.parametrize("ffn, act", [
-    ("gelu", lambda a: 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))),  # a * Phi(a), by hand
-    ("relu2", lambda a: torch.where(a > 0, a * a, torch.zeros_like(a))),
-])
+@pytest.mark.parametrize(
+    "ffn, act",
+    [
+        ("gelu", lambda a: 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))),  # a * Phi(a), by hand
+        ("relu2", lambda a: torch.where(a > 0, a * a, torch.zeros_like(a))),
+    ],
+)
 def test_gelu_and_relu2_feed_forwards_match_their_formulas_with_relus_weights(ffn, act):
     def model(name):
         torch.manual_seed(0)
@@ -237,6 +321,8 @@ def test_gelu_and_relu2_feed_forwards_match_their_formulas_with_relus_weights(ff
     ff, relu = model(ffn).layers[0].feed_forward, model("relu").layers[0].feed_forward
     x = torch.randn(2, 5, 32)
     torch.testing.assert_close(ff(x), act(x @ ff.w1.weight.T) @ ff.w2.weight.T)
-    assert {k: v.shape for k, v in ff.state_dict().items()} == {k: v.shape for k, v in relu.state_dict().items()}
+    assert {k: v.shape for k, v in ff.state_dict().items()} == {
+        k: v.shape for k, v in relu.state_dict().items()
+    }
     for k, v in ff.state_dict().items():  # the same init: the same draws for the same seed
         torch.testing.assert_close(v, relu.state_dict()[k])

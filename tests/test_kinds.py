@@ -13,21 +13,42 @@ UNIGRAM, L0, STEPS = 5.8, 6.9, 300
 
 def run(curve, lr=0.01, seed=0, norm="rmsnorm", status="ok"):
     """A finished run of STEPS steps whose evals at 50, 100, ... are `curve`."""
-    records = [{"step": 0, "val/loss": L0}] + [{"step": 50 * (i + 1), "val/loss": v} for i, v in enumerate(curve)]
-    summary = {"status": status, "final_val_loss": curve[-1] if curve else None, "unigram_entropy": UNIGRAM,
-               "best_val_loss": min(curve) if curve else None}
+    records = [{"step": 0, "val/loss": L0}] + [
+        {"step": 50 * (i + 1), "val/loss": v} for i, v in enumerate(curve)
+    ]
+    summary = {
+        "status": status,
+        "final_val_loss": curve[-1] if curve else None,
+        "unigram_entropy": UNIGRAM,
+        "best_val_loss": min(curve) if curve else None,
+    }
     config = {"optim.lr": lr, "train.seed": seed, "train.steps": STEPS, "model.norm": norm}
     return Run(f"{norm}-{lr}-{seed}", None, config, summary, records)
 
 
-@pytest.mark.parametrize("curve,status,kind", [
-    ([5.98, 5.92, 5.88, 5.89, 5.89, 5.89], "ok", "collapsed"),  # Post-LN at the unigram level from step 100
-    ([6.5, 6.2, 6.0, 5.96, 5.92, 5.88], "ok", "collapsed"),  # falling back to the unigram level from above
-    ([5.88, 5.86, 5.76, 5.73, 5.65, 5.59], "ok", "slow"),  # Pre-LN still learning past unigram at step 300
-    ([5.0, 4.6, 5.3, 5.2, 5.1, 5.0], "ok", "blew up"),  # 0.7 above its best so far
-    ([5.0, 7.1, 6.0, 5.9, 5.9, 5.9], "ok", "blew up"),  # above L0
-    ([5.0, 4.0], "diverged", "non-finite"),
-])
+@pytest.mark.parametrize(
+    "curve,status,kind",
+    [
+        (
+            [5.98, 5.92, 5.88, 5.89, 5.89, 5.89],
+            "ok",
+            "collapsed",
+        ),  # Post-LN at the unigram level from step 100
+        (
+            [6.5, 6.2, 6.0, 5.96, 5.92, 5.88],
+            "ok",
+            "collapsed",
+        ),  # falling back to the unigram level from above
+        (
+            [5.88, 5.86, 5.76, 5.73, 5.65, 5.59],
+            "ok",
+            "slow",
+        ),  # Pre-LN still learning past unigram at step 300
+        ([5.0, 4.6, 5.3, 5.2, 5.1, 5.0], "ok", "blew up"),  # 0.7 above its best so far
+        ([5.0, 7.1, 6.0, 5.9, 5.9, 5.9], "ok", "blew up"),  # above L0
+        ([5.0, 4.0], "diverged", "non-finite"),
+    ],
+)
 def test_a_failed_runs_kind_is_read_from_its_curve(curve, status, kind):
     r = run(curve, status=status)
     if status == "diverged":
@@ -38,7 +59,10 @@ def test_a_failed_runs_kind_is_read_from_its_curve(curve, status, kind):
 
 def test_a_flat_run_below_the_unigram_level_failed_by_its_arms_gap_is_stalled_and_a_trained_run_has_no_kind():
     good, behind = run([4.0, 3.5, 3.2, 3.1, 3.0, 3.0]), run([4.8, 4.6, 4.5, 4.5, 4.5, 4.5], seed=1)
-    judge([good, behind], Rule(name="gap", learn_margin=None, blowup_margin=None, above_l0=False, arm_gap=1.0))
+    judge(
+        [good, behind],
+        Rule(name="gap", learn_margin=None, blowup_margin=None, above_l0=False, arm_gap=1.0),
+    )
     assert good.kind is None and behind.failed and failure_kind(behind, Rule()) == "stalled"
 
 
@@ -55,8 +79,14 @@ def _arm(label, edges, seeds=5):
 
 
 def _decide(a, b, expect):
-    claim = {"paper": "P", "says": "S", "metric": "lr50", "expect": expect, "a": {"model.norm": a.label},
-             "b": {"model.norm": b.label}}
+    claim = {
+        "paper": "P",
+        "says": "S",
+        "metric": "lr50",
+        "expect": expect,
+        "a": {"model.norm": a.label},
+        "b": {"model.norm": b.label},
+    }
     ctx = Context(["model.norm"], [], [0, 1, 2, 3, 4], [], (), 0.02, 0.1, 2.0, {})
     (c,) = check_claims([claim], {a.label: a, b.label: b}, ctx)
     return c
@@ -76,9 +106,11 @@ def test_two_identical_separated_arms_are_cannot_tell_not_the_same():
 def test_separated_arms_a_decade_apart_differ_on_their_brackets_and_mixed_arms_are_numbers():
     a, b = _arm("rmsnorm", [1.0] * 8, seeds=8), _arm("layernorm", [1e-2] * 8, seeds=8)
     c = _decide(a, b, "same")
-    assert c.direction == "different" and c.p == pytest.approx(2 * 2.0 ** -8)  # two ends, 8 runs each
+    assert c.direction == "different" and c.p == pytest.approx(2 * 2.0**-8)  # two ends, 8 runs each
     assert c.agreement == "disagrees"
-    mixed = _arm("rmsnorm", [0.1, 0.1, 3.16e-2, 0.316, 0.1])  # seeds cross the edge at different LRs
+    mixed = _arm(
+        "rmsnorm", [0.1, 0.1, 3.16e-2, 0.316, 0.1]
+    )  # seeds cross the edge at different LRs
     assert mixed.failure().identified
 
 
@@ -91,5 +123,13 @@ def test_instability_alone_censors_slow_runs():
     arm = Arm("rmsnorm", runs)
     main, unstable = arm.failure(lambda r: r.failed), arm.instability()
     assert main.n == 9 and main.failed == 6 and unstable.n == 6 and unstable.failed == 3
-    assert arm.kinds()[0.1] == {"runs": 3, "trained": 0, "collapsed": 0, "blew up": 0, "non-finite": 0,
-                                "slow": 3, "stalled": 0, "no curve": 0}
+    assert arm.kinds()[0.1] == {
+        "runs": 3,
+        "trained": 0,
+        "collapsed": 0,
+        "blew up": 0,
+        "non-finite": 0,
+        "slow": 3,
+        "stalled": 0,
+        "no curve": 0,
+    }

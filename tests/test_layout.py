@@ -16,7 +16,10 @@ DERIVED = {"model.vocab_size", "model.max_seq_len"}  # set from data.vocab_size 
 
 
 def test_the_study_map_names_every_module_once():
-    rows = [re.split(r"\s{2,}", line.strip()) for line in study.__doc__.strip().split("\n\n", 1)[1].splitlines()]
+    rows = [
+        re.split(r"\s{2,}", line.strip())
+        for line in study.__doc__.strip().split("\n\n", 1)[1].splitlines()
+    ]
     assert [r[0] for r in rows] == ["define", "run", "read", "analyse", "render"]
     names = [m for r in rows for m in r[1].split(", ")]
     assert sorted(names) == sorted(set(names)), "a module is named twice"
@@ -30,13 +33,19 @@ def test_default_yaml_states_exactly_the_dataclass_defaults():
     load_config(None) build the same run."""
     yaml = flat(OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "train" / "default.yaml")))
     defaults = flat(to_dict(Config()))
-    assert set(yaml) == set(defaults) - DERIVED, "a field is missing from (or unknown to) default.yaml"
+    assert set(yaml) == set(defaults) - DERIVED, (
+        "a field is missing from (or unknown to) default.yaml"
+    )
     drift = {k: (defaults[k], v) for k, v in yaml.items() if v != defaults[k]}
     assert not drift, f"default.yaml and the dataclasses disagree (dataclass, yaml): {drift}"
-    assert to_dict(load_config(None)) == to_dict(load_config(REPO / "configs" / "train" / "default.yaml"))
+    assert to_dict(load_config(None)) == to_dict(
+        load_config(REPO / "configs" / "train" / "default.yaml")
+    )
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs" / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "configs" / "studies").glob("*.yaml")), ids=lambda p: p.stem
+)
 def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
     s = load_study(path)
     assert s["name"] == path.stem
@@ -48,12 +57,15 @@ def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
 AWAITING_RERUN: dict[str, str] = {}  # none at present
 
 
-@pytest.mark.parametrize("copy", sorted((REPO / "docs" / "results").glob("*/study.yaml")),
-                         ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "copy", sorted((REPO / "docs" / "results").glob("*/study.yaml")), ids=lambda p: p.parent.name
+)
 def test_a_committed_study_copy_is_its_config(copy):
     config = REPO / "configs" / "studies" / f"{copy.parent.name}.yaml"
     assert config.is_file(), f"{copy} has no study file configs/studies/{copy.parent.name}.yaml"
     if copy.parent.name in AWAITING_RERUN:
-        assert copy.read_text() != config.read_text(), f"{copy.parent.name} was rerun: remove it from AWAITING_RERUN"
+        assert copy.read_text() != config.read_text(), (
+            f"{copy.parent.name} was rerun: remove it from AWAITING_RERUN"
+        )
         return
     assert copy.read_text() == config.read_text()

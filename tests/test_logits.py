@@ -26,13 +26,19 @@ def test_qk_norm_is_its_own_choice_whatever_the_block_norm(block, qk):
     """qk-LayerNorm under RMSNorm blocks and the other way round: the qk-norm's kind and eps are its own, a gain per
     head dim and no bias; the queries attention sees are that norm of each head (then RoPE), in float64."""
     torch.manual_seed(0)
-    model = Llama(tiny_args(norm=block, qk_norm=qk, qk_norm_eps=1e-3, norm_eps=1e-6, norm_impl="reference")).double()
+    model = Llama(
+        tiny_args(norm=block, qk_norm=qk, qk_norm_eps=1e-3, norm_eps=1e-6, norm_impl="reference")
+    ).double()
     att = model.layers[0].attention
     want = {"none": NoNorm, "rmsnorm": RMSNorm, "layernorm": LayerNorm}[qk]
     assert type(att.q_norm) is want and type(att.k_norm) is want
-    assert type(model.layers[0].attention_norm) is {"rmsnorm": RMSNorm, "layernorm": LayerNorm}[block]
+    assert (
+        type(model.layers[0].attention_norm) is {"rmsnorm": RMSNorm, "layernorm": LayerNorm}[block]
+    )
     if qk != "none":
-        assert att.q_norm.eps == 1e-3 and att.q_norm.bias is None and att.q_norm.weight.shape == (8,)
+        assert (
+            att.q_norm.eps == 1e-3 and att.q_norm.bias is None and att.q_norm.weight.shape == (8,)
+        )
         with torch.no_grad():
             att.q_norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(2, 5, 32, dtype=torch.float64)
@@ -58,7 +64,9 @@ def test_the_old_boolean_qk_norm_is_refused_with_the_valid_names(tmp_path):
     the names that replace it (qknorm-control's `true` under RMSNorm blocks is `rmsnorm`)."""
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(load_config(None)).replace("qk_norm: none", "qk_norm: true"))
-    with pytest.raises(ConfigError, match="unknown qk_norm 'True'; valid: layernorm, none, rmsnorm"):
+    with pytest.raises(
+        ConfigError, match="unknown qk_norm 'True'; valid: layernorm, none, rmsnorm"
+    ):
         load_config(path)
 
 
@@ -82,11 +90,11 @@ def _reference_attention(q, k, v, cap: float) -> torch.Tensor:
         for h in range(H):
             g = h // (H // k.shape[1])
             for i in range(T):
-                z = k[b, g, :i + 1] @ q[b, h, i] / math.sqrt(hd)
+                z = k[b, g, : i + 1] @ q[b, h, i] / math.sqrt(hd)
                 if cap:
                     z = cap * torch.tanh(z / cap)
                 a = torch.exp(z - z.max())
-                out[b, h, i] = (a / a.sum()) @ v[b, g, :i + 1]
+                out[b, h, i] = (a / a.sum()) @ v[b, g, : i + 1]
     return out
 
 
@@ -97,8 +105,12 @@ def test_explicit_attention_with_a_softcap_matches_a_float64_reference(cap):
     q, k, v = torch.randn(2, 4, 6, 8) * 2, torch.randn(2, 2, 6, 8) * 2, torch.randn(2, 2, 6, 8)
     y = explicit_attention(q, k, v, cap)
     torch.testing.assert_close(y.double(), _reference_attention(q, k, v, cap), rtol=1e-5, atol=1e-5)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))  # and its gradients are the formula's
-    assert torch.autograd.gradcheck(lambda a, b, c: explicit_attention(a, b, c, cap), (q64, k64, v64))
+    q64, k64, v64 = (
+        t.double().requires_grad_() for t in (q, k, v)
+    )  # and its gradients are the formula's
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: explicit_attention(a, b, c, cap), (q64, k64, v64)
+    )
 
 
 def test_explicit_attention_equals_sdpa_with_the_cap_off():
@@ -119,7 +131,9 @@ def test_a_model_with_a_cap_far_above_its_logits_equals_the_sdpa_model():
     b = Llama(tiny_args(attn_softcap=1e6))
     idx = torch.randint(0, 64, (2, 16))
     torch.testing.assert_close(b(idx)[0], a(idx)[0], rtol=1e-5, atol=1e-6)
-    assert attention_path(b.args).startswith("explicit") and "scaled_dot_product_attention" in attention_path(a.args)
+    assert attention_path(b.args).startswith(
+        "explicit"
+    ) and "scaled_dot_product_attention" in attention_path(a.args)
 
 
 def test_output_softcap_matches_a_float64_reference():
@@ -159,7 +173,7 @@ def _reference_entropy(q, k, cap: float) -> float:
         for h in range(H):
             g = h // (H // k.shape[1])
             for i in range(T):
-                z = k[b, g, :i + 1] @ q[b, h, i] / math.sqrt(hd)
+                z = k[b, g, : i + 1] @ q[b, h, i] / math.sqrt(hd)
                 z = cap * torch.tanh(z / cap) if cap else z
                 logp = z - torch.logsumexp(z, 0)
                 total -= (logp.exp() * logp).sum().item()
@@ -180,12 +194,16 @@ def test_attention_entropy_matches_a_float64_reference(monkeypatch, cap):
     assert 0 < entropy.item() < uniform
     kk = k.double().repeat_interleave(2, dim=1)
     scores = (q.double() @ kk.transpose(-1, -2)).abs() / math.sqrt(8)
-    assert logit_max.item() == pytest.approx(scores[..., torch.ones(7, 7).tril().bool()].max().item(), rel=1e-6)
+    assert logit_max.item() == pytest.approx(
+        scores[..., torch.ones(7, 7).tril().bool()].max().item(), rel=1e-6
+    )
     monkeypatch.setattr(metrics, "MAX_SCORES", 1)  # one sequence per chunk
     chunked = metrics.qk_stats(q, k, cap)
     assert chunked[0].item() == pytest.approx(logit_max.item(), rel=1e-6)
     assert chunked[1].item() == pytest.approx(entropy.item(), rel=1e-6)
-    assert metrics.qk_stats(q * 0, k)[1].item() == pytest.approx(uniform, rel=1e-6)  # zero logits: uniform
+    assert metrics.qk_stats(q * 0, k)[1].item() == pytest.approx(
+        uniform, rel=1e-6
+    )  # zero logits: uniform
 
 
 def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
@@ -195,8 +213,10 @@ def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
     model = Llama(tiny_args(attn_softcap=2.0, init_std=0.2))
     x = torch.randint(0, 64, (2, 3, 16))
     inputs = {}
-    handles = [b.attention.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a))
-               for i, b in enumerate(model.layers)]
+    handles = [
+        b.attention.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a))
+        for i, b in enumerate(model.layers)
+    ]
     probe = metrics.StabilityProbe(model)
     probe.attach()
     for xm in x:
@@ -223,7 +243,12 @@ def _one_step(cfg: OptimConfig, lr: float, model=None):
     opt = build_optimizer(model, cfg)
     set_lr(opt, lr)
     opt.step()
-    return before, dict(model.named_parameters()), {n: p.grad for n, p in model.named_parameters()}, model
+    return (
+        before,
+        dict(model.named_parameters()),
+        {n: p.grad for n, p in model.named_parameters()},
+        model,
+    )
 
 
 def _adamw_first_step(p, g, lr: float, decay: float, eps: float) -> torch.Tensor:
@@ -244,8 +269,18 @@ def test_one_adamw_step_equals_the_hand_computed_update(mode, peak, at):
     before, after, grads, _ = _one_step(cfg, lr)
     decay = wd * lr if mode == "coupled" else wd * at
     for name, p in after.items():
-        matrix = name.endswith(("wq.weight", "wk.weight", "wv.weight", "wo.weight", "w1.weight", "w2.weight",
-                                "w3.weight", "output.weight"))
+        matrix = name.endswith(
+            (
+                "wq.weight",
+                "wk.weight",
+                "wv.weight",
+                "wo.weight",
+                "w1.weight",
+                "w2.weight",
+                "w3.weight",
+                "output.weight",
+            )
+        )
         want = _adamw_first_step(before[name], grads[name], lr, decay if matrix else 0.0, cfg.eps)
         torch.testing.assert_close(p.detach(), want, rtol=1e-13, atol=1e-15, msg=name)
 
@@ -255,8 +290,12 @@ def test_independent_decay_at_the_peak_does_not_depend_on_the_lr():
     for peak in (1e-3, 1e-1):
         cfg = OptimConfig(lr=peak, weight_decay=1e-4, weight_decay_mode="independent")
         groups = param_groups(Llama(tiny_args()), cfg)
-        shrink[peak] = peak * groups[0]["lr_scale"] * groups[0]["weight_decay"]  # AdamW's lr * weight_decay
-    assert shrink[1e-3] == pytest.approx(1e-4, rel=1e-12) and shrink[1e-1] == pytest.approx(1e-4, rel=1e-12)
+        shrink[peak] = (
+            peak * groups[0]["lr_scale"] * groups[0]["weight_decay"]
+        )  # AdamW's lr * weight_decay
+    assert shrink[1e-3] == pytest.approx(1e-4, rel=1e-12) and shrink[1e-1] == pytest.approx(
+        1e-4, rel=1e-12
+    )
 
 
 def test_the_standard_parametrization_keeps_its_two_groups():
@@ -275,8 +314,13 @@ def test_mup_simple_scales_every_linear_layers_lr_by_base_over_width(tie):
     x 0.25; the embedding (a tied head is the embedding), the norm gains keep the scheduled LR. One step of a
     matrix is the hand-computed one at lr / 4, independent decay still wd * lr(t) / peak."""
     args = tiny_args(dim=128, n_heads=4, tie_embeddings=tie, norm_impl="reference")
-    cfg = OptimConfig(lr=1e-2, parametrization="mup_simple", mup_base_width=32, weight_decay=1e-4,
-                      weight_decay_mode="independent")
+    cfg = OptimConfig(
+        lr=1e-2,
+        parametrization="mup_simple",
+        mup_base_width=32,
+        weight_decay=1e-4,
+        weight_decay_mode="independent",
+    )
     torch.manual_seed(0)
     model = Llama(args).double()
     opt = build_optimizer(model, cfg)
@@ -287,7 +331,11 @@ def test_mup_simple_scales_every_linear_layers_lr_by_base_over_width(tie):
         assert lr_of[id(p)] == pytest.approx(4e-3 * (0.25 if linear else 1.0), rel=1e-15), name
     assert ("output.weight" in dict(model.named_parameters())) is not tie
     before, after, grads, _ = _one_step(cfg, 4e-3, model=Llama(args).double())
-    for name in ("layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "tok_embeddings.weight"):
+    for name in (
+        "layers.0.attention.wq.weight",
+        "layers.1.feed_forward.w2.weight",
+        "tok_embeddings.weight",
+    ):
         lr = 4e-3 * (1.0 if name.startswith("tok") else 0.25)
         decay = 0.0 if name.startswith("tok") else 1e-4 * 0.4  # lr(t) / peak = 0.4
         want = _adamw_first_step(before[name], grads[name], lr, decay, cfg.eps)
@@ -298,14 +346,19 @@ def test_mup_simple_at_its_base_width_is_the_standard_parametrization():
     model = Llama(tiny_args())  # dim 32
     sp = param_groups(model, OptimConfig())
     mup = param_groups(model, OptimConfig(parametrization="mup_simple", mup_base_width=32))
-    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in mup] == \
-           [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in sp]
+    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in mup] == [
+        (len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in sp
+    ]
 
 
 def test_bad_optimizer_choices_are_one_line():
-    with pytest.raises(ConfigError, match="optim.weight_decay_mode='decoupled' is not one of: coupled, independent"):
+    with pytest.raises(
+        ConfigError, match="optim.weight_decay_mode='decoupled' is not one of: coupled, independent"
+    ):
         load_config(None, ["optim.weight_decay_mode=decoupled"])
-    with pytest.raises(ConfigError, match="optim.parametrization='mup' is not one of: mup_simple, sp"):
+    with pytest.raises(
+        ConfigError, match="optim.parametrization='mup' is not one of: mup_simple, sp"
+    ):
         load_config(None, ["optim.parametrization=mup"])
     with pytest.raises(ConfigError, match="optim.mup_base_width must be > 0"):
         load_config(None, ["optim.mup_base_width=0"])
@@ -315,7 +368,11 @@ def test_the_schedule_share_is_what_independent_decay_follows():
     """lr_at / peak is the s_t of Wortsman et al.'s update: warmup from 1/warmup to 1, then down to min_lr_ratio."""
     cfg = OptimConfig(lr=3e-3, warmup_steps=4, min_lr_ratio=0.1)
     shares = [lr_at(s, cfg, 20) / cfg.lr for s in range(20)]
-    assert shares[0] == pytest.approx(0.25) and shares[3] == pytest.approx(1.0) and shares[-1] == pytest.approx(0.1)
+    assert (
+        shares[0] == pytest.approx(0.25)
+        and shares[3] == pytest.approx(1.0)
+        and shares[-1] == pytest.approx(0.1)
+    )
 
 
 # -- z-loss and the run's records -------------------------------------------------------------------------------------
@@ -336,10 +393,20 @@ def test_z_loss_is_logged_apart_from_the_cross_entropy():
         torch.manual_seed(0)
         model = Llama(tiny_args(init_std=0.3))
         opt = build_optimizer(model, OptimConfig())
-        p = StepParts(model=model, ddp=model, compiled=model, opt=opt, micro=2, accum=2, world_size=1,
-                      device=torch.device("cpu"),
-                      autocast=autocast_for(torch.device("cpu"), "float32"), z_loss=coef, clip=math.inf,
-                      tokens_per_step=64)
+        p = StepParts(
+            model=model,
+            ddp=model,
+            compiled=model,
+            opt=opt,
+            micro=2,
+            accum=2,
+            world_size=1,
+            device=torch.device("cpu"),
+            autocast=autocast_for(torch.device("cpu"), "float32"),
+            z_loss=coef,
+            clip=math.inf,
+            tokens_per_step=64,
+        )
         record = train_step(p, (x, y), 1e-3).record
         assert record["train/loss"] == pytest.approx(want_ce, rel=1e-6)
         if coef:
@@ -353,14 +420,31 @@ def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
     """train.py with qk-LayerNorm under RMSNorm blocks, both caps, z-loss, independent decay and mup_simple: it
     learns, meta.json names the explicit attention path, the z terms are logged at every step and the attention
     entropy at every probe step."""
-    assert run_tiny("--name", "w", "model.qk_norm=layernorm", "model.attn_softcap=20", "model.logit_softcap=30",
-                    "train.z_loss=1e-4", "optim.weight_decay=1e-4", "optim.weight_decay_mode=independent",
-                    "optim.parametrization=mup_simple", "optim.mup_base_width=16", "optim.lr=1e-2") == 0
+    assert (
+        run_tiny(
+            "--name",
+            "w",
+            "model.qk_norm=layernorm",
+            "model.attn_softcap=20",
+            "model.logit_softcap=30",
+            "train.z_loss=1e-4",
+            "optim.weight_decay=1e-4",
+            "optim.weight_decay_mode=independent",
+            "optim.parametrization=mup_simple",
+            "optim.mup_base_width=16",
+            "optim.lr=1e-2",
+        )
+        == 0
+    )
     meta = json.loads((tmp_path / "w" / "meta.json").read_text())
     assert meta["kernels"]["attention"].startswith("explicit")
-    records = [json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in records if "train/loss" in r]
-    assert len(steps) == 20 and all(r["train/z_loss"] == pytest.approx(1e-4 * r["train/log_z2"]) for r in steps)
+    assert len(steps) == 20 and all(
+        r["train/z_loss"] == pytest.approx(1e-4 * r["train/log_z2"]) for r in steps
+    )
     probed = [r for r in records if "attn/entropy/layer_0" in r]
     assert [r["step"] for r in probed] == [1, 5, 10, 15, 20]
     assert all(0 < r[f"attn/entropy/layer_{i}"] < math.log(32) for r in probed for i in (0, 1))
@@ -369,21 +453,43 @@ def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
 
 
 # -- the study report's log Z figure ----------------------------------------------------------------------------------
-def _logz_run(root, name: str, z_loss: float, lr: float, seed: int, log_z: list, norm: str = "rmsnorm"):
+def _logz_run(
+    root, name: str, z_loss: float, lr: float, seed: int, log_z: list, norm: str = "rmsnorm"
+):
     """A finished run directory made by hand: its config (z-loss, norm, LR, seed) and logits/log_z records."""
     from conftest import TINY
 
-    cfg = load_config(TINY, [f"train.z_loss={z_loss}", f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}"])
+    cfg = load_config(
+        TINY,
+        [f"train.z_loss={z_loss}", f"model.norm={norm}", f"optim.lr={lr}", f"train.seed={seed}"],
+    )
     d = root / "runs" / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(to_yaml(cfg))
     records = [{"step": 0, "val/loss": 5.0}]
-    records += [{"step": s, "train/loss": 5.0 - 0.1 * s, "grad/norm": 1.0, "attn/logit_max/layer_0": 1.0 + s,
-                 "logits/log_z": v} for s, v in enumerate(log_z, 1)]
+    records += [
+        {
+            "step": s,
+            "train/loss": 5.0 - 0.1 * s,
+            "grad/norm": 1.0,
+            "attn/logit_max/layer_0": 1.0 + s,
+            "logits/log_z": v,
+        }
+        for s, v in enumerate(log_z, 1)
+    ]
     records += [{"step": len(log_z), "val/loss": 3.0}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps({"status": "ok", "final_val_loss": 3.0, "best_val_loss": 3.0,
-                                                "unigram_entropy": 4.0, "tokens_per_s": 1000.0}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "ok",
+                "final_val_loss": 3.0,
+                "best_val_loss": 3.0,
+                "unigram_entropy": 4.0,
+                "tokens_per_s": 1000.0,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("axis", ["z_loss", "norm"])
@@ -395,8 +501,20 @@ def test_the_log_z_figure_is_drawn_where_the_arms_differ_in_z_loss_or_decay(tmp_
     for seed in (0, 1):
         for lr in (1e-3, 1e-2):
             for arm in (0, 1):
-                z, norm = (1e-4 * arm, "rmsnorm") if axis == "z_loss" else (0.0, ["rmsnorm", "layernorm"][arm])
-                _logz_run(tmp_path, f"a{arm}-{lr}-{seed}", z, lr, seed, [6.0, 4.0 - arm, 2.0 - 2 * arm], norm)
+                z, norm = (
+                    (1e-4 * arm, "rmsnorm")
+                    if axis == "z_loss"
+                    else (0.0, ["rmsnorm", "layernorm"][arm])
+                )
+                _logz_run(
+                    tmp_path,
+                    f"a{arm}-{lr}-{seed}",
+                    z,
+                    lr,
+                    seed,
+                    [6.0, 4.0 - arm, 2.0 - 2 * arm],
+                    norm,
+                )
     text = write_report([tmp_path], tmp_path / "out", margin=0.02).read_text()
     drawn = (tmp_path / "out" / "log_z.png").is_file()
     assert drawn == (axis == "z_loss") and ("(log_z.png)" in text) == drawn

@@ -38,16 +38,20 @@ def test_grad_norms_add_up_to_the_clip_grad_norm_value():
     metrics = probe.finish()
     rest = group_parameters(model)["other"]  # the final norm
     rest_sq = sum(p.grad.double().pow(2).sum() for p in rest).item()
-    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3).item()  # clips: returns the pre-clip norm
+    total = torch.nn.utils.clip_grad_norm_(
+        model.parameters(), 1e-3
+    ).item()  # clips: returns the pre-clip norm
     parts = [f"grad/norm/layer_{i}" for i in range(3)] + ["grad/norm/embed", "grad/norm/head"]
-    assert sum(metrics[k] ** 2 for k in parts) + rest_sq == pytest.approx(total ** 2, rel=1e-5)
+    assert sum(metrics[k] ** 2 for k in parts) + rest_sq == pytest.approx(total**2, rel=1e-5)
 
 
 def _rope_complex(x, theta=10000.0):
     """Meta's original RoPE: pairs as complex numbers times e^{i t theta_j} (an independent reference)."""
     B, T, H, hd = x.shape
     freqs = 1.0 / theta ** (torch.arange(0, hd, 2).double() / hd)
-    rot = torch.polar(torch.ones(T, hd // 2, dtype=torch.float64), torch.outer(torch.arange(T).double(), freqs))
+    rot = torch.polar(
+        torch.ones(T, hd // 2, dtype=torch.float64), torch.outer(torch.arange(T).double(), freqs)
+    )
     xc = torch.view_as_complex(x.double().reshape(B, T, H, hd // 2, 2))
     return torch.view_as_real(xc * rot[None, :, None, :]).reshape(B, T, H, hd)
 
@@ -80,7 +84,9 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
         h = h + a.wo(att.transpose(1, 2).reshape(2, T, -1))
         n_in.append(h)
         h = h + block.feed_forward(block.ffn_norm(h))
-        assert metrics[f"attn/logit_max/layer_{i}"] == pytest.approx(scores.abs()[..., causal].max().item())
+        assert metrics[f"attn/logit_max/layer_{i}"] == pytest.approx(
+            scores.abs()[..., causal].max().item()
+        )
         assert metrics[f"act/rms/layer_{i}"] == pytest.approx(h.pow(2).mean().sqrt().item())
         mean = sum(t.mean(-1).abs().mean() for t in n_in) / 2
         ms = sum(t.pow(2).mean() for t in n_in) / 2
@@ -88,7 +94,9 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
         assert metrics[f"norm_in/rms/layer_{i}"] == pytest.approx(ms.sqrt().item())
         gain = torch.cat([block.attention_norm.weight, block.ffn_norm.weight]).mean()
         assert metrics[f"norm/gain/layer_{i}"] == pytest.approx(gain.item())
-    torch.testing.assert_close(model.output(model.norm(h)), logits)  # the written-out forward is the model's
+    torch.testing.assert_close(
+        model.output(model.norm(h)), logits
+    )  # the written-out forward is the model's
 
 
 def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monkeypatch):
@@ -103,14 +111,26 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
     attention = model.layers[0].attention
     with torch.no_grad():
         q, k = attention.qk(x, (model.rope_cos, model.rope_sin))
-        scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).abs().tril() / math.sqrt(q.shape[-1])
-        whole, whole_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
-        monkeypatch.setattr(metrics, "MAX_SCORES", 4 * 512 * 100)  # blocks of 100 query rows, the last one shorter
+        scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).abs().tril() / math.sqrt(
+            q.shape[-1]
+        )
+        whole, whole_entropy = metrics.attention_stats(
+            attention, x, (model.rope_cos, model.rope_sin)
+        )
+        monkeypatch.setattr(
+            metrics, "MAX_SCORES", 4 * 512 * 100
+        )  # blocks of 100 query rows, the last one shorter
         with _Largest() as seen:
-            blocks, blocks_entropy = metrics.attention_stats(attention, x, (model.rope_cos, model.rope_sin))
+            blocks, blocks_entropy = metrics.attention_stats(
+                attention, x, (model.rope_cos, model.rope_sin)
+            )
     assert whole == blocks == scores.amax()
-    assert blocks_entropy.item() == pytest.approx(whole_entropy.item(), rel=1e-6)  # row blocks: the same entropy
-    assert seen.most <= metrics.MAX_SCORES  # no tensor of the probe held more (a whole sequence is 4 x 512^2)
+    assert blocks_entropy.item() == pytest.approx(
+        whole_entropy.item(), rel=1e-6
+    )  # row blocks: the same entropy
+    assert (
+        seen.most <= metrics.MAX_SCORES
+    )  # no tensor of the probe held more (a whole sequence is 4 x 512^2)
 
 
 class _Largest(TorchDispatchMode):
@@ -120,7 +140,9 @@ class _Largest(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        sizes = [
+            t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+        ]
         self.most = max([self.most, *sizes])
         return out
 
@@ -146,10 +168,14 @@ def test_update_ratio_per_matrix_and_gains_apart():
 
     norm = math.sqrt(sum(before[n].pow(2).sum().item() for n in matrices))
     assert metrics["param/norm/layer_1"] == pytest.approx(norm, rel=1e-5)
-    assert metrics["update/ratio/layer_1"] == pytest.approx(ratio(matrices), rel=1e-4)  # the matrices only
+    assert metrics["update/ratio/layer_1"] == pytest.approx(
+        ratio(matrices), rel=1e-4
+    )  # the matrices only
     assert metrics["update/ratio/layer_1/gains"] == pytest.approx(ratio(gains), rel=1e-4)
     for n in matrices:
-        assert metrics[f"update/ratio/layer_1/{n.removesuffix('.weight')}"] == pytest.approx(ratio([n]), rel=1e-4)
+        assert metrics[f"update/ratio/layer_1/{n.removesuffix('.weight')}"] == pytest.approx(
+            ratio([n]), rel=1e-4
+        )
 
 
 def test_gains_are_told_from_matrices_by_module_not_shape():
@@ -160,7 +186,9 @@ def test_gains_are_told_from_matrices_by_module_not_shape():
     from training.optim import param_groups
 
     model = Llama(tiny())
-    model.layers[0].ffn_norm = RMSNorm((2, 16))  # a 2-d gain, as a norm over (heads, head_dim) would have
+    model.layers[0].ffn_norm = RMSNorm(
+        (2, 16)
+    )  # a 2-d gain, as a norm over (heads, head_dim) would have
     model.layers[0].ffn_norm.weight.data.fill_(3.0)
     torch.manual_seed(0)
     model.reset_parameters()
@@ -229,17 +257,25 @@ def test_the_old_trailing_window_missed_what_this_one_finds():
     > 0 here; a 50-step trailing window judged nothing before step 50, and after it the trend's std hid it."""
     curve = _falling(300, 0.01, 0)
     curve[20] = 7.5
-    assert spike_score(curve, 5, 5) == pytest.approx(100 / 293)  # one spike in the 293 judged steps (7..299)
+    assert spike_score(curve, 5, 5) == pytest.approx(
+        100 / 293
+    )  # one spike in the 293 judged steps (7..299)
     assert spike_score(curve[:6], 5, 5) is None  # too short to judge
-    assert spike_score([float("nan"), *curve], 5, 5) == spike_score(curve, 5, 5)  # non-finite values are skipped
+    assert spike_score([float("nan"), *curve], 5, 5) == spike_score(
+        curve, 5, 5
+    )  # non-finite values are skipped
 
 
 def test_outcome_classification_on_the_whole_val_curve():
     nan = float("nan")
-    judge = lambda curve: classify(curve, unigram_entropy=6.4, margin=0.25, init_loss=8.3, blowup_margin=0.5)  # noqa
+    judge = lambda curve: classify(
+        curve, unigram_entropy=6.4, margin=0.25, init_loss=8.3, blowup_margin=0.5
+    )  # noqa
     assert judge([6.0, 5.0, 4.0]) == "ok"
     assert judge([6.3, 6.25, 6.3]) == "collapsed"  # never 0.25 below the unigram entropy, and flat
-    assert judge([7.9, 7.0, 6.3]) == "plateau"  # never below it either, but still falling: too slow, not stuck
+    assert (
+        judge([7.9, 7.0, 6.3]) == "plateau"
+    )  # never below it either, but still falling: too slow, not stuck
     assert judge([6.0, 4.0, 4.4]) == "ok"  # a rise within the blow-up margin
     assert judge([6.0, 3.5, 5.9]) == "unstable"  # learned, then ended 2.4 nats above its best
     assert judge([6.0, 4.0, 8.5]) == "unstable"  # ended above L0
@@ -259,7 +295,9 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     assert judge([5.90, 5.884, 5.879, 5.885, 5.880]) == "collapsed"  # slope ~0 over the last evals
     assert judge([6.6, 6.2, 5.95, 5.78, 5.64]) == "plateau"  # -1.4e-3 nats / step: learning, slowly
     assert judge([6.6, 6.2, 5.95, 5.78, 5.60]) == "ok"  # 0.28 below the unigram entropy: it learned
-    assert judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"  # a slope of -4.5e-5 / step is flat
+    assert (
+        judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"
+    )  # a slope of -4.5e-5 / step is flat
     # the default study's post-norm runs stuck at the unigram level but creeping down (-1.25e-4 / step: 0.06 nats in
     # 500 more steps, 0.25 short of the line): collapsed; the flat-slope rule (1e-4 / step) called them plateaus
     assert judge([5.914, 5.927, 5.904, 5.884, 5.879]) == "collapsed"
@@ -268,7 +306,9 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     # 20 steps of the tiny config: far above the unigram level (4.58 vs 3.38) and falling 0.04 / step: too short,
     # not stuck, though at that slope it would not reach the line within 20 more steps
     assert classify([4.96, 4.58], 3.38, 0.25, 6.9, 0.5, [10, 20]) == "plateau"
-    assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"  # one eval: no slope to call it stuck
+    assert (
+        classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"
+    )  # one eval: no slope to call it stuck
 
 
 def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
@@ -281,8 +321,11 @@ def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
     from model.norms import DyT
 
     assert DYT_SATURATION == 9.0 and 13 * math.log(2) == pytest.approx(9.0109, abs=1e-4)
-    z = torch.arange(8.0, 10.0, 2 ** -12, dtype=torch.float32)  # float32-exact, 2^-12 apart
-    for x in (z, *[z[i:i + 1] for i in range(0, len(z), 64)]):  # the vectorized kernel, then one value at a time
+    z = torch.arange(8.0, 10.0, 2**-12, dtype=torch.float32)  # float32-exact, 2^-12 apart
+    for x in (
+        z,
+        *[z[i : i + 1] for i in range(0, len(z), 64)],
+    ):  # the vectorized kernel, then one value at a time
         norm = DyT(1, bias=False, alpha0=1.0)
         x = x.clone().view(-1, 1).requires_grad_(True)
         norm(x).sum().backward()
@@ -290,13 +333,17 @@ def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
         if len(x) > 1:  # the grid: one threshold, nothing nonzero beyond it
             first = z[zero][0].item()
             assert 9.0 <= first <= 9.1 and bool(zero[z >= first].all()), first
-            assert 0 < x.grad.view(-1)[~zero].min().item() <= 2 ** -23 + 1e-12  # just below z*: one ulp's worth
+            assert (
+                0 < x.grad.view(-1)[~zero].min().item() <= 2**-23 + 1e-12
+            )  # just below z*: one ulp's worth
         else:
             assert bool(zero.item()) == (x.item() >= first), x.item()
     beyond = torch.linspace(9.1, 40.0, 1000).view(-1, 1)
     norm = DyT(1, bias=False, alpha0=1.0)
     norm(beyond).sum().backward()
-    assert norm.alpha.grad.item() == 0.0 and norm.weight.grad.item() == len(beyond)  # the gain still learns
+    assert norm.alpha.grad.item() == 0.0 and norm.weight.grad.item() == len(
+        beyond
+    )  # the gain still learns
 
 
 def _dyt_inputs(model):
@@ -304,14 +351,20 @@ def _dyt_inputs(model):
     seen, handles = {}, []
     for name, m in model.named_modules():
         if type(m).__name__ == "DyT":
-            handles.append(m.register_forward_pre_hook(lambda mod, a, name=name: seen.__setitem__(name, a[0].detach())))
+            handles.append(
+                m.register_forward_pre_hook(
+                    lambda mod, a, name=name: seen.__setitem__(name, a[0].detach())
+                )
+            )
     return seen, handles
 
 
 def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_norm_layer_and_final():
     torch.manual_seed(4)
     model = Llama(tiny(norm="dyt", norm_options={"dyt": {"bias": False}}))
-    with torch.no_grad():  # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
+    with (
+        torch.no_grad()
+    ):  # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
         for i, block in enumerate(model.layers):
             block.attention_norm.alpha.fill_(300.0 + 100 * i)
             block.ffn_norm.alpha.fill_(-600.0)  # |alpha x|: a negative alpha saturates alike
@@ -330,10 +383,14 @@ def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_nor
 
     for i in range(3):
         a, f = frac(f"layers.{i}.attention_norm"), frac(f"layers.{i}.ffn_norm")
-        assert 0.02 < a < 0.98 and 0.02 < f < 0.98  # neither none nor all: the count is really tested
+        assert (
+            0.02 < a < 0.98 and 0.02 < f < 0.98
+        )  # neither none nor all: the count is really tested
         assert m[f"dyt/saturated/layer_{i}/attention_norm"] == pytest.approx(a)
         assert m[f"dyt/saturated/layer_{i}/ffn_norm"] == pytest.approx(f)
-        assert m[f"dyt/saturated/layer_{i}"] == pytest.approx((a + f) / 2)  # both norms' units together
+        assert m[f"dyt/saturated/layer_{i}"] == pytest.approx(
+            (a + f) / 2
+        )  # both norms' units together
     assert m["dyt/saturated/final"] == pytest.approx(frac("norm"))
     # only where the model's norm is DyT; no final norm in post-norm, so no final fraction
     probe = StabilityProbe(Llama(tiny()))
@@ -360,21 +417,38 @@ def test_trunk_gradient_max_is_exactly_zero_when_no_gradient_passes_the_final_no
         _step(model, x, y, probe)
         m = probe.finish()
         readout = ("output.weight", "norm.weight")
-        trunk = max(p.grad.abs().max().item() for n, p in model.named_parameters() if n not in readout)
+        trunk = max(
+            p.grad.abs().max().item() for n, p in model.named_parameters() if n not in readout
+        )
         assert m["grad/absmax/trunk"] == trunk
-        assert (trunk == 0.0) == dead and m["grad/norm/head"] > 0 and model.norm.weight.grad.abs().max() > 0
+        assert (
+            (trunk == 0.0) == dead
+            and m["grad/norm/head"] > 0
+            and model.norm.weight.grad.abs().max() > 0
+        )
         assert (m["grad/norm/layer_0"] == 0.0) == dead
 
 
 def test_dead_gradients_at_is_the_start_of_the_last_dead_stretch():
     def records(values):
-        return [{"step": s, "grad/absmax/trunk": v} if v is not None else {"step": s, "val/loss": 6.0}
-                for s, v in values]
+        return [
+            {"step": s, "grad/absmax/trunk": v} if v is not None else {"step": s, "val/loss": 6.0}
+            for s, v in values
+        ]
 
-    assert dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 0.1), (30, 0.0), (35, None), (40, 0.0)])) == 30
+    assert (
+        dead_gradients_at(
+            records([(1, 0.3), (10, 0.0), (20, 0.1), (30, 0.0), (35, None), (40, 0.0)])
+        )
+        == 30
+    )
     assert dead_gradients_at(records([(1, 0.0), (10, 0.0)])) == 1
-    assert dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 1e-30)])) is None  # it revived: not absorbing
-    assert dead_gradients_at(records([(0, None), (5, None)])) is None  # not measured (log.stats_every=0)
+    assert (
+        dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 1e-30)])) is None
+    )  # it revived: not absorbing
+    assert (
+        dead_gradients_at(records([(0, None), (5, None)])) is None
+    )  # not measured (log.stats_every=0)
 
 
 def test_dead_gradients_make_a_run_that_never_learned_collapsed_whatever_its_slope():

@@ -10,7 +10,9 @@ from model import Llama
 from model.blocks import BLOCKS
 from model.norms import NORMS
 
-NORM_NAMES = [n for n in NORMS if n != "none"]  # every norm of the registry (none has its own tests)
+NORM_NAMES = [
+    n for n in NORMS if n != "none"
+]  # every norm of the registry (none has its own tests)
 PLACEMENTS = sorted(BLOCKS)
 
 
@@ -74,7 +76,12 @@ def test_overfits_one_batch(norm, placement):
 
 def test_same_seed_same_weights_whatever_the_norm():
     states = {}
-    for norm, placement in [("rmsnorm", "pre"), ("layernorm", "pre"), ("layernorm", "post"), ("none", "peri")]:
+    for norm, placement in [
+        ("rmsnorm", "pre"),
+        ("layernorm", "pre"),
+        ("layernorm", "post"),
+        ("none", "peri"),
+    ]:
         torch.manual_seed(123)
         model = Llama(tiny(norm=norm, placement=placement, qk_norm="layernorm"))
         states[norm, placement] = {k: v for k, v in model.state_dict().items() if v.dim() >= 2}
@@ -91,7 +98,10 @@ def test_init_scales_residual_projections():
     std = lambda p: p.detach().std().item()
     assert abs(std(model.layers[0].attention.wq.weight) - 0.02) < 1e-3
     assert abs(std(model.layers[0].feed_forward.w2.weight) - 0.02 / 4) < 5e-4  # 1/sqrt(2 * 8)
-    assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in [model.norm, model.layers[3].ffn_norm])
+    assert all(
+        torch.equal(m.weight, torch.ones_like(m.weight))
+        for m in [model.norm, model.layers[3].ffn_norm]
+    )
 
 
 def test_post_norm_has_no_final_norm_and_tied_embeddings_share_weights():
@@ -102,7 +112,9 @@ def test_post_norm_has_no_final_norm_and_tied_embeddings_share_weights():
 
 
 def test_unknown_placement_and_bad_shapes():
-    with pytest.raises(ValueError, match="unknown placement 'middle'; valid: deepnorm, peri, post, pre, reordered"):
+    with pytest.raises(
+        ValueError, match="unknown placement 'middle'; valid: deepnorm, peri, post, pre, reordered"
+    ):
         Llama(tiny(placement="middle"))
     with pytest.raises(ValueError, match="unknown norm"):
         Llama(tiny(norm="groupnorm"))

@@ -9,7 +9,10 @@ from torch import nn
 from model.fused_norms import FUSED_NORMS, NORM_IMPLS, build_norm
 from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, parse_options, swap_norms
 
-SHAPES = [(8, 5, 48), (4, 3, 6, 10)]  # 1-d normalized_shape uses the last dim; multi-dim the last two
+SHAPES = [
+    (8, 5, 48),
+    (4, 3, 6, 10),
+]  # 1-d normalized_shape uses the last dim; multi-dim the last two
 
 
 _rel = rel_err
@@ -118,7 +121,9 @@ def test_none_is_identity_without_parameters():
 
 
 def test_unknown_norm_lists_valid_names():
-    with pytest.raises(ValueError, match=f"unknown norm 'batchnorm'; valid: {', '.join(sorted(NORMS))}"):
+    with pytest.raises(
+        ValueError, match=f"unknown norm 'batchnorm'; valid: {', '.join(sorted(NORMS))}"
+    ):
         build_norm("batchnorm", 8)
     with pytest.raises(ValueError, match="unknown norm_impl 'turbo'; valid: fused, reference"):
         build_norm("rmsnorm", 8, impl="turbo")
@@ -144,7 +149,9 @@ def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(n
     x = (torch.randn(4, 5, 3, 8) * 2 + 0.5).to(dtype)
     y_ref, y_fast = ref(x), fast(x)
     assert y_ref.shape == x.shape and y_ref.dtype == x.dtype
-    torch.testing.assert_close(y_fast, y_ref, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
+    torch.testing.assert_close(
+        y_fast, y_ref, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2))
+    )
     if list(ref.parameters()):
         y_ref.float().pow(2).sum().backward()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in ref.parameters())
@@ -153,8 +160,12 @@ def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(n
 
 def _encoder():
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
-    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False, norm=nn.LayerNorm(32))
+    layer = nn.TransformerEncoderLayer(
+        d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
+    )
+    return nn.TransformerEncoder(
+        layer, num_layers=2, enable_nested_tensor=False, norm=nn.LayerNorm(32)
+    )
 
 
 def test_swap_norms_on_torch_transformer():
@@ -172,7 +183,9 @@ def test_swap_norms_on_torch_transformer():
     norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, LayerNorm))]
     assert not norms
     rms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    assert len(rms) == 5 and rms[0].bias is None and rms[0].weight.min() >= 0.5  # gains carried over
+    assert (
+        len(rms) == 5 and rms[0].bias is None and rms[0].weight.min() >= 0.5
+    )  # gains carried over
     y = model(x)
     assert torch.isfinite(y).all() and not torch.allclose(y, expected)
 
@@ -188,7 +201,10 @@ def test_dyt_as_the_papers_llama_recipe_configures_it():
     options = {"dyt": {"alpha_attn": 0.8, "alpha_ffn": 0.2, "alpha_final": 0.2, "bias": False}}
     recipe = Llama(ModelArgs(**small, norm_options=options, embed_scale="sqrt_dim"))
     for block in recipe.layers:
-        assert block.attention_norm.alpha.item() == pytest.approx(0.8) and block.attention_norm.bias is None
+        assert (
+            block.attention_norm.alpha.item() == pytest.approx(0.8)
+            and block.attention_norm.bias is None
+        )
         assert block.ffn_norm.alpha.item() == pytest.approx(0.2)
     assert recipe.norm.alpha.item() == pytest.approx(0.2) and recipe.embed_scale.item() == 8.0
     assert parameter_kinds(recipe)["embed_scale"] == "gain"  # no weight decay, like a norm's gain
@@ -227,14 +243,18 @@ def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
     assert parse_options("dyt", {"alpha_ffn": 0.2}).at("ffn") == {"alpha0": 0.2, "bias": True}
     assert parse_options("dyt", {"alpha_ffn": 0.2}).at("attention") == {"alpha0": 0.5, "bias": True}
     assert parse_options("rmsnorm", None).at("final") == {}
-    with pytest.raises(ValueError, match="norm dyt: unknown option.s. alpha; valid: alpha_attn, alpha_ffn, "
-                                         "alpha_final, bias"):
+    with pytest.raises(
+        ValueError,
+        match="norm dyt: unknown option.s. alpha; valid: alpha_attn, alpha_ffn, alpha_final, bias",
+    ):
         parse_options("dyt", {"alpha": 1.0})
     with pytest.raises(ValueError, match="norm rmsnorm: unknown option.s. bias; valid: none"):
         parse_options("rmsnorm", {"bias": True})
     with pytest.raises(ValueError, match="alpha_final must be > 0"):
         parse_options("dyt", {"alpha_final": 0.0})
-    assert parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0  # YAML's `100`: an int, taken as float
+    assert (
+        parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0
+    )  # YAML's `100`: an int, taken as float
     assert type(build_norm("dyt", 8, options={"alpha_attn": 100}).alpha0) is float
     for bad in ({"bias": "no"}, {"alpha_attn": True}):
         with pytest.raises(ValueError, match="must be a (bool|float)"):
@@ -255,6 +275,10 @@ def test_each_implementation_is_a_registry_of_classes_chosen_by_name():
     """reference: the formulas; fused: the fused classes where a norm has one, else the reference class."""
     assert NORM_IMPLS["reference"] == NORMS
     assert {n: c.__name__ for n, c in NORM_IMPLS["fused"].items() if c is not NORMS[n]} == {
-        "rmsnorm": "FusedRMSNorm", "layernorm": "FusedLayerNorm"}
+        "rmsnorm": "FusedRMSNorm",
+        "layernorm": "FusedLayerNorm",
+    }
     for name, cls in NORMS.items():
-        assert cls.__doc__ and "=" in cls.__doc__.splitlines()[0], f"{name}'s docstring gives no formula"
+        assert cls.__doc__ and "=" in cls.__doc__.splitlines()[0], (
+            f"{name}'s docstring gives no formula"
+        )

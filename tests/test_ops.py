@@ -26,11 +26,20 @@ def test_kernel_builds_here():
 
 def _fused_copy(folder: Path) -> Path:
     """The fused package copied to folder/fused, as another checkout holds it."""
-    return Path(shutil.copytree(REPO / "fused", folder / "fused", ignore=shutil.ignore_patterns("__pycache__")))
+    return Path(
+        shutil.copytree(
+            REPO / "fused", folder / "fused", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    )
 
 
-BUILD = dict(cflags=["-O3", "-fopenmp", "-march=native"], ldflags=["-fopenmp"], compiler="c++: c++ (GCC) 12.2.0",
-             features="avx avx2 fma sse4_2", toolchain="torch 2.13.0 at /env")
+BUILD = dict(
+    cflags=["-O3", "-fopenmp", "-march=native"],
+    ldflags=["-fopenmp"],
+    compiler="c++: c++ (GCC) 12.2.0",
+    features="avx avx2 fma sse4_2",
+    toolchain="torch 2.13.0 at /env",
+)
 
 
 def test_a_kernel_build_is_named_by_everything_it_depends_on():
@@ -39,20 +48,41 @@ def test_a_kernel_build_is_named_by_everything_it_depends_on():
     from fused import build_name, source_files
 
     files = source_files()
-    assert set(files) >= {"norms_cpu.cpp", "norms_api.h", "norms_kernel.h", "common.h", "swiglu_cpu.cpp"}
+    assert set(files) >= {
+        "norms_cpu.cpp",
+        "norms_api.h",
+        "norms_kernel.h",
+        "common.h",
+        "swiglu_cpu.cpp",
+    }
     base = build_name(files, **BUILD)
-    assert base.startswith("normlab_kernels_native_") and build_name(dict(files), **dict(BUILD)) == base  # reused
-    header = {**files, "norms_kernel.h": files["norms_kernel.h"] + b" "}  # one byte more in a header
-    others = [build_name(header, **BUILD)] + [build_name(files, **{**BUILD, key: value}) for key, value in (
-        ("cflags", ["-O2", "-fopenmp", "-march=native"]), ("ldflags", ["-fopenmp", "-lmvec"]),
-        ("compiler", "c++: c++ (GCC) 13.1.0"), ("features", "avx avx2 avx512f fma sse4_2"),
-        ("toolchain", "torch 2.14.0 at /env"))]
+    assert (
+        base.startswith("normlab_kernels_native_")
+        and build_name(dict(files), **dict(BUILD)) == base
+    )  # reused
+    header = {
+        **files,
+        "norms_kernel.h": files["norms_kernel.h"] + b" ",
+    }  # one byte more in a header
+    others = [build_name(header, **BUILD)] + [
+        build_name(files, **{**BUILD, key: value})
+        for key, value in (
+            ("cflags", ["-O2", "-fopenmp", "-march=native"]),
+            ("ldflags", ["-fopenmp", "-lmvec"]),
+            ("compiler", "c++: c++ (GCC) 13.1.0"),
+            ("features", "avx avx2 avx512f fma sse4_2"),
+            ("toolchain", "torch 2.14.0 at /env"),
+        )
+    ]
     assert len({base, *others}) == 1 + len(others), others
     # a portable build runs on any CPU of the architecture: one build whatever this CPU's flags
     portable = {**BUILD, "cflags": ["-O3", "-fopenmp"]}
     assert build_name(files, **portable).startswith("normlab_kernels_portable_")
-    assert build_name(files, **portable) == build_name(files, **{**portable, "features": "avx2"}) \
+    assert (
+        build_name(files, **portable)
+        == build_name(files, **{**portable, "features": "avx2"})
         == build_name(files, **{**portable, "features": None})
+    )
 
 
 def test_two_checkouts_of_the_same_sources_name_the_same_build(tmp_path):
@@ -72,10 +102,14 @@ def test_the_compiler_is_named_by_cxx_and_its_version(monkeypatch):
     default = compiler_identity()
     assert default.startswith("c++: ") and len(default) > len("c++: ")
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert compiler_identity() == "no-such-compiler-here: (not runnable: FileNotFoundError)" != default
+    assert (
+        compiler_identity() == "no-such-compiler-here: (not runnable: FileNotFoundError)" != default
+    )
 
 
-def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_the_sources(tmp_path, monkeypatch):
+def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_the_sources(
+    tmp_path, monkeypatch
+):
     """In a build directory of this test's own (TORCH_EXTENSIONS_DIR, read by torch at each call): torch's `lock`
     left by a killed process is gone when load() runs (torch would wait on it forever), and load() compiles the
     build directory's copy of the sources, written once (unchanged files keep their mtime: ninja recompiles
@@ -88,7 +122,9 @@ def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_th
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     name = "normlab_kernels_test"
     build = Path(cpp._get_build_directory(name, False))
-    assert build.parent == tmp_path / "ext" and build.is_dir()  # torch made it; never in the user's cache
+    assert (
+        build.parent == tmp_path / "ext" and build.is_dir()
+    )  # torch made it; never in the user's cache
     (build / "lock").touch()
     seen = []
 
@@ -139,14 +175,33 @@ def test_a_default_run_builds_no_kernels(tmp_path, data_args):
     no kernel line is printed, and meta.json says the reference ran."""
     ext = tmp_path / "ext"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
-    cmd = [sys.executable, "train.py", "--config", "configs/train/tiny.yaml", f"log.out_dir={tmp_path}",
-           *data_args, "train.steps=2", "train.eval_every=2", "train.sample_tokens=0", "--name", "d"]
-    r = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
-                       timeout=600)
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "configs/train/tiny.yaml",
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "train.steps=2",
+        "train.eval_every=2",
+        "train.sample_tokens=0",
+        "--name",
+        "d",
+    ]
+    r = subprocess.run(
+        cmd,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[normlab]" not in r.stderr and not (ext.exists() and any(ext.iterdir()))
     kernels = json.loads((tmp_path / "d" / "meta.json").read_text())["kernels"]
-    assert {kernels[k] for k in ("norm", "cross_entropy", "swiglu")} == {"reference"} and "build" not in kernels
+    assert {kernels[k] for k in ("norm", "cross_entropy", "swiglu")} == {
+        "reference"
+    } and "build" not in kernels
 
 
 @pytest.mark.slow
@@ -158,12 +213,20 @@ def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it
     from torch.utils.cpp_extension import _get_build_directory
 
     def load(copy: Path) -> str:
-        code = ("import fused; assert fused.kernel_available(); "
-                f"assert fused.__file__.startswith({str(copy)!r}), fused.__file__; "
-                "print(fused.kernel_paths('cpu', 'fused', 'fused')['build']['name'])")
+        code = (
+            "import fused; assert fused.kernel_available(); "
+            f"assert fused.__file__.startswith({str(copy)!r}), fused.__file__; "
+            "print(fused.kernel_paths('cpu', 'fused', 'fused')['build']['name'])"
+        )
         env = {**os.environ, "PYTHONPATH": str(copy.parent)}
-        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=900)
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout.strip()
 
@@ -192,7 +255,9 @@ def test_fallbacks_are_named():
     from fused import kernel_paths
 
     cuda = kernel_paths("cuda", "fused", "fused")
-    assert cuda["cross_entropy"].startswith("reference (no fused") and cuda["swiglu"].startswith("reference (")
+    assert cuda["cross_entropy"].startswith("reference (no fused") and cuda["swiglu"].startswith(
+        "reference ("
+    )
     assert kernel_paths("cpu", "fused", "reference")["cross_entropy"] == "reference"
     assert kernel_paths("cpu", "fused", "fused")["norm"] == "fused CPU kernel"
 
@@ -230,8 +295,12 @@ def test_matches_float64_as_closely_as_the_reference(rows, vocab, dtype):
     eps = torch.finfo(dtype).eps
     assert _rel(fast_grad, truth_grad) <= max(2 * _rel(ref_grad, truth_grad), 4 * eps)
     # element by element: one rounding step of the dtype apart (float32: a few ulp of exp)
-    torch.testing.assert_close(fast_grad.float(), ref_grad.float(), rtol=max(2 * eps, 1e-5),
-                               atol=2 * eps * ref_grad.abs().max().item())
+    torch.testing.assert_close(
+        fast_grad.float(),
+        ref_grad.float(),
+        rtol=max(2 * eps, 1e-5),
+        atol=2 * eps * ref_grad.abs().max().item(),
+    )
 
 
 def test_float64_gradcheck():
@@ -245,15 +314,22 @@ def test_non_contiguous_logits_and_large_values():
     x, t = _logits(40, 64, torch.float32, scale=200.0)  # logits in the hundreds: no overflow in exp
     x_t = x.t().contiguous().t()  # the same values, column-major
     assert not x_t.is_contiguous()
-    torch.testing.assert_close(fused_cross_entropy(x_t, t), F.cross_entropy(x.double(), t, ignore_index=-1).float())
+    torch.testing.assert_close(
+        fused_cross_entropy(x_t, t), F.cross_entropy(x.double(), t, ignore_index=-1).float()
+    )
 
 
 def test_nan_and_edge_cases_behave_like_torch():
     x, t = _logits(8, 16, torch.float32)
     x[3, 5] = float("nan")
-    assert fused_cross_entropy(x, t).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
+    assert fused_cross_entropy(
+        x, t
+    ).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
     all_ignored = torch.full((8,), -1)
-    assert fused_cross_entropy(x, all_ignored).isnan() and F.cross_entropy(x, all_ignored, ignore_index=-1).isnan()
+    assert (
+        fused_cross_entropy(x, all_ignored).isnan()
+        and F.cross_entropy(x, all_ignored, ignore_index=-1).isnan()
+    )
     bad = t.clone()
     bad[0] = 16
     with pytest.raises(IndexError, match="out of bounds"):
@@ -276,7 +352,9 @@ def _saved_bytes(fn, x, t):
 def test_saves_only_the_logits_and_per_row_values(dtype):
     x, t = _logits(64, 1000, dtype)
     fast, ref = _saved_bytes(fused_cross_entropy, x, t), _saved_bytes(reference_cross_entropy, x, t)
-    assert fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8  # logits, targets, logsumexp, count
+    assert (
+        fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8
+    )  # logits, targets, logsumexp, count
     assert fast < ref
 
 
@@ -312,7 +390,9 @@ def test_swiglu_matches_float64_at_least_as_closely_as_the_reference(shape, dtyp
 
 def test_swiglu_float64_gradcheck_and_non_contiguous_inputs():
     gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    a, b = (
+        torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
     assert torch.autograd.gradcheck(fused_swiglu, (a, b))
     both = torch.randn(4, 10, generator=gen)
     x, y = both[:, :5], both[:, 5:]  # halves of one projection: strided views
@@ -324,8 +404,9 @@ def test_swiglu_saves_two_tensors_not_three():
     saved = {}
     for name, fn in (("fused", fused_swiglu), ("reference", reference_swiglu)):
         sizes = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda s, sizes=sizes: sizes.append(s.numel()) or s,
-                                                      lambda s: s):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda s, sizes=sizes: sizes.append(s.numel()) or s, lambda s: s
+        ):
             fn(a.clone().requires_grad_(), b.clone().requires_grad_())
         saved[name] = sum(sizes)
     assert saved["fused"] == 2 * a.numel() < saved["reference"]

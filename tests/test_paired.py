@@ -23,12 +23,21 @@ def test_ci_equals_scipys_paired_t_test():
     assert p.n == 7 and p.ci == pytest.approx((ref.low, ref.high), rel=1e-9)
 
 
-@pytest.mark.parametrize("diffs,verdict", [
-    ([0.001, -0.002, 0.0015, -0.001, 0.0005], "equivalent"),  # tiny spread around 0, margin 0.02
-    ([0.10, 0.12, 0.09, 0.11, 0.10], "different"),  # far outside the margin
-    ([0.005, 0.006, 0.004, 0.005, 0.006], "different, within margin"),  # real but smaller than the margin
-    ([0.3, -0.25, 0.1, -0.4, 0.2], "inconclusive"),  # too noisy to say either
-])
+@pytest.mark.parametrize(
+    "diffs,verdict",
+    [
+        (
+            [0.001, -0.002, 0.0015, -0.001, 0.0005],
+            "equivalent",
+        ),  # tiny spread around 0, margin 0.02
+        ([0.10, 0.12, 0.09, 0.11, 0.10], "different"),  # far outside the margin
+        (
+            [0.005, 0.006, 0.004, 0.005, 0.006],
+            "different, within margin",
+        ),  # real but smaller than the margin
+        ([0.3, -0.25, 0.1, -0.4, 0.2], "inconclusive"),  # too noisy to say either
+    ],
+)
 def test_verdicts_on_constructed_differences(diffs, verdict):
     assert paired(*_arms(diffs), margin=0.02).verdict == verdict
 
@@ -53,8 +62,18 @@ def test_minimum_detectable_difference_has_80_percent_power():
         lower = st.nct.cdf(-crit, n - 1, nc)  # NaN where scipy underflows: a tail of ~0
         assert st.nct.sf(crit, n - 1, nc) + np.nan_to_num(lower) == pytest.approx(0.8, abs=1e-6)
     shortcut = (st.t.ppf(0.975, 1) + st.t.ppf(0.8, 1)) * sd / math.sqrt(2)
-    assert 0.10 < paired(*_arms(diffs[:2]), margin=0.02).mde / ((st.t.ppf(0.975, 1) + st.t.ppf(0.8, 1)) * float(
-        np.std(diffs[:2], ddof=1)) / math.sqrt(2)) - 1 < 0.25 and shortcut > 0
+    assert (
+        0.10
+        < paired(*_arms(diffs[:2]), margin=0.02).mde
+        / (
+            (st.t.ppf(0.975, 1) + st.t.ppf(0.8, 1))
+            * float(np.std(diffs[:2], ddof=1))
+            / math.sqrt(2)
+        )
+        - 1
+        < 0.25
+        and shortcut > 0
+    )
 
 
 def test_seeds_needed_is_the_first_n_with_80_percent_power():
@@ -81,7 +100,12 @@ def test_the_two_sided_p_is_scipys_paired_t_test():
 
 def test_one_seed_and_no_common_seed():
     one = paired({0: 3.1}, {0: 3.0}, margin=0.02)
-    assert one.n == 1 and one.ci is None and one.verdict == "inconclusive" and "n = 1 seed" in one.describe()
+    assert (
+        one.n == 1
+        and one.ci is None
+        and one.verdict == "inconclusive"
+        and "n = 1 seed" in one.describe()
+    )
     none = paired({0: 3.1}, {1: 3.0}, margin=0.02)
     assert none.n == 0 and none.describe() == "no seed where both runs trained"
 

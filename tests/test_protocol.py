@@ -53,14 +53,22 @@ def drive(study, best: float, edge: float):
     arm = protocol.arms_of(study)[0]
     for stage in protocol.STAGES:
         while True:
-            specs = [s for s in protocol.wanted(study, stage, arm, runs) if s["name"] not in {m["name"] for m in made}]
+            specs = [
+                s
+                for s in protocol.wanted(study, stage, arm, runs)
+                if s["name"] not in {m["name"] for m in made}
+            ]
             if not specs:
                 break
             made += specs
             new = []
             for s in specs:
-                lr = float(next(o.split("=")[1] for o in s["overrides"] if o.startswith("optim.lr=")))
-                seed = int(next(o.split("=")[1] for o in s["overrides"] if o.startswith("train.seed=")))
+                lr = float(
+                    next(o.split("=")[1] for o in s["overrides"] if o.startswith("optim.lr="))
+                )
+                seed = int(
+                    next(o.split("=")[1] for o in s["overrides"] if o.startswith("train.seed="))
+                )
                 new.append(outcome(lr, seed, best, edge))
             runs += new
             yield stage, sorted({r.lr for r in new}), sorted({r.seed for r in new})
@@ -70,9 +78,11 @@ def drive(study, best: float, edge: float):
 @pytest.fixture
 def study(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text(f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm], lr: [1.0e-3, 3.0e-3, 1.0e-2]}}\n"
-                    "protocol: {selection_seeds: [0, 1], test_seeds: [2, 3, 4], bracket: {factor: 3.1623, "
-                    "min_lr: 1.0e-4, max_lr: 1.0, steps: 3}, refine: 2.0}\n")
+    path.write_text(
+        f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm], lr: [1.0e-3, 3.0e-3, 1.0e-2]}}\n"
+        "protocol: {selection_seeds: [0, 1], test_seeds: [2, 3, 4], bracket: {factor: 3.1623, "
+        "min_lr: 1.0e-4, max_lr: 1.0, steps: 3}, refine: 2.0}\n"
+    )
     return load_study(path)
 
 
@@ -87,7 +97,9 @@ def test_the_stages_bracket_refine_and_test_where_the_outcomes_say(study):
     extended = [lr for s, lrs, _ in stages if s == "bracket" for lr in lrs]
     assert extended == [0.0316, 0.1, 0.316]
     refined = [lr for s, lrs, _ in stages if s == "refine" for lr in lrs]
-    assert 0.0562 in refined and 0.178 in refined  # next to the best (0.0316 | 0.1) and across 0.1 | 0.316
+    assert (
+        0.0562 in refined and 0.178 in refined
+    )  # next to the best (0.0316 | 0.1) and across 0.1 | 0.316
     (edge,) = [(lrs, seeds) for s, lrs, seeds in stages if s == "edge"]
     assert edge == ([0.178, 0.316], [2, 3, 4])
     (test,) = [(lrs, seeds) for s, lrs, seeds in stages if s == "test"]
@@ -100,27 +112,50 @@ def test_the_bracket_goes_down_and_stops_at_its_bounds(study):
     stages = list(drive(study, best=4e-4, edge=10.0))
     down = [lr for s, lrs, _ in stages if s == "bracket" for lr in lrs if lr < 1e-3]
     up = [lr for s, lrs, _ in stages if s == "bracket" for lr in lrs if lr > 1e-2]
-    assert down == [3.16e-4, 1e-4] and up == [0.0316, 0.1, 0.316]  # up: the failure edge is never crossed
+    assert down == [3.16e-4, 1e-4] and up == [
+        0.0316,
+        0.1,
+        0.316,
+    ]  # up: the failure edge is never crossed
     assert not [s for s, _, _ in stages if s == "edge"]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("protocol: {selection_seeds: [0]}", "protocol is a mapping with selection_seeds and test_seeds"),
-    ("protocol: {selection_seeds: [0, 1], test_seeds: [1, 2]}", "must not appear among the test"),
-    ("protocol: {selection_seeds: [0], test_seeds: [1], bracket: {factor: 1.0}}", "bracket.factor > 1"),
-    ("protocol: {selection_seeds: [0], test_seeds: [1], bracket: {width: 2}}", "protocol.bracket takes"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            "protocol: {selection_seeds: [0]}",
+            "protocol is a mapping with selection_seeds and test_seeds",
+        ),
+        (
+            "protocol: {selection_seeds: [0, 1], test_seeds: [1, 2]}",
+            "must not appear among the test",
+        ),
+        (
+            "protocol: {selection_seeds: [0], test_seeds: [1], bracket: {factor: 1.0}}",
+            "bracket.factor > 1",
+        ),
+        (
+            "protocol: {selection_seeds: [0], test_seeds: [1], bracket: {width: 2}}",
+            "protocol.bracket takes",
+        ),
+    ],
+)
 def test_bad_protocols_are_one_line_errors(tmp_path, text, message):
     path = tmp_path / "s.yaml"
     path.write_text(f"config: tiny.yaml\ngrid: {{lr: [1.0e-3]}}\n{text}\n")
     with pytest.raises(ConfigError, match=message):
         load_study(path)
-    path.write_text("config: tiny.yaml\ngrid: {lr: [1.0e-3], seed: [0]}\nprotocol: {selection_seeds: [0], "
-                    "test_seeds: [1]}\n")
+    path.write_text(
+        "config: tiny.yaml\ngrid: {lr: [1.0e-3], seed: [0]}\nprotocol: {selection_seeds: [0], "
+        "test_seeds: [1]}\n"
+    )
     with pytest.raises(ConfigError, match="no seed axis"):
         load_study(path)
 
 
 def test_without_a_protocol_the_lowest_40_percent_of_seeds_choose():
     assert protocol.split_seeds([4, 0, 3, 1, 2], None) == ([0, 1], [2, 3, 4])
-    assert protocol.split_seeds([0, 1, 2], None) == ([0], [1, 2]) and protocol.split_seeds([0], None) == ([0], [])
+    assert protocol.split_seeds([0, 1, 2], None) == ([0], [1, 2]) and protocol.split_seeds(
+        [0], None
+    ) == ([0], [])

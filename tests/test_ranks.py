@@ -317,8 +317,13 @@ def test_sharding_asked_of_one_process_is_refused_in_one_line(tmp_path, data_arg
     """train.parallel=tp or fsdp without torchrun: one line, exit 2, nothing written (it trained the
     whole model in one process and said nothing, issue 42)."""
     for how in ("tp", "fsdp"):
-        args = ["--config", TINY, f"log.out_dir={tmp_path / 'runs'}", *data_args,
-                f"train.parallel={how}"]
+        args = [
+            "--config",
+            TINY,
+            f"log.out_dir={tmp_path / 'runs'}",
+            *data_args,
+            f"train.parallel={how}",
+        ]
         assert train.main([*args, "train.tp_size=4"]) == EXIT_BAD_INPUT
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"train.parallel={how} shards the model" in err[0], err

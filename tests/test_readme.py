@@ -19,8 +19,10 @@ from model.norms import NORMS
 REPO = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", "docs/usage.md", "docs/performance.md"]
 
-MULTINODE = ("torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --master_addr $MASTER_ADDR "
-             "--master_port 29500 train.py train.parallel=fsdp")
+MULTINODE = (
+    "torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --master_addr $MASTER_ADDR "
+    "--master_port 29500 train.py train.parallel=fsdp"
+)
 # Not run here (each is minutes long, or is this test suite itself); everything else in a code block is.
 SLOW = {
     "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~1.5 min)",
@@ -37,8 +39,7 @@ SLOW = {
     "torchrun --standalone --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes "
     "(minutes); tests/test_sharded.py runs it on the tiny config",
     MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch":
-        "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch": "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "176 runs on the study protocol (77 min)",
     "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
@@ -52,19 +53,25 @@ SLOW = {
     "docs/results/bench/step.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py "
     "runs it small",
     "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 model.n_heads=12 "
-    "model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 --save docs/results/bench/train-d768.md":
-    "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs bench_train small",
+    "model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 --save docs/results/bench/train-d768.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs bench_train small",
 }
 
 
 def code_blocks(kind: str, pages=PAGES) -> list[str]:
-    return [b for page in pages for b in re.findall(rf"```{kind}\n(.*?)```", (REPO / page).read_text(), flags=re.S)]
+    return [
+        b
+        for page in pages
+        for b in re.findall(rf"```{kind}\n(.*?)```", (REPO / page).read_text(), flags=re.S)
+    ]
 
 
 def readme_commands(pages=PAGES) -> list[str]:
     """The commands of the pages' ```bash blocks, in order, without their trailing comments."""
-    lines = [re.sub(r"\s+#\s.*$", "", line).strip() for block in code_blocks("bash", pages)
-             for line in block.splitlines()]
+    lines = [
+        re.sub(r"\s+#\s.*$", "", line).strip()
+        for block in code_blocks("bash", pages)
+        for line in block.splitlines()
+    ]
     return [line for line in lines if line and not line.startswith("#")]
 
 
@@ -87,7 +94,9 @@ def shape(line: str) -> str:
 def test_every_documented_command_is_run_or_listed_as_slow():
     commands = readme_commands()
     assert len(commands) >= 10 and "python train.py --config configs/train/tiny.yaml" in commands
-    assert set(SLOW) <= set(commands), f"SLOW lists commands the docs no longer have: {set(SLOW) - set(commands)}"
+    assert set(SLOW) <= set(commands), (
+        f"SLOW lists commands the docs no longer have: {set(SLOW) - set(commands)}"
+    )
     assert set(shown_outputs()) <= set(commands) | {"python train.py --norm groupnorm"}
 
 
@@ -110,7 +119,9 @@ def test_shape_lets_numbers_differ_and_nothing_else():
 @pytest.fixture(scope="module")
 def fresh_clone(tmp_path_factory) -> Path:
     """The repository's tracked files, as a new user's checkout has them (no runs, no prepared data)."""
-    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    files = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True
+    ).stdout
     root = tmp_path_factory.mktemp("clone")
     for name in filter(None, files.decode().split("\0")):
         if (REPO / name).is_file():
@@ -121,22 +132,42 @@ def fresh_clone(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
-           "PYTHONPATH": str(fresh_clone),  # its own packages, not the editable install of this checkout
-           "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
+        "PYTHONPATH": str(
+            fresh_clone
+        ),  # its own packages, not the editable install of this checkout
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     ran, shown = [], shown_outputs()
-    for command in dict.fromkeys([*readme_commands(), *shown]):  # each once, in the order a reader meets them
+    for command in dict.fromkeys(
+        [*readme_commands(), *shown]
+    ):  # each once, in the order a reader meets them
         if command in SLOW:
             continue
-        r = subprocess.run(["bash", "-c", command], cwd=fresh_clone, env=env, capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run(
+            ["bash", "-c", command],
+            cwd=fresh_clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         want = 2 if "groupnorm" in command else 0  # docs/usage.md shows what a bad flag prints
         assert r.returncode == want, f"{command!r} ({r.returncode}):\n{r.stderr[-3000:]}"
         printed = re.split(r"[\r\n]", r.stdout + r.stderr)  # tqdm redraws its bar with \r
         for line in shown.get(command, []):
-            assert any(re.search(shape(line), p) for p in printed), f"{command!r} no longer prints {line!r}"
+            assert any(re.search(shape(line), p) for p in printed), (
+                f"{command!r} no longer prints {line!r}"
+            )
         ran.append(command)
-    smoke = {"python train.py --config configs/train/tiny.yaml", "python scripts/sweep.py configs/studies/quick.yaml"}
+    smoke = {
+        "python train.py --config configs/train/tiny.yaml",
+        "python scripts/sweep.py configs/studies/quick.yaml",
+    }
     assert smoke <= set(ran)
     # the smoke study shows a newcomer at least one run that learns
     runs = json.loads((fresh_clone / "studies" / "quick" / "sweep.json").read_text())["runs"]

@@ -39,15 +39,31 @@ Outcomes, judged on the whole val curve: ...
 
 def _run(readme, results=None):
     results = results or readme.parent / "results"  # never the repository's docs/results
-    return subprocess.run([sys.executable, "scripts/readme_results.py", "--readme", str(readme), "--results",
-                           str(results)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "scripts/readme_results.py",
+            "--readme",
+            str(readme),
+            "--results",
+            str(results),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_missing_report_is_one_line(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("<!-- claims: nope -->\n<!-- /claims -->\n")
     r = _run(readme)
-    assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        r.returncode == 2
+        and r.stderr.strip().startswith("error:")
+        and len(r.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_the_readme_results_are_what_the_script_writes(tmp_path):
@@ -75,73 +91,147 @@ def test_results_index_has_one_line_per_study_with_its_claims(tmp_path):
     for name, claims in (("a", ["agrees", "cannot tell", "agrees"]), ("b", [])):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "report.md").write_text(REPORT)
-        (tmp_path / "results" / name / "study.yaml").write_text(f"name: {name}\nabout: does {name} matter\n")
-        (tmp_path / "results" / name / "report.json").write_text(json.dumps(
-            {"name": name, "about": f"does {name} matter", "runs": 4, "steps": 300, "wall_min": 2.5,
-             "claims": [{"agreement": c, "paper": "P", "says": "S", "metric": "best_loss", "A": "x", "B": "y",
-                         "loss": loss, "p": 0.01, "p_holm": 0.03} for c in claims]}))
+        (tmp_path / "results" / name / "study.yaml").write_text(
+            f"name: {name}\nabout: does {name} matter\n"
+        )
+        (tmp_path / "results" / name / "report.json").write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "about": f"does {name} matter",
+                    "runs": 4,
+                    "steps": 300,
+                    "wall_min": 2.5,
+                    "claims": [
+                        {
+                            "agreement": c,
+                            "paper": "P",
+                            "says": "S",
+                            "metric": "best_loss",
+                            "A": "x",
+                            "B": "y",
+                            "loss": loss,
+                            "p": 0.01,
+                            "p_holm": 0.03,
+                        }
+                        for c in claims
+                    ],
+                }
+            )
+        )
     assert _run(tmp_path / "README.md").returncode == 0
     lines = (tmp_path / "results" / "README.md").read_text().splitlines()
     # one short line per claim of the study file: its arm pairs' verdicts and numbers, grouped
-    assert lines[-3] == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, " \
+    assert (
+        lines[-3]
+        == "- [a](a/report.md): does a matter (4 runs of 300 steps, 2.5 min; claims: 2 agrees, "
         "1 cannot tell)"
-    assert lines[-2] == ("  - S (P): x: **agrees**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **cannot "
-                         "tell**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **agrees**, +0.100 nats "
-                         "(+0.050..+0.150), n = 5, Holm p = 0.03")
+    )
+    assert lines[-2] == (
+        "  - S (P): x: **agrees**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **cannot "
+        "tell**, +0.100 nats (+0.050..+0.150), n = 5, Holm p = 0.03; x: **agrees**, +0.100 nats "
+        "(+0.050..+0.150), n = 5, Holm p = 0.03"
+    )
     assert lines[-1] == "- [b](b/report.md): does b matter (4 runs of 300 steps, 2.5 min)"
-    readme = (tmp_path / "README.md")
+    readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- claims: results -->\nold\n<!-- /claims -->\n")
     assert _run(readme).returncode == 0
     assert readme.read_text().splitlines()[2] == lines[-2][2:]
 
 
 def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):
-    (tmp_path / "bench.md").write_text("`python scripts/bench_norms.py` on 2026-01-01\n\nMachine: X\n\n## Norms\n\n"
-                                       "| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (tmp_path / "bench.md").write_text(
+        "`python scripts/bench_norms.py` on 2026-01-01\n\nMachine: X\n\n## Norms\n\n"
+        "| a | b |\n|---|---|\n| 1 | 2 |\n"
+    )
     page = tmp_path / "performance.md"
     page.write_text("# P\n\n## Norms\n\n<!-- bench: bench.md -->\nstale\n<!-- /bench -->\n")
     assert _run(page).returncode == 0
-    assert page.read_text() == ("# P\n\n## Norms\n\n<!-- bench: bench.md -->\n`python scripts/bench_norms.py` on "
-                                "2026-01-01\n\nMachine: X\n\n### Norms\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
-                                "<!-- /bench -->\n")
+    assert page.read_text() == (
+        "# P\n\n## Norms\n\n<!-- bench: bench.md -->\n`python scripts/bench_norms.py` on "
+        "2026-01-01\n\nMachine: X\n\n### Norms\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+        "<!-- /bench -->\n"
+    )
 
 
 def test_a_trends_block_states_each_fitted_slope_with_its_ci_and_links_the_figure(tmp_path):
     """The slope and its CI come from the report.json's numbers (study/trend.py fitted them); a trend without a
     slope says why; the index lists the same lines under its study."""
-    trend = {"what": "loss difference", "pair": "layernorm - rmsnorm at placement=post", "axis": "model.dim",
-             "per_doubling": True, "points": [[64, 0.01, [-0.03, 0.05]], [128, 0.02, [-0.02, 0.06]],
-                                              [256, 0.03, [-0.01, 0.07]]],
-             "slope": 0.01, "ci": [-0.025, 0.045], "used": 3}
-    open_ratio = {**trend, "what": "LR50 ratio", "pair": "layernorm / rmsnorm at placement=pre",
-                  "points": [[64, None, None], [128, 0.3, None]], "slope": None, "ci": None, "used": 0}
+    trend = {
+        "what": "loss difference",
+        "pair": "layernorm - rmsnorm at placement=post",
+        "axis": "model.dim",
+        "per_doubling": True,
+        "points": [
+            [64, 0.01, [-0.03, 0.05]],
+            [128, 0.02, [-0.02, 0.06]],
+            [256, 0.03, [-0.01, 0.07]],
+        ],
+        "slope": 0.01,
+        "ci": [-0.025, 0.045],
+        "used": 3,
+    }
+    open_ratio = {
+        **trend,
+        "what": "LR50 ratio",
+        "pair": "layernorm / rmsnorm at placement=pre",
+        "points": [[64, None, None], [128, 0.3, None]],
+        "slope": None,
+        "ci": None,
+        "used": 0,
+    }
     (tmp_path / "results" / "w").mkdir(parents=True)
     (tmp_path / "results" / "w" / "report.md").write_text(REPORT)
-    (tmp_path / "results" / "w" / "report.json").write_text(json.dumps(
-        {"name": "w", "runs": 4, "trends": [trend, open_ratio]}))
+    (tmp_path / "results" / "w" / "report.json").write_text(
+        json.dumps({"name": "w", "runs": 4, "trends": [trend, open_ratio]})
+    )
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- trends: results -->\nold\n<!-- /trends -->\n")
     assert _run(readme).returncode == 0
     lines = readme.read_text().splitlines()[2:4]
-    assert lines[0] == ("- **w** ([figure](results/w/trend.png)): loss difference layernorm - rmsnorm at "
-                        "placement=post, in nats, by model.dim: 64: +0.010 (-0.030..+0.050); 128: +0.020 "
-                        "(-0.020..+0.060); 256: +0.030 (-0.010..+0.070); slope +0.010 per doubling of model.dim "
-                        "(Knapp-Hartung 95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)")
-    assert lines[1].endswith("64: -; 128: +0.300 ('-': no estimate: an arm's LR50 is only bounded); no slope (0 "
-                             "of 2 points have a two-sided CI)")
+    assert lines[0] == (
+        "- **w** ([figure](results/w/trend.png)): loss difference layernorm - rmsnorm at "
+        "placement=post, in nats, by model.dim: 64: +0.010 (-0.030..+0.050); 128: +0.020 "
+        "(-0.020..+0.060); 256: +0.030 (-0.010..+0.070); slope +0.010 per doubling of model.dim "
+        "(Knapp-Hartung 95% CI -0.025..+0.045, from 3 of 3 points; model.dim 64..256 only)"
+    )
+    assert lines[1].endswith(
+        "64: -; 128: +0.300 ('-': no estimate: an arm's LR50 is only bounded); no slope (0 "
+        "of 2 points have a two-sided CI)"
+    )
     index = (tmp_path / "results" / "README.md").read_text()
     assert "  - trend: " + lines[0].split("): ", 1)[1] in index
 
 
 def _claim(metric, a, b, agreement, expect="same", **numbers):
-    c = {"paper": "P", "says": "S", "metric": metric, "expect": expect, "A": a, "B": b, "agreement": agreement,
-         "p": 0.01, "p_holm": 0.04}
+    c = {
+        "paper": "P",
+        "says": "S",
+        "metric": metric,
+        "expect": expect,
+        "A": a,
+        "B": b,
+        "agreement": agreement,
+        "p": 0.01,
+        "p_holm": 0.04,
+    }
     if metric == "lr50":
-        c["lr50_ratio"] = {"ratio": numbers.get("ratio"), "ci": numbers.get("ci"), "bounds": numbers.get("bounds",
-                           [None, None]), "identified": numbers.get("ratio") is not None, "p": 0.01, "n": 40,
-                           "failed": 10}
+        c["lr50_ratio"] = {
+            "ratio": numbers.get("ratio"),
+            "ci": numbers.get("ci"),
+            "bounds": numbers.get("bounds", [None, None]),
+            "identified": numbers.get("ratio") is not None,
+            "p": 0.01,
+            "n": 40,
+            "failed": 10,
+        }
     else:
-        c["loss"] = {"n": 12, "mean": numbers.get("mean", 0.01), "ci": [-0.01, 0.03], "verdict": "equivalent"}
+        c["loss"] = {
+            "n": 12,
+            "mean": numbers.get("mean", 0.01),
+            "ci": [-0.01, 0.03],
+            "verdict": "equivalent",
+        }
     return c
 
 
@@ -149,51 +239,92 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     """Constructed report.json files: the placement sentence states each norm's LR50 ratio (a bound where only a
     bound is identified); the norm sentence says per placement what its claims' verdicts say, in plain words; the
     count covers every report; the table has one row per question with its verdicts and numbers."""
-    place_ln = _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03])
-    place_rms = _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05])
-    place_rms["rules"] = {"lenient": {"ratio": 0.05, "identified": True, "bounds": [0.01, 0.1]},
-                          "instability alone": {"ratio": None, "penalised_ratio": 0.07, "identified": False,
-                                                "bounds": [0.01, 0.1]}}
+    place_ln = _claim(
+        "lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03]
+    )
+    place_rms = _claim(
+        "lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05]
+    )
+    place_rms["rules"] = {
+        "lenient": {"ratio": 0.05, "identified": True, "bounds": [0.01, 0.1]},
+        "instability alone": {
+            "ratio": None,
+            "penalised_ratio": 0.07,
+            "identified": False,
+            "bounds": [0.01, 0.1],
+        },
+    }
     common_pre = _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)
-    common_pre.update(lrs=[0.001, 0.001], gaps=[["rmsnorm/pre", 0.00316, 0.316, 0.56],
-                                                ["layernorm/pre", 0.00316, 0.316, 0.54]])
-    default = {"name": "norm-placement-lr", "runs": 100, "claims": [place_ln, place_rms,
-        _claim("lr50", "rmsnorm/post", "layernorm/post", "agrees", ratio=1.1, ci=[0.8, 1.5]),
-        _claim("lr_sensitivity", "rmsnorm/post", "layernorm/post", "agrees"),
-        _claim("common_loss", "rmsnorm/post", "layernorm/post", "agrees"),
-        _claim("lr50", "rmsnorm/pre", "layernorm/pre", "cannot tell", bounds=[0.3, None]),
-        _claim("lr_sensitivity", "rmsnorm/pre", "layernorm/pre", "agrees"),
-        common_pre],
-        "withdrawn": [{"paper": "W", "says": "X", "why": "Y"}]}
-    other = {"name": "other", "runs": 10, "claims": [_claim("best_loss", "a", "b", "cannot tell", "higher")]}
+    common_pre.update(
+        lrs=[0.001, 0.001],
+        gaps=[["rmsnorm/pre", 0.00316, 0.316, 0.56], ["layernorm/pre", 0.00316, 0.316, 0.54]],
+    )
+    default = {
+        "name": "norm-placement-lr",
+        "runs": 100,
+        "claims": [
+            place_ln,
+            place_rms,
+            _claim("lr50", "rmsnorm/post", "layernorm/post", "agrees", ratio=1.1, ci=[0.8, 1.5]),
+            _claim("lr_sensitivity", "rmsnorm/post", "layernorm/post", "agrees"),
+            _claim("common_loss", "rmsnorm/post", "layernorm/post", "agrees"),
+            _claim("lr50", "rmsnorm/pre", "layernorm/pre", "cannot tell", bounds=[0.3, None]),
+            _claim("lr_sensitivity", "rmsnorm/pre", "layernorm/pre", "agrees"),
+            common_pre,
+        ],
+        "withdrawn": [{"paper": "W", "says": "X", "why": "Y"}],
+    }
+    other = {
+        "name": "other",
+        "runs": 10,
+        "claims": [_claim("best_loss", "a", "b", "cannot tell", "higher")],
+    }
     for name, r in (("norm-placement-lr", default), ("other", other)):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "report.json").write_text(json.dumps(r))
     (tmp_path / "results" / "questions.yaml").write_text(
         "- {question: Q1?, study: norm-placement-lr, claims: {metric: lr50, expect: lower}}\n"
-        "- {question: Q2?, study: other, claims: {metric: best_loss}}\n")
+        "- {question: Q2?, study: other, claims: {metric: best_loss}}\n"
+    )
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     text = readme.read_text()
     # the ratio as the range over the rules that identify it, brackets where they do not; never a penalised point
-    assert ("**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
-            "by more than 33x (brackets only) with LayerNorm and 20-100x (2 of 3 rules; 1 only brackets it) with "
-            "RMSNorm (Holm p <= 0.04; ranges over the pre-registered failure rules).") in text
-    assert "14" not in text.split("**The norm")[0]  # 1 / 0.07, the instability fit's penalised point
-    assert ("**The norm**: the loss at a common safe LR: post: agrees; pre: disagrees; equal LR50: cannot tell."
-            ) in text
-    assert "2 studies, 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)" in text
-    assert "trained for minutes on one corpus: what these" in text  # no study.yaml: the default corpus
-    (tmp_path / "results" / "other" / "study.yaml").write_text(  # the other study ran on a second corpus
-        f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: {{lr: [0.1]}}\n")
+    assert (
+        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
+        "by more than 33x (brackets only) with LayerNorm and 20-100x (2 of 3 rules; 1 only brackets it) with "
+        "RMSNorm (Holm p <= 0.04; ranges over the pre-registered failure rules)."
+    ) in text
+    assert (
+        "14" not in text.split("**The norm")[0]
+    )  # 1 / 0.07, the instability fit's penalised point
+    assert (
+        "**The norm**: the loss at a common safe LR: post: agrees; pre: disagrees; equal LR50: cannot tell."
+    ) in text
+    assert (
+        "2 studies, 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)"
+        in text
+    )
+    assert (
+        "trained for minutes on one corpus: what these" in text
+    )  # no study.yaml: the default corpus
+    (
+        tmp_path / "results" / "other" / "study.yaml"
+    ).write_text(  # the other study ran on a second corpus
+        f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: {{lr: [0.1]}}\n"
+    )
     (tmp_path / "results" / "replication.md").write_text("x\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     assert "trained for minutes on 2 corpora (pydocs, pystdlib): what these" in readme.read_text()
-    assert ("| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = "
-            "0.04; rmsnorm: ") in text
-    assert "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/" \
+    assert (
+        "| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = "
+        "0.04; rmsnorm: "
+    ) in text
+    assert (
+        "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/"
         "report.md) |" in text
+    )
 
 
 def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path):
@@ -202,18 +333,55 @@ def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path)
     counted; a claim between the norms themselves is not an intervention and is left out; only LR-sensitivity
     slopes with a CI are stated, with the widths measured."""
     keys = ["model.norm", "model.dim", "model.qk_norm"]
-    claims = [_claim("lr50", f"{n}/dim=32/qk_norm=layernorm", f"{n}/dim=32/qk_norm=none", "agrees", "higher",
-                     ratio=r, ci=[r / 2, r * 2]) for n, r in (("layernorm", 4.0), ("rmsnorm", 8.0))]
-    claims += [_claim("lr_sensitivity", "layernorm/dim=32/qk_norm=layernorm", "layernorm/dim=32/qk_norm=none",
-                      "agrees", "lower", mean=-0.2),
-               _claim("lr_sensitivity", "rmsnorm/dim=32/qk_norm=layernorm", "rmsnorm/dim=32/qk_norm=none",
-                      "cannot tell", "lower", mean=-0.1),
-               _claim("lr50", "rmsnorm/dim=32/qk_norm=none", "layernorm/dim=32/qk_norm=none", "agrees")]
-    trend = {"what": "LR sensitivity", "pair": "norm=rmsnorm, qk_norm=none", "axis": "model.dim",
-             "per_doubling": True, "points": [[32, 0.5, [0.4, 0.6]], [64, 0.6, [0.5, 0.7]], [96, 0.7, [0.6, 0.8]]],
-             "slope": 0.12, "ci": [0.01, 0.23], "used": 3}
-    report = {"name": "att", "runs": 60, "arm_keys": keys, "claims": claims, "ratio_margin": 2.0,
-              "trends": [trend, {**trend, "pair": "norm=layernorm, qk_norm=none", "ci": None}]}
+    claims = [
+        _claim(
+            "lr50",
+            f"{n}/dim=32/qk_norm=layernorm",
+            f"{n}/dim=32/qk_norm=none",
+            "agrees",
+            "higher",
+            ratio=r,
+            ci=[r / 2, r * 2],
+        )
+        for n, r in (("layernorm", 4.0), ("rmsnorm", 8.0))
+    ]
+    claims += [
+        _claim(
+            "lr_sensitivity",
+            "layernorm/dim=32/qk_norm=layernorm",
+            "layernorm/dim=32/qk_norm=none",
+            "agrees",
+            "lower",
+            mean=-0.2,
+        ),
+        _claim(
+            "lr_sensitivity",
+            "rmsnorm/dim=32/qk_norm=layernorm",
+            "rmsnorm/dim=32/qk_norm=none",
+            "cannot tell",
+            "lower",
+            mean=-0.1,
+        ),
+        _claim("lr50", "rmsnorm/dim=32/qk_norm=none", "layernorm/dim=32/qk_norm=none", "agrees"),
+    ]
+    trend = {
+        "what": "LR sensitivity",
+        "pair": "norm=rmsnorm, qk_norm=none",
+        "axis": "model.dim",
+        "per_doubling": True,
+        "points": [[32, 0.5, [0.4, 0.6]], [64, 0.6, [0.5, 0.7]], [96, 0.7, [0.6, 0.8]]],
+        "slope": 0.12,
+        "ci": [0.01, 0.23],
+        "used": 3,
+    }
+    report = {
+        "name": "att",
+        "runs": 60,
+        "arm_keys": keys,
+        "claims": claims,
+        "ratio_margin": 2.0,
+        "trends": [trend, {**trend, "pair": "norm=layernorm, qk_norm=none", "ci": None}],
+    }
     (tmp_path / "results" / "att").mkdir(parents=True)
     (tmp_path / "results" / "att" / "report.json").write_text(json.dumps(report))
     readme = tmp_path / "README.md"
@@ -227,16 +395,22 @@ def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path)
         "Holm p = 0.04; rmsnorm: LR50 ratio 8 (4..16), Holm p = 0.04); qk_norm=layernorm (vs none), a lower LR "
         "sensitivity: at dim=32, agrees under layernorm (-0.200 nats (-0.010..+0.030), n = 12, Holm p = 0.04), "
         "cannot tell under rmsnorm (-0.100 nats (-0.010..+0.030), n = 12, Holm p = 0.04); LR sensitivity per "
-        "doubling of dim (32..96 only): norm=rmsnorm, qk_norm=none: +0.120 nats (+0.010..+0.230).")
+        "doubling of dim (32..96 only): norm=rmsnorm, qk_norm=none: +0.120 nats (+0.010..+0.230)."
+    )
     # decided again with each arm's own L*: a verdict that moves is named with its new estimate and Holm p
     claims[2]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.05, "p_holm": 0.3}
     claims[3]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.02, "p_holm": 0.5}
     (tmp_path / "results" / "att" / "report.json").write_text(json.dumps(report))
     assert _run(readme).returncode == 0, _run(readme).stderr
-    assert readme.read_text().splitlines()[2].endswith(
-        "; with L* each arm's own best (Wortsman et al.'s definition) 1 of the 2 LR-sensitivity verdicts change "
-        "(qk_norm=layernorm (vs none) at dim=32 under layernorm: agrees -> cannot tell (-0.050 nats, Holm p = "
-        "0.3)).")
+    assert (
+        readme.read_text()
+        .splitlines()[2]
+        .endswith(
+            "; with L* each arm's own best (Wortsman et al.'s definition) 1 of the 2 LR-sensitivity verdicts change "
+            "(qk_norm=layernorm (vs none) at dim=32 under layernorm: agrees -> cannot tell (-0.050 nats, Holm p = "
+            "0.3))."
+        )
+    )
 
 
 def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):
@@ -250,20 +424,66 @@ def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_
 
     other = tmp_path / "other.txt"
     write_corpus(other, seed=7)
-    claim = {"paper": "P", "says": "S", "A": "rmsnorm/post", "B": "layernorm/post", "p": 0.01, "p_holm": 0.02}
+    claim = {
+        "paper": "P",
+        "says": "S",
+        "A": "rmsnorm/post",
+        "B": "layernorm/post",
+        "p": 0.01,
+        "p_holm": 0.02,
+    }
     folders = []
-    for name, corpus, agreement, mean in (("a", corpus_file, "agrees", 0.01), ("b", other, "cannot tell", 0.05)):
+    for name, corpus, agreement, mean in (
+        ("a", corpus_file, "agrees", 0.01),
+        ("b", other, "cannot tell", 0.05),
+    ):
         f = tmp_path / "results" / name
         f.mkdir(parents=True)
-        (f / "study.yaml").write_text(f"name: {name}\nconfig: {TINY}\noverrides: {{data: {{source: 'text:{corpus}', "
-                                      f"vocab_size: 320, root: '{tmp_path / 'prepared'}'}}, train: {{seq_len: 16, "
-                                      f"eval_tokens: 1024}}}}\ngrid: {{lr: [0.01]}}\n")
-        (f / "report.json").write_text(json.dumps({"name": name, "runs": 1, "per_arm": {}, "claims": [
-            {**claim, "metric": "common_loss", "expect": "same", "agreement": agreement, "lrs": [0.01, 0.01],
-             "loss": {"n": 12, "mean": mean, "ci": [mean - 0.01, mean + 0.01], "verdict": "x"}},
-            {**claim, "metric": "lr50", "expect": "same", "agreement": "agrees", "says": "T",
-             "lr50_ratio": {"ratio": 1.2, "ci": [0.8, 1.6], "identified": True, "p": 0.01, "n": 30, "failed": 9,
-                            "bounds": [None, None]}}]}))
+        (f / "study.yaml").write_text(
+            f"name: {name}\nconfig: {TINY}\noverrides: {{data: {{source: 'text:{corpus}', "
+            f"vocab_size: 320, root: '{tmp_path / 'prepared'}'}}, train: {{seq_len: 16, "
+            f"eval_tokens: 1024}}}}\ngrid: {{lr: [0.01]}}\n"
+        )
+        (f / "report.json").write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "runs": 1,
+                    "per_arm": {},
+                    "claims": [
+                        {
+                            **claim,
+                            "metric": "common_loss",
+                            "expect": "same",
+                            "agreement": agreement,
+                            "lrs": [0.01, 0.01],
+                            "loss": {
+                                "n": 12,
+                                "mean": mean,
+                                "ci": [mean - 0.01, mean + 0.01],
+                                "verdict": "x",
+                            },
+                        },
+                        {
+                            **claim,
+                            "metric": "lr50",
+                            "expect": "same",
+                            "agreement": "agrees",
+                            "says": "T",
+                            "lr50_ratio": {
+                                "ratio": 1.2,
+                                "ci": [0.8, 1.6],
+                                "identified": True,
+                                "p": 0.01,
+                                "n": 30,
+                                "failed": 9,
+                                "bounds": [None, None],
+                            },
+                        },
+                    ],
+                }
+            )
+        )
         folders.append(f)
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- replication: results/a,results/b -->\nold\n<!-- /replication -->\n")
@@ -273,12 +493,21 @@ def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_
     prepared = prepare(f"text:{other}", vocab_size=320, root=tmp_path / "prepared", verbose=False)
     tokens = np.fromfile(prepared / "val.bin", dtype=np.uint16)
     n = min(1024 // 16, (len(tokens) - 1) // 16)
-    targets = tokens[1: n * 16 + 1].astype(np.int64)
-    k = len(targets) / int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum()) / math.log(2)
-    assert f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr 0.01" in text
-    assert text.splitlines()[2].startswith("Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
-                                           "On one only: rmsnorm/post vs layernorm/post (loss at a common safe LR: "
-                                           "agrees / cannot tell).")
+    targets = tokens[1 : n * 16 + 1].astype(np.int64)
+    k = (
+        len(targets)
+        / int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
+        / math.log(2)
+    )
+    assert (
+        f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr 0.01"
+        in text
+    )
+    assert text.splitlines()[2].startswith(
+        "Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
+        "On one only: rmsnorm/post vs layernorm/post (loss at a common safe LR: "
+        "agrees / cannot tell)."
+    )
 
 
 def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
@@ -292,15 +521,36 @@ def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
         r = json.loads(path.read_text())
         for c in r.get("claims", []):
             fits = [c["lr50_ratio"], *c.get("rules", {}).values()] if "lr50_ratio" in c else []
-            unidentified += [f["penalised_ratio"] for f in fits if not f["identified"] and f.get("penalised_ratio")]
-            if "lr50_ratio" in c and not c["lr50_ratio"]["identified"] and f"| [{r['name']}]" in found:
-                row = next((line for line in found.splitlines() if f"[{r['name']}](" in line
-                            and c["agreement"] in line), "")
-                assert not row or "LR50 ratio in " in row or "(brackets only)" in row or "LR50" not in row
+            unidentified += [
+                f["penalised_ratio"]
+                for f in fits
+                if not f["identified"] and f.get("penalised_ratio")
+            ]
+            if (
+                "lr50_ratio" in c
+                and not c["lr50_ratio"]["identified"]
+                and f"| [{r['name']}]" in found
+            ):
+                row = next(
+                    (
+                        line
+                        for line in found.splitlines()
+                        if f"[{r['name']}](" in line and c["agreement"] in line
+                    ),
+                    "",
+                )
+                assert (
+                    not row
+                    or "LR50 ratio in " in row
+                    or "(brackets only)" in row
+                    or "LR50" not in row
+                )
         for a in r.get("per_arm", {}).values():
             if not a["identified"] and a.get("penalised_lr50"):
                 unidentified.append(a["penalised_lr50"])
-    assert unidentified  # the committed studies have separated arms: the check has something to find
+    assert (
+        unidentified
+    )  # the committed studies have separated arms: the check has something to find
     for x in unidentified:
         for text in (f"ratio {g(x)} (", f"LR50 {g(x)} (", f" {1 / x:.1f}x", f"-{1 / x:.1f}x"):
             assert text not in found, (x, text)
@@ -311,12 +561,21 @@ def test_the_readme_answers_in_a_few_short_generated_sentences():
     stability map shown, and every verdict cell of a multi-test row names its sub-test."""
     import re
 
-    found = (REPO / "README.md").read_text().split("<!-- found: docs/results -->")[1].split("<!-- /found -->")[0]
-    prose = [line for line in found.splitlines() if line.strip() and not line.startswith(("|", "!["))]
+    found = (
+        (REPO / "README.md")
+        .read_text()
+        .split("<!-- found: docs/results -->")[1]
+        .split("<!-- /found -->")[0]
+    )
+    prose = [
+        line for line in found.splitlines() if line.strip() and not line.startswith(("|", "!["))
+    ]
     assert len(" ".join(prose).split()) <= 250
     for sentence in re.split(r"(?<=[.;])\s+", " ".join(prose)):
         assert len(sentence.split()) <= 60, sentence
     assert "stability_map.png)" in found
-    for row in [line for line in found.splitlines() if line.startswith("| ") and "---" not in line][1:]:
+    for row in [line for line in found.splitlines() if line.startswith("| ") and "---" not in line][
+        1:
+    ]:
         verdict = row.split(" | ")[1]
         assert ";" not in verdict or all(":" in part for part in verdict.split(";")), row

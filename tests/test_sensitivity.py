@@ -17,8 +17,10 @@ def _coverage(interval, n: int, draw, truth: float, trials: int = 2000) -> float
     return hits / trials
 
 
-DRAWS = {"normal": (lambda rng, n: rng.normal(1.0, 0.2, n), 1.0),
-         "log-normal": (lambda rng, n: np.exp(rng.normal(0.0, 0.3, n)), math.exp(0.045))}
+DRAWS = {
+    "normal": (lambda rng, n: rng.normal(1.0, 0.2, n), 1.0),
+    "log-normal": (lambda rng, n: np.exp(rng.normal(0.0, 0.3, n)), math.exp(0.045)),
+}
 
 
 @pytest.mark.parametrize("n", [3, 5, 8])
@@ -30,4 +32,6 @@ def test_the_per_arm_interval_covers_the_mean_at_few_seeds(n, dist):
     draw, truth = DRAWS[dist]
     assert n < BOOTSTRAP_FROM
     assert _coverage(mean_interval, n, draw, truth) >= 0.93
-    assert _coverage(bootstrap_ci, n, draw, truth, 400) < 0.91  # the old interval: the test can fail
+    assert (
+        _coverage(bootstrap_ci, n, draw, truth, 400) < 0.91
+    )  # the old interval: the test can fail

@@ -24,20 +24,57 @@ from training.rundir import read_metrics
 def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny):
     assert run_tiny("--name", "a", "train.steps=40", "optim.lr=1e-2") == EXIT_OK
     run_dir = tmp_path / "a"
-    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "meta.json", "metrics.jsonl", "summary.json",
-                                                   "checkpoints"}
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "config.yaml",
+        "meta.json",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoints",
+    }
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(0, 41))
-    per_layer = ["grad/norm/layer_{i}", "param/norm/layer_{i}", "update/ratio/layer_{i}", "act/rms/layer_{i}",
-                 "norm_in/mean/layer_{i}", "norm_in/rms/layer_{i}", "norm_in/absmax/layer_{i}", "norm/gain/layer_{i}",
-                 "attn/logit_max/layer_{i}", "attn/entropy/layer_{i}"]
-    design = {"step", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/loss_se", "val/bpb", "grad/norm",
-              "grad/clipped", "grad/absmax/trunk",
-              "grad/norm/embed", "grad/norm/head", "logits/max", "logits/log_z"}
-    per_layer += [f"update/ratio/layer_{{i}}/{m}" for m in ("attention.wq", "attention.wk", "attention.wv",
-                                                              "attention.wo", "feed_forward.w1", "feed_forward.w2",
-                                                              "feed_forward.w3", "gains")]
+    per_layer = [
+        "grad/norm/layer_{i}",
+        "param/norm/layer_{i}",
+        "update/ratio/layer_{i}",
+        "act/rms/layer_{i}",
+        "norm_in/mean/layer_{i}",
+        "norm_in/rms/layer_{i}",
+        "norm_in/absmax/layer_{i}",
+        "norm/gain/layer_{i}",
+        "attn/logit_max/layer_{i}",
+        "attn/entropy/layer_{i}",
+    ]
+    design = {
+        "step",
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_s",
+        "val/loss",
+        "val/loss_se",
+        "val/bpb",
+        "grad/norm",
+        "grad/clipped",
+        "grad/absmax/trunk",
+        "grad/norm/embed",
+        "grad/norm/head",
+        "logits/max",
+        "logits/log_z",
+    }
+    per_layer += [
+        f"update/ratio/layer_{{i}}/{m}"
+        for m in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "attention.wo",
+            "feed_forward.w1",
+            "feed_forward.w2",
+            "feed_forward.w3",
+            "gains",
+        )
+    ]
     design |= {name.format(i=i) for name in per_layer for i in range(2)}
     assert set().union(*records) == design  # exactly DESIGN's names
     stats_steps = [r["step"] for r in records if "act/rms/layer_0" in r]
@@ -49,14 +86,22 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     assert summary["final_val_loss"] == losses(run_dir, "val/loss")[-1]
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["parameters"] > 0 and meta["torch"] == torch.__version__ and "commit" in meta["git"]
-    assert meta["cpu"]["flush_denormal"] is True  # it changes results (1e-39 -> 0), so the run says so
-    assert meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"  # the default implementation
+    assert (
+        meta["cpu"]["flush_denormal"] is True
+    )  # it changes results (1e-39 -> 0), so the run says so
+    assert (
+        meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"
+    )  # the default implementation
     assert "model:" in (run_dir / "config.yaml").read_text()
     # and scripts/sample.py generates from its checkpoint, the same text for the same seed
     argv = [sys.executable, "scripts/sample.py", str(run_dir), "--tokens", "12", "--seed", "3"]
-    first, second = (subprocess.run(argv, cwd=train.REPO, capture_output=True, text=True, timeout=300)
-                     for _ in range(2))
-    assert first.returncode == 0 and first.stdout == second.stdout and first.stdout.startswith("The ")
+    first, second = (
+        subprocess.run(argv, cwd=train.REPO, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    )
+    assert (
+        first.returncode == 0 and first.stdout == second.stdout and first.stdout.startswith("The ")
+    )
 
 
 @pytest.mark.slow
@@ -68,23 +113,41 @@ def test_metrics_do_not_change_training(tmp_path, run_tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: the GradScaler's state is resumed too
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float16"]
+)  # float16: the GradScaler's state is resumed too
 def test_resume_is_exact(tmp_path, dtype, run_tiny):
-    assert run_tiny("--name", "full", "train.steps=16", "train.eval_every=4",
-               f"train.dtype={dtype}") == 0
-    assert run_tiny("--name", "half", "train.steps=16", "train.eval_every=4",
-               "train.stop_at=8", "train.checkpoint_every=100", f"train.dtype={dtype}") == 0
+    assert (
+        run_tiny("--name", "full", "train.steps=16", "train.eval_every=4", f"train.dtype={dtype}")
+        == 0
+    )
+    assert (
+        run_tiny(
+            "--name",
+            "half",
+            "train.steps=16",
+            "train.eval_every=4",
+            "train.stop_at=8",
+            "train.checkpoint_every=100",
+            f"train.dtype={dtype}",
+        )
+        == 0
+    )
     part = json.loads((tmp_path / "half" / "summary.json").read_text())
     assert part["status"] == "interrupted" and part["steps"] == 8
     assert train.main(["--name", "half", "--resume", f"log.out_dir={tmp_path}"]) == 0
     assert losses(tmp_path / "half") == losses(tmp_path / "full")  # bitwise equal, all 16 steps
     assert losses(tmp_path / "half", "val/loss") == losses(tmp_path / "full", "val/loss")
     assert json.loads((tmp_path / "half" / "summary.json").read_text())["steps"] == 16
-    if dtype == "float16":  # the loss scale was live and its state (scale, steps since growth) is checkpointed
+    if (
+        dtype == "float16"
+    ):  # the loss scale was live and its state (scale, steps since growth) is checkpointed
         scales = losses(tmp_path / "half", "amp/scale")
         assert len(scales) == 16 and scales == losses(tmp_path / "full", "amp/scale")
         scaler = load_checkpoint(tmp_path / "half" / "checkpoints" / "latest.pt")["scaler"]
-        assert scaler["scale"] == scales[-1] and scaler["_growth_tracker"] == 16  # counted on across the resume
+        assert (
+            scaler["scale"] == scales[-1] and scaler["_growth_tracker"] == 16
+        )  # counted on across the resume
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -105,22 +168,46 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_absurd_learning_rate_diverges_cleanly(tmp_path, run_tiny):
-    code = run_tiny("--name", "boom", "optim.lr=1e4", "optim.grad_clip=0", "optim.warmup_steps=0",
-               "train.steps=30")
+    code = run_tiny(
+        "--name",
+        "boom",
+        "optim.lr=1e4",
+        "optim.grad_clip=0",
+        "optim.warmup_steps=0",
+        "train.steps=30",
+    )
     assert code == EXIT_DIVERGED == 3
     summary = json.loads((tmp_path / "boom" / "summary.json").read_text())
     assert summary["status"] == "diverged" and 1 < summary["diverged_at"] <= 30
     records = read_metrics(tmp_path / "boom" / "metrics.jsonl")
     last = records[-1]
-    assert last["step"] == summary["diverged_at"] and None in (last["train/loss"], last["grad/norm"])  # NaN -> null
-    assert all(r["train/loss"] is not None and r["grad/norm"] is not None for r in records[1:-1])  # 0: L0
+    assert last["step"] == summary["diverged_at"] and None in (
+        last["train/loss"],
+        last["grad/norm"],
+    )  # NaN -> null
+    assert all(
+        r["train/loss"] is not None and r["grad/norm"] is not None for r in records[1:-1]
+    )  # 0: L0
 
 
 @pytest.mark.slow
 def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
-    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "--name", "c",
-           "train.steps=100000", "train.checkpoint_every=0", "train.eval_every=100000"]
-    proc = subprocess.Popen(cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "--name",
+        "c",
+        "train.steps=100000",
+        "train.checkpoint_every=0",
+        "train.eval_every=100000",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     metrics = tmp_path / "c" / "metrics.jsonl"
     deadline = time.time() + 120
     while len(read_metrics(metrics)) < 5 and time.time() < deadline:
@@ -131,20 +218,53 @@ def test_ctrl_c_saves_and_resumes(tmp_path, data_args):
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     state = load_checkpoint(tmp_path / "c" / "checkpoints" / "latest.pt")
     assert summary["status"] == "interrupted" and state["step"] == summary["steps"] >= 5
-    assert train.main(["--name", "c", "--resume", f"log.out_dir={tmp_path}",
-                       f"train.steps={state['step'] + 3}"]) == 0
+    assert (
+        train.main(
+            [
+                "--name",
+                "c",
+                "--resume",
+                f"log.out_dir={tmp_path}",
+                f"train.steps={state['step'] + 3}",
+            ]
+        )
+        == 0
+    )
     assert [r["step"] for r in read_metrics(metrics)] == list(range(0, state["step"] + 4))
 
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one_process(tmp_path, data_args):
-    common = ["--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=5", "train.batch_size=8",
-              "train.sample_tokens=0"]
+    common = [
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "train.steps=5",
+        "train.batch_size=8",
+        "train.sample_tokens=0",
+    ]
     assert train.main([*common, "--name", "single", "train.micro_batch_size=4"]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "train.py", *common, "--name", "ddp"], cwd=train.REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "train.py",
+            *common,
+            "--name",
+            "ddp",
+        ],
+        cwd=train.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     single, ddp = losses(tmp_path / "single"), losses(tmp_path / "ddp")
     assert len(ddp) == 5
@@ -154,34 +274,71 @@ def test_torchrun_two_processes_match_one_process(tmp_path, data_args):
 
 @pytest.mark.slow
 def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, data_args):
-    code = ("import sys, train; rc = train.main(sys.argv[1:]); "
-            "sys.exit(rc or (10 if 'wandb' in sys.modules else 0))")
-    base = [sys.executable, "-c", code, "--config", TINY, f"log.out_dir={tmp_path}", *data_args, "train.steps=3"]
+    code = (
+        "import sys, train; rc = train.main(sys.argv[1:]); "
+        "sys.exit(rc or (10 if 'wandb' in sys.modules else 0))"
+    )
+    base = [
+        sys.executable,
+        "-c",
+        code,
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "train.steps=3",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
-    r = subprocess.run([*base, "--name", "off"], cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*base, "--name", "off"],
+        cwd=train.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]  # 10 would mean wandb was imported while disabled
     last = r.stderr.strip().splitlines()[-1]  # the result line, not the progress bar drawn again
     assert "final val loss" in last and f"-> {tmp_path / 'off'}" in last, r.stderr[-2000:]
-    r = subprocess.run([*base, "--name", "on", "log.wandb=offline"], cwd=train.REPO,
-                       env={**env, "WANDB_SILENT": "true"}, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*base, "--name", "on", "log.wandb=offline"],
+        cwd=train.REPO,
+        env={**env, "WANDB_SILENT": "true"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 10, r.stderr[-2000:]  # ran fine, and did use wandb
     runs = list((tmp_path / "on" / "wandb").glob("offline-run-*"))
     assert runs and list(runs[0].glob("*.wandb"))
 
 
 @pytest.mark.slow
-def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(tmp_path,
-                                                                                       data_args):
+def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(
+    tmp_path, data_args
+):
     """SIGTERM during a step that takes a minute (one torch op: Python's signal handlers wait for it
     to return), then SIGTERM again: the process ends at once (it went on to the end of the step
     before; `timeout` did not stop such a run in 23 minutes, issue 42), exit 130, one line saying
     so; the last checkpoint is intact and resumes."""
-    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
-           "--name", "s", "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000",
-           "train.sample_tokens=0"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--config",
+        TINY,
+        f"log.out_dir={tmp_path}",
+        *data_args,
+        "--name",
+        "s",
+        "train.steps=50",
+        "train.checkpoint_every=1",
+        "train.eval_every=1000",
+        "train.sample_tokens=0",
+    ]
     env = {**os.environ, "NORMLAB_KILL_AT": "step:3:stall"}  # after step 2's checkpoint
-    proc = subprocess.Popen(cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     metrics, deadline = tmp_path / "s" / "metrics.jsonl", time.time() + 120
     while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1, 2 logged
         time.sleep(0.1)
@@ -192,9 +349,11 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_INTERRUPTED and time.time() - t0 < 5, err[-2000:]
-    assert err.strip().splitlines()[-1] == ("interrupted again: stopped at once; the last "
-                                            "checkpoint (step 2) is intact: --resume continues "
-                                            "from it"), err
+    assert err.strip().splitlines()[-1] == (
+        "interrupted again: stopped at once; the last "
+        "checkpoint (step 2) is intact: --resume continues "
+        "from it"
+    ), err
     assert load_checkpoint(tmp_path / "s" / "checkpoints" / "latest.pt")["step"] == 2
     resume = ["--name", "s", "--resume", f"log.out_dir={tmp_path}", "train.steps=4"]
     assert train.main(resume) == EXIT_OK
@@ -203,11 +362,14 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
 
 def test_help_answers_before_torch_is_imported():
     """`train.py --help` at once (it took 2-5 s importing torch); it points to docs/usage.md."""
-    code = ("import runpy, sys\nsys.argv = ['train.py', '--help']\ntry:\n"
-            "    runpy.run_path('train.py', run_name='__main__')\nexcept SystemExit as e:\n"
-            "    assert e.code == 0\nprint('torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=train.REPO, capture_output=True,
-                       text=True, timeout=60)
+    code = (
+        "import runpy, sys\nsys.argv = ['train.py', '--help']\ntry:\n"
+        "    runpy.run_path('train.py', run_name='__main__')\nexcept SystemExit as e:\n"
+        "    assert e.code == 0\nprint('torch' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=train.REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("False"), r.stdout + r.stderr
     assert "docs/usage.md" in r.stdout and "--resume" in r.stdout
 
@@ -224,7 +386,10 @@ class _StopAtOnce(train.StopRequest):
 def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, monkeypatch, run_tiny):
     monkeypatch.setattr(train, "StopRequest", _StopAtOnce)
     assert run_tiny("--name", "last", "train.steps=1") == EXIT_OK  # finishes: nothing to resume
-    assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in ("ok", "plateau")
+    assert json.loads((tmp_path / "last" / "summary.json").read_text())["status"] in (
+        "ok",
+        "plateau",
+    )
     assert run_tiny("--name", "early", "train.steps=3") == EXIT_INTERRUPTED
     assert load_checkpoint(tmp_path / "early" / "checkpoints" / "latest.pt")["step"] == 1
 
@@ -235,13 +400,30 @@ def test_extending_a_finished_run_holds_the_final_lr(tmp_path, run_tiny):
     assert run_tiny("--name", "x", "train.steps=12", "optim.lr=1e-2") == 0
     assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=24"]) == 0
     lrs = losses(tmp_path / "x", "train/lr")
-    assert len(lrs) == 24 and lrs[11] == pytest.approx(1e-3) and lrs[12:] == [pytest.approx(1e-3)] * 12
+    assert (
+        len(lrs) == 24 and lrs[11] == pytest.approx(1e-3) and lrs[12:] == [pytest.approx(1e-3)] * 12
+    )
     assert "schedule_steps: 12" in (tmp_path / "x" / "config.yaml").read_text()
     event = json.loads((tmp_path / "x" / "meta.json").read_text())["resumes"][-1]
-    assert event["at_step"] == 12 and event["schedule_steps"] == 12 and "hold the final lr" in event["note"]
+    assert (
+        event["at_step"] == 12
+        and event["schedule_steps"] == 12
+        and "hold the final lr" in event["note"]
+    )
     # an explicit new horizon re-schedules, and the run's files say so
-    assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=30",
-                       "optim.schedule_steps=40"]) == 0
+    assert (
+        train.main(
+            [
+                "--name",
+                "x",
+                "--resume",
+                f"log.out_dir={tmp_path}",
+                "train.steps=30",
+                "optim.schedule_steps=40",
+            ]
+        )
+        == 0
+    )
     event = json.loads((tmp_path / "x" / "meta.json").read_text())["resumes"][-1]
     assert event["previous_schedule_steps"] == 12 and event["schedule_steps"] == 40
     assert event["lr_after"] > 3 * event["lr_before"] and "re-scheduled" in event["note"]
@@ -256,7 +438,9 @@ def test_checkpoint_from_more_gpus_than_visible_is_one_line(tmp_path, monkeypatc
     state = {"torch": torch.get_rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}
     with pytest.raises(CheckpointError, match="RNG states for 2 devices"):
         set_rng_state(state)
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: (_ for _ in ()).throw(IndexError("list index")))
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda s: (_ for _ in ()).throw(IndexError("list index"))
+    )
     with pytest.raises(CheckpointError, match="cannot restore the RNG state"):
         set_rng_state({"torch": torch.get_rng_state(), "cuda": torch.zeros(16, dtype=torch.uint8)})
     with pytest.raises(CheckpointError, match="cannot restore the RNG state"):
@@ -281,7 +465,9 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch
     """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
     real, calls = train.evaluate, []
 
-    def nan_at_the_end(model, *args, **kwargs):  # eval_every > steps: called at step 0 (L0), then after the last
+    def nan_at_the_end(
+        model, *args, **kwargs
+    ):  # eval_every > steps: called at step 0 (L0), then after the last
         calls.append(1)
         if len(calls) == 1:
             return real(model, *args, **kwargs)
@@ -306,15 +492,36 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, monkeypatch,
 
     sent, axes = [], []
     real_log, real_define = wandb_run.Run.log, wandb_run.Run.define_metric
-    monkeypatch.setattr(wandb_run.Run, "log", lambda self, data, step=None, **kw: (
-        sent.append((dict(data), step)), real_log(self, data, step=step, **kw))[1])
-    monkeypatch.setattr(wandb_run.Run, "define_metric", lambda self, name, *a, **kw: (
-        axes.append((name, kw.get("step_metric"))), real_define(self, name, *a, **kw))[1])
+    monkeypatch.setattr(
+        wandb_run.Run,
+        "log",
+        lambda self, data, step=None, **kw: (
+            sent.append((dict(data), step)),
+            real_log(self, data, step=step, **kw),
+        )[1],
+    )
+    monkeypatch.setattr(
+        wandb_run.Run,
+        "define_metric",
+        lambda self, name, *a, **kw: (
+            axes.append((name, kw.get("step_metric"))),
+            real_define(self, name, *a, **kw),
+        )[1],
+    )
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     common = [f"log.out_dir={tmp_path}", "log.wandb=offline"]
-    assert run_tiny("--name", "w", "train.steps=8", "train.checkpoint_every=4", "train.stop_at=4",
-               "log.wandb=offline") == 0
+    assert (
+        run_tiny(
+            "--name",
+            "w",
+            "train.steps=8",
+            "train.checkpoint_every=4",
+            "train.stop_at=4",
+            "log.wandb=offline",
+        )
+        == 0
+    )
     ckpt = tmp_path / "w" / "checkpoints" / "latest.pt"
     at_4 = ckpt.read_bytes()
     assert train.main(["--name", "w", "--resume", *common, "train.stop_at=6"]) == 0
@@ -323,15 +530,23 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, monkeypatch,
     assert ("*", "train/step") in axes and all(step is None for _, step in sent)
     logged = [d["train/step"] for d, _ in sent if "train/loss" in d]
     assert logged == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # the re-trained 5 and 6 are sent again
-    final = {d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d}  # last value per step
-    assert [final[s] for s in range(1, 9)] == losses(tmp_path / "w")  # the dashboard ends where metrics.jsonl does
+    final = {
+        d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d
+    }  # last value per step
+    assert [final[s] for s in range(1, 9)] == losses(
+        tmp_path / "w"
+    )  # the dashboard ends where metrics.jsonl does
     assert len(list((tmp_path / "w" / "wandb").glob("offline-run-*"))) == 3
 
 
 @pytest.mark.parametrize("placement", sorted(BLOCKS))
 def test_every_registered_placement_trains_through_train_py(tmp_path, placement, run_tiny):
-    assert run_tiny("--name", placement, "--placement", placement, "train.steps=6",
-               "train.sample_tokens=0") == 0
+    assert (
+        run_tiny(
+            "--name", placement, "--placement", placement, "train.steps=6", "train.sample_tokens=0"
+        )
+        == 0
+    )
     loss = losses(tmp_path / placement)
     assert len(loss) == 6 and all(v == v for v in loss) and loss[-1] < loss[0]
 

@@ -15,24 +15,43 @@ import train
 from study.runner import Worker
 from training.rundir import read_metrics
 
-TIMING = {"train/tokens_per_s", "train/mfu"}  # measured, not computed: differ between any two launches
+TIMING = {
+    "train/tokens_per_s",
+    "train/mfu",
+}  # measured, not computed: differ between any two launches
 
 
 def _argv(out, name, *overrides):
-    return ["--config", TINY, "--name", name, "--resume", f"log.out_dir={out}", "train.steps=6", "train.eval_every=3",
-            "train.checkpoint_every=3", "train.sample_tokens=8", "log.stats_every=2", "train.threads=1", *overrides]
+    return [
+        "--config",
+        TINY,
+        "--name",
+        name,
+        "--resume",
+        f"log.out_dir={out}",
+        "train.steps=6",
+        "train.eval_every=3",
+        "train.checkpoint_every=3",
+        "train.sample_tokens=8",
+        "log.stats_every=2",
+        "train.threads=1",
+        *overrides,
+    ]
 
 
 def _same_run(a, b):
     ra, rb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
-    assert [{k: v for k, v in r.items() if k not in TIMING} for r in ra] == \
-           [{k: v for k, v in r.items() if k not in TIMING} for r in rb]
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in ra] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in rb
+    ]
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for s in (sa, sb):
         for k in ("wall_time_s", "tokens_per_s"):
             s.pop(k)
     assert sa == sb
-    wa, wb = (torch.load(d / "checkpoints" / "latest.pt", weights_only=False)["model"] for d in (a, b))
+    wa, wb = (
+        torch.load(d / "checkpoints" / "latest.pt", weights_only=False)["model"] for d in (a, b)
+    )
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -42,17 +61,28 @@ def test_runs_in_one_worker_compute_what_train_py_computes_alone(tmp_path, data_
     resumed there, equals the same run launched as its own process (uninterrupted: resuming is exact,
     tests/test_train.py), and so does the first."""
     worker = Worker(threads=1, gpu=None)
-    first = _argv(tmp_path / "w", "a", "model.norm=layernorm", "model.placement=post", "optim.lr=3e-2", *data_args)
+    first = _argv(
+        tmp_path / "w",
+        "a",
+        "model.norm=layernorm",
+        "model.placement=post",
+        "optim.lr=3e-2",
+        *data_args,
+    )
     second = _argv(tmp_path / "w", "b", "model.norm=rmsnorm", "train.seed=1", *data_args)
     assert worker.run(first, tmp_path / "a.log") == 0
     pid = worker.proc.pid
-    assert worker.run([*second, "train.stop_at=3"], tmp_path / "b.log") == 0  # stops at 3, resumable
+    assert (
+        worker.run([*second, "train.stop_at=3"], tmp_path / "b.log") == 0
+    )  # stops at 3, resumable
     assert worker.run(second, tmp_path / "b.log") == 0  # resumes from 3 in the same process
     assert worker.proc.pid == pid
     worker.close()
     for name, argv in (("a", first), ("b", second)):
         alone = [a.replace(str(tmp_path / "w"), str(tmp_path / "p")) for a in argv]
-        r = subprocess.run([sys.executable, str(train.REPO / "train.py"), *alone], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, str(train.REPO / "train.py"), *alone], capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         _same_run(tmp_path / "w" / name, tmp_path / "p" / name)
     log = (tmp_path / "a.log").read_text()
@@ -64,16 +94,24 @@ def test_a_run_that_fails_stays_that_runs_failure(tmp_path, data_args, monkeypat
     """Bad input: exit 2, the worker goes on. A crash (here SIGKILL at a fault point, as the OOM killer would):
     that run's exit code, and the next run gets a fresh worker that trains it normally."""
     worker = Worker(threads=1, gpu=None)
-    assert worker.run(_argv(tmp_path, "bad", "model.norm=groupnorm", *data_args), tmp_path / "bad.log") == 2
+    assert (
+        worker.run(_argv(tmp_path, "bad", "model.norm=groupnorm", *data_args), tmp_path / "bad.log")
+        == 2
+    )
     assert "error: " in (tmp_path / "bad.log").read_text()
     pid = worker.proc.pid
     assert worker.run(_argv(tmp_path, "ok", *data_args), tmp_path / "ok.log") == 0
     assert worker.proc.pid == pid
-    monkeypatch.setenv("NORMLAB_KILL_AT", "step:4")  # the workers started from now on die at their 4th step
+    monkeypatch.setenv(
+        "NORMLAB_KILL_AT", "step:4"
+    )  # the workers started from now on die at their 4th step
     killer = Worker(threads=1, gpu=None)
     assert killer.run(_argv(tmp_path, "killed", *data_args), tmp_path / "killed.log") == -9
     assert killer.proc.poll() == -9
-    assert killer.run(_argv(tmp_path, "after", "train.steps=3", *data_args), tmp_path / "after.log") == 0
+    assert (
+        killer.run(_argv(tmp_path, "after", "train.steps=3", *data_args), tmp_path / "after.log")
+        == 0
+    )
     assert json.loads((tmp_path / "after" / "summary.json").read_text())["steps"] == 3
     killer.close()
     worker.close()
@@ -85,12 +123,22 @@ def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_pat
     one line saying what a request is (a traceback ended the worker before); then a well-formed
     request still runs."""
     log = tmp_path / "r.log"
-    lines = ["not json", '{"log": "x"}', '{"argv": [1, 2], "log": "x"}', '["argv"]',
-             json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(log)})]
-    r = subprocess.run([sys.executable, "-m", "study.worker", "test"],
-                       input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120,
-                       cwd=train.REPO,
-                       env={**os.environ, "PYTHONPATH": str(train.REPO)})
+    lines = [
+        "not json",
+        '{"log": "x"}',
+        '{"argv": [1, 2], "log": "x"}',
+        '["argv"]',
+        json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(log)}),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "study.worker", "test"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=train.REPO,
+        env={**os.environ, "PYTHONPATH": str(train.REPO)},
+    )
     answers = [json.loads(a) for a in r.stdout.splitlines()]
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert [a["exit_code"] for a in answers] == [2] * 5

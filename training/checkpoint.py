@@ -46,7 +46,9 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
         if path.exists():
             os.replace(path, previous_path(path))
             faults.point("checkpoint_swap")
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half of one
+        os.replace(
+            tmp, path
+        )  # atomic on POSIX: readers see the old or the new file, never half of one
         fsync_dir(path.parent)  # make the renames themselves durable
     finally:
         tmp.unlink(missing_ok=True)
@@ -63,8 +65,11 @@ def save_durably(obj, path: Path) -> None:
 def has_checkpoint(path: str | Path) -> bool:
     """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp / previous.dcp."""
     path = Path(path)
-    return path.is_file() or previous_path(path).is_file() or any(
-        (path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
+    return (
+        path.is_file()
+        or previous_path(path).is_file()
+        or any((path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
+    )
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -75,7 +80,9 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).strip().splitlines()[0][:200]}") from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {str(e).strip().splitlines()[0][:200]}"
+        ) from None
 
 
 def rng_state() -> dict:
@@ -96,25 +103,31 @@ def set_rng_state(state: dict) -> None:
             if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per visible device
                 device = torch.cuda.current_device()
                 if device >= len(cuda):
-                    raise CheckpointError(f"the checkpoint holds CUDA RNG states for {len(cuda)} devices; this "
-                                          f"process drives device {device}")
+                    raise CheckpointError(
+                        f"the checkpoint holds CUDA RNG states for {len(cuda)} devices; this "
+                        f"process drives device {device}"
+                    )
                 cuda = cuda[device]
             torch.cuda.set_rng_state(cuda)
     except CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"cannot restore the RNG state: {(str(e).strip().splitlines() or [repr(e)])[0][:200]}"
-                              ) from None
+        raise CheckpointError(
+            f"cannot restore the RNG state: {(str(e).strip().splitlines() or [repr(e)])[0][:200]}"
+        ) from None
 
 
 # sharded runs (fsdp, tp): DCP directories, every rank writing and reading its own shards
+
 
 def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
     """(latest, previous) DCP checkpoint directories beside a run's latest.pt."""
     return checkpoint.with_name("latest.dcp"), checkpoint.with_name("previous.dcp")
 
 
-def save_sharded_checkpoint(checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
+def save_sharded_checkpoint(
+    checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict
+) -> None:
     """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
     latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate, the renames
     fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact; rank
@@ -155,7 +168,9 @@ def _one_line(e: BaseException) -> str:
     says what the type means (EOFError: the file ends early)."""
     lines = str(e).strip().splitlines()
     empty = {EOFError: "the file ends early (truncated?)", KeyError: "an entry is missing"}
-    reason = lines[0] if lines else next((v for k, v in empty.items() if isinstance(e, k)), "no message")
+    reason = (
+        lines[0] if lines else next((v for k, v in empty.items() if isinstance(e, k)), "no message")
+    )
     if len(reason) > 120 and ". " in reason:
         reason = reason.split(". ")[0]
     return f"{type(e).__name__}: {reason}"[:300]
@@ -190,14 +205,20 @@ def candidates(checkpoint: Path) -> tuple[list[Candidate], list[str]]:
         if path.is_dir():
             try:
                 step = torch.load(path / "extra.pt", weights_only=False)["step"]
-                found.append((step, (path / "extra.pt").stat().st_mtime, Candidate(path, int(step))))
+                found.append(
+                    (step, (path / "extra.pt").stat().st_mtime, Candidate(path, int(step)))
+                )
             except Exception as e:
-                errors.append(f"sharded checkpoint {path} cannot be read: "
-                              f"{'no extra.pt (incomplete)' if not (path / 'extra.pt').exists() else _one_line(e)}")
+                errors.append(
+                    f"sharded checkpoint {path} cannot be read: "
+                    f"{'no extra.pt (incomplete)' if not (path / 'extra.pt').exists() else _one_line(e)}"
+                )
     return [c for _, _, c in sorted(found, key=lambda x: x[:2], reverse=True)], errors
 
 
-def load_newest(checkpoint: Path, load: Callable[[Candidate], object]) -> tuple[object, Candidate, list[str]]:
+def load_newest(
+    checkpoint: Path, load: Callable[[Candidate], object]
+) -> tuple[object, Candidate, list[str]]:
     """The newest checkpoint `load` can read, whatever its kind: (what load returned, which one, why newer ones were
     skipped). Under torchrun every rank tries the same checkpoints in the same order (rank 0 lists them) and they
     agree on each outcome, as a DCP load is a collective. CheckpointError naming every failure when none loads."""
@@ -208,7 +229,10 @@ def load_newest(checkpoint: Path, load: Callable[[Candidate], object]) -> tuple[
             with _quiet_dcp():
                 result, error = load(c), None
         except CheckpointError as e:
-            result, error = None, CheckpointError(str(e))  # the message only: no traceback (and its frames) kept
+            result, error = (
+                None,
+                CheckpointError(str(e)),
+            )  # the message only: no traceback (and its frames) kept
         error = distributed.first_error(error)
         if error is None:
             return result, c, errors
@@ -227,6 +251,7 @@ def skipped(errors: list[str], c: Candidate) -> str | None:
 def _quiet_dcp():
     """DCP logs every failed read to the root logger with its traceback (~80 lines for a missing .metadata) before
     raising: the failure is one CheckpointError line (and a fallback) here, so those records are dropped."""
+
     def keep(record: logging.LogRecord) -> bool:
         return "distributed/checkpoint" not in record.pathname.replace(os.sep, "/")
 
@@ -238,7 +263,9 @@ def _quiet_dcp():
         root.removeFilter(keep)
 
 
-def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict) -> None:
+def load_full_state(
+    model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict
+) -> None:
     """Load a full (unsharded) model and optimizer state, as a .pt checkpoint holds it, into this model and
     optimizer: directly in one process or DDP; onto a sharded model through torch's distributed state-dict API,
     which takes each rank's shard of every tensor (plain load_state_dict would accept full-size state for
@@ -252,10 +279,19 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, model_state: d
     # optimizer.state_dict() names parameters by their index in the param groups; the distributed API by name
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
-    by_name = {"state": {order[i]: v for i, v in opt_state["state"].items()},
-               "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in opt_state["param_groups"]]}
-    set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=by_name,
-                   options=StateDictOptions(full_state_dict=True))
+    by_name = {
+        "state": {order[i]: v for i, v in opt_state["state"].items()},
+        "param_groups": [
+            {**g, "params": [order[i] for i in g["params"]]} for g in opt_state["param_groups"]
+        ],
+    }
+    set_state_dict(
+        model,
+        opt,
+        model_state_dict=model_state,
+        optim_state_dict=by_name,
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
 @contextmanager
@@ -267,7 +303,9 @@ def _readable(path: Path):
     try:
         yield
     except CheckpointException as e:
-        raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}") from None
+        raise CheckpointError(
+            f"sharded checkpoint {path} cannot be read: {_one_line(_dcp_failure(e))}"
+        ) from None
     except Exception as e:
         raise CheckpointError(f"sharded checkpoint {path} cannot be read: {_one_line(e)}") from None
 
@@ -289,7 +327,9 @@ def full_model_state(model: nn.Module) -> dict:
     parallelism a prompt's length rarely splits evenly over the sequence-parallel ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 @contextmanager
@@ -310,9 +350,14 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
     model_state, opt_state = get_state_dict(model, opt)
     try:
         with _single_process_ok():
-            dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=str(path),
-                     no_dist=not dist.is_initialized())
-    except CheckpointException as e:  # a BaseException, raised on every rank (DCP gathers the failures): one line
+            dcp.save(
+                {"model": model_state, "optimizer": opt_state},
+                checkpoint_id=str(path),
+                no_dist=not dist.is_initialized(),
+            )
+    except (
+        CheckpointException
+    ) as e:  # a BaseException, raised on every rank (DCP gathers the failures): one line
         error = OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}")
         raise (distributed.shared(error) if dist.is_initialized() else error) from None
 
@@ -333,7 +378,9 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
     model_state, opt_state = get_state_dict(model, opt)
     state = {"model": model_state, "optimizer": opt_state}
     with _readable(path), _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())  # one process: no collectives
+        dcp.load(
+            state, checkpoint_id=str(path), no_dist=not dist.is_initialized()
+        )  # one process: no collectives
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return extra
@@ -351,7 +398,9 @@ def load_run(run_dir: Path):
     if not run.config.is_file():
         raise ConfigError(f"{run.path} is not a run directory (no config.yaml)")
     cfg = load_config(run.config)
-    prepared = prepare(**vars(cfg.data), verbose=False)  # DataConfig's fields are prepare()'s arguments
+    prepared = prepare(
+        **vars(cfg.data), verbose=False
+    )  # DataConfig's fields are prepare()'s arguments
     model = Llama(cfg.model)
 
     def weights(c: Candidate) -> None:
@@ -360,8 +409,10 @@ def load_run(run_dir: Path):
         try:
             model.load_state_dict(load_checkpoint(c.path)["model"])
         except (RuntimeError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {c.path} does not fit {run.config}: "
-                                  f"{str(e).strip().splitlines()[0][:200]}") from None
+            raise CheckpointError(
+                f"checkpoint {c.path} does not fit {run.config}: "
+                f"{str(e).strip().splitlines()[0][:200]}"
+            ) from None
 
     load_newest(run.checkpoint, weights)
     return model.eval(), prepared

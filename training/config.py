@@ -24,13 +24,17 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    source: str = "pydocs"  # pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]
+    source: str = (
+        "pydocs"  # pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]
+    )
     vocab_size: int = 4096  # SentencePiece vocabulary; also sets model.vocab_size
     val_fraction: float = 0.05  # share of documents held out for validation
     seed: int = 1337  # train/val document split
     text_field: str = "text"
     root: str = "data/prepared"
-    max_tokens: int = 0  # cap the training split at this many tokens (a hub source is streamed); 0 = all
+    max_tokens: int = (
+        0  # cap the training split at this many tokens (a hub source is streamed); 0 = all
+    )
 
 
 @dataclass
@@ -38,14 +42,20 @@ class OptimConfig:
     lr: float = 3e-3  # peak learning rate
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
     warmup_steps: int = 30
-    schedule_steps: int = 0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
+    schedule_steps: int = (
+        0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
+    )
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only, never on norm gains or biases
-    weight_decay_mode: str = "coupled"  # coupled: decay wd * lr(t) (torch's AdamW) | independent: wd * lr(t) / lr
-    parametrization: str = "sp"  # sp | mup_simple: every matrix's LR x mup_base_width / model.dim (training/optim.py)
+    weight_decay_mode: str = (
+        "coupled"  # coupled: decay wd * lr(t) (torch's AdamW) | independent: wd * lr(t) / lr
+    )
+    parametrization: str = (
+        "sp"  # sp | mup_simple: every matrix's LR x mup_base_width / model.dim (training/optim.py)
+    )
     mup_base_width: int = 64  # mup_simple's base width: the width whose LRs are the configured ones
     decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
     grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
@@ -55,22 +65,32 @@ class OptimConfig:
 class TrainConfig:
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per optimizer step, summed over all processes
-    micro_batch_size: int = 0  # sequences per forward pass and process; 0 = no gradient accumulation
+    micro_batch_size: int = (
+        0  # sequences per forward pass and process; 0 = no gradient accumulation
+    )
     seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
     seed: int = 0  # model init and batch order (separate generators)
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; float16 with a GradScaler)
     compile: bool = False  # torch.compile the model
     parallel: str = "ddp"  # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
-    tp_size: int = 2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
+    tp_size: int = (
+        2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
+    )
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
     eval_every: int = 50  # steps between validation evals (and always at the end)
-    eval_tokens: int = 16384  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
-    checkpoint_every: int = 100  # steps between checkpoints (and always at the end); 0 = only at the end
+    eval_tokens: int = (
+        16384  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
+    )
+    checkpoint_every: int = (
+        100  # steps between checkpoints (and always at the end); 0 = only at the end
+    )
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
     threads: int = 0  # torch CPU threads per process; 0 = torch's default
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
-    memory_check: bool = True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)
+    memory_check: bool = (
+        True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)
+    )
     sample_tokens: int = 48  # tokens of text generated at the end (0 = none)
 
 
@@ -81,11 +101,21 @@ class LogConfig:
     stats_every: int = 25  # steps between per-layer stability metrics (0 = never)
     wandb: str = "disabled"  # disabled | offline | online
     wandb_project: str = "normlab"
-    spike_window: int = 5  # spike detector: a value is compared with the median of the previous spike_window
-    spike_k: float = 5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
-    plateau_margin: float = 0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
-    flat_horizon: float = 1.0  # x the run's steps: a plateau whose last evals would not cross that soon collapsed
-    blowup_margin: float = 0.5  # nats: a run that learned and ended this far above its best val loss is unstable
+    spike_window: int = (
+        5  # spike detector: a value is compared with the median of the previous spike_window
+    )
+    spike_k: float = (
+        5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
+    )
+    plateau_margin: float = (
+        0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
+    )
+    flat_horizon: float = (
+        1.0  # x the run's steps: a plateau whose last evals would not cross that soon collapsed
+    )
+    blowup_margin: float = (
+        0.5  # nats: a run that learned and ended this far above its best val loss is unstable
+    )
 
 
 @dataclass
@@ -97,9 +127,13 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
 
-CHOICES = {"train.device": ("auto", "cpu", "cuda"), "train.dtype": ("float32", "bfloat16", "float16"),
-           "train.parallel": ("ddp", "fsdp", "tp"),
-           "optim.schedule": ("cosine", "linear", "constant"), "log.wandb": ("disabled", "offline", "online")}
+CHOICES = {
+    "train.device": ("auto", "cpu", "cuda"),
+    "train.dtype": ("float32", "bfloat16", "float16"),
+    "train.parallel": ("ddp", "fsdp", "tp"),
+    "optim.schedule": ("cosine", "linear", "constant"),
+    "log.wandb": ("disabled", "offline", "online"),
+}
 
 
 def _load_yaml(path: Path, seen: tuple = ()):
@@ -114,25 +148,32 @@ def _load_yaml(path: Path, seen: tuple = ()):
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "Invalid loaded object type" in msg:  # a bare scalar
-            raise ConfigError(f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, "
-                              f"train:, log:), got a {msg.rsplit(' ', 1)[-1]}") from None
+            raise ConfigError(
+                f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, "
+                f"train:, log:), got a {msg.rsplit(' ', 1)[-1]}"
+            ) from None
         raise ConfigError(f"cannot parse {str(path)!r}: {msg}") from None
     if not OmegaConf.is_dict(node):
-        raise ConfigError(f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, train:, "
-                          f"log:), got a list")
+        raise ConfigError(
+            f"config {str(path)!r} must be a mapping of sections (model:, data:, optim:, train:, "
+            f"log:), got a list"
+        )
     sections = {f.name for f in dataclasses.fields(Config)}
     for key, value in node.items():
         if key in sections and not OmegaConf.is_dict(value) and value is not None:
-            raise ConfigError(f"config {str(path)!r}: {key!r} must be a mapping of its fields, e.g. "
-                              f"{key}: {{...}}, got {value!r}")
+            raise ConfigError(
+                f"config {str(path)!r}: {key!r} must be a mapping of its fields, e.g. "
+                f"{key}: {{...}}, got {value!r}"
+            )
     base = node.pop("base", None)
     if base is None:
         return [node]
     return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [node]
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
-                ) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
+) -> Config:
     """Config from defaults, then the YAML file (and its bases), then `key=value` overrides (parsed as YAML),
     then `values` ({dotted key: value}, taken as given: --name on stays the string 'on')."""
     layers = [OmegaConf.structured(Config)]
@@ -158,9 +199,15 @@ def _one_line(e: OmegaConfBaseException) -> str:
     msg = str(getattr(e, "msg", "") or e).splitlines()[0]
     if "not in" in msg and key:
         section = key.rsplit(".", 1)[0] if "." in key else ""
-        node = OmegaConf.select(OmegaConf.structured(Config), section) if section else OmegaConf.structured(Config)
+        node = (
+            OmegaConf.select(OmegaConf.structured(Config), section)
+            if section
+            else OmegaConf.structured(Config)
+        )
         valid = ", ".join(node.keys()) if OmegaConf.is_dict(node) else ""
-        return f"unknown config key {key!r}; valid keys{' in ' + section if section else ''}: {valid}"
+        return (
+            f"unknown config key {key!r}; valid keys{' in ' + section if section else ''}: {valid}"
+        )
     return f"bad value for {key}: {msg}" if key else msg
 
 
@@ -175,11 +222,18 @@ def validate(cfg: Config) -> Config:
     from model.ops import OPS_IMPLS
     from training.optim import PARAMETRIZATIONS, WEIGHT_DECAY_MODES
 
-    choices = {**CHOICES, "model.norm": tuple(NORMS), "model.placement": tuple(BLOCKS),
-               "model.norm_impl": tuple(NORM_IMPLS), "model.ops_impl": tuple(OPS_IMPLS),
-               "model.init_residual": tuple(RESIDUAL_INITS), "model.norm_precision": tuple(NORM_PRECISIONS),
-               "model.ffn": tuple(FFNS), "optim.weight_decay_mode": tuple(WEIGHT_DECAY_MODES),
-               "optim.parametrization": tuple(PARAMETRIZATIONS)}
+    choices = {
+        **CHOICES,
+        "model.norm": tuple(NORMS),
+        "model.placement": tuple(BLOCKS),
+        "model.norm_impl": tuple(NORM_IMPLS),
+        "model.ops_impl": tuple(OPS_IMPLS),
+        "model.init_residual": tuple(RESIDUAL_INITS),
+        "model.norm_precision": tuple(NORM_PRECISIONS),
+        "model.ffn": tuple(FFNS),
+        "optim.weight_decay_mode": tuple(WEIGHT_DECAY_MODES),
+        "optim.parametrization": tuple(PARAMETRIZATIONS),
+    }
     for key, valid in choices.items():
         value = reduce(getattr, key.split("."), cfg)
         if value not in valid:
@@ -192,36 +246,59 @@ def validate(cfg: Config) -> Config:
     cfg.model.vocab_size = cfg.data.vocab_size
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
-    positive = {"train.steps": t.steps, "train.batch_size": t.batch_size, "train.seq_len": t.seq_len,
-                "train.eval_every": t.eval_every, "optim.lr": cfg.optim.lr, "train.tp_size": t.tp_size,
-                "optim.mup_base_width": cfg.optim.mup_base_width}
+    positive = {
+        "train.steps": t.steps,
+        "train.batch_size": t.batch_size,
+        "train.seq_len": t.seq_len,
+        "train.eval_every": t.eval_every,
+        "optim.lr": cfg.optim.lr,
+        "train.tp_size": t.tp_size,
+        "optim.mup_base_width": cfg.optim.mup_base_width,
+    }
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
-    nonneg = {"train.eval_tokens": t.eval_tokens, "train.micro_batch_size": t.micro_batch_size,
-              "train.checkpoint_every": t.checkpoint_every,
-              "train.stop_at": t.stop_at, "train.threads": t.threads, "train.z_loss": t.z_loss,
-              "optim.warmup_steps": cfg.optim.warmup_steps, "optim.schedule_steps": cfg.optim.schedule_steps,
-              "optim.weight_decay": cfg.optim.weight_decay,
-              "optim.grad_clip": cfg.optim.grad_clip, "log.stats_every": cfg.log.stats_every}
+    nonneg = {
+        "train.eval_tokens": t.eval_tokens,
+        "train.micro_batch_size": t.micro_batch_size,
+        "train.checkpoint_every": t.checkpoint_every,
+        "train.stop_at": t.stop_at,
+        "train.threads": t.threads,
+        "train.z_loss": t.z_loss,
+        "optim.warmup_steps": cfg.optim.warmup_steps,
+        "optim.schedule_steps": cfg.optim.schedule_steps,
+        "optim.weight_decay": cfg.optim.weight_decay,
+        "optim.grad_clip": cfg.optim.grad_clip,
+        "log.stats_every": cfg.log.stats_every,
+    }
     for key, value in nonneg.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if t.micro_batch_size and t.batch_size % t.micro_batch_size:
-        raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
-                          f"train.micro_batch_size={t.micro_batch_size}")
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} must be a multiple of "
+            f"train.micro_batch_size={t.micro_batch_size}"
+        )
     o = cfg.optim
-    o.schedule_steps = o.schedule_steps or t.steps  # resolved once, recorded in config.yaml: a resume keeps it
+    o.schedule_steps = (
+        o.schedule_steps or t.steps
+    )  # resolved once, recorded in config.yaml: a resume keeps it
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
-        raise ConfigError("optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "
-                          "optim.min_lr_ratio in [0, 1]")
+        raise ConfigError(
+            "optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "
+            "optim.min_lr_ratio in [0, 1]"
+        )
     if t.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
+            raise ConfigError(
+                "train.device=cuda but no CUDA device is available; use train.device=auto or cpu"
+            )
     if cfg.log.plateau_margin < 0 or cfg.log.blowup_margin <= 0 or cfg.log.flat_horizon <= 0:
-        raise ConfigError("log.plateau_margin must be >= 0, log.blowup_margin and log.flat_horizon > 0")
+        raise ConfigError(
+            "log.plateau_margin must be >= 0, log.blowup_margin and log.flat_horizon > 0"
+        )
     if cfg.log.spike_window < 2 or cfg.log.spike_k <= 0:
         raise ConfigError("log.spike_window must be >= 2 and log.spike_k > 0")
     try:
@@ -249,11 +326,24 @@ def to_dict(cfg: Config) -> dict:
 
 
 # what a resumed run may change: its length and how it runs, not what it trains
-RESUMABLE = ("train.steps", "optim.schedule_steps", "train.stop_at", "train.checkpoint_every",
-             "train.eval_every", "train.threads", "train.malloc_tuning", "train.memory_check",
-             "train.sample_tokens", "log.out_dir", "log.wandb", "log.wandb_project",
-             # how it is spread over processes (a resume on another count splits the same batch)
-             "train.parallel", "train.tp_size", "train.micro_batch_size")
+RESUMABLE = (
+    "train.steps",
+    "optim.schedule_steps",
+    "train.stop_at",
+    "train.checkpoint_every",
+    "train.eval_every",
+    "train.threads",
+    "train.malloc_tuning",
+    "train.memory_check",
+    "train.sample_tokens",
+    "log.out_dir",
+    "log.wandb",
+    "log.wandb_project",
+    # how it is spread over processes (a resume on another count splits the same batch)
+    "train.parallel",
+    "train.tp_size",
+    "train.micro_batch_size",
+)
 
 
 def resumed_config(saved: Path, given: Config | None, overrides: list[str], flags: dict) -> Config:
@@ -262,17 +352,21 @@ def resumed_config(saved: Path, given: Config | None, overrides: list[str], flag
     changed = [o.split("=", 1)[0] for o in overrides] + [k for k in flags if k != "log.name"]
     if given is not None:
         before, now = flat(to_dict(load_config(saved))), flat(to_dict(given))
-        differ = [k for k in now
-                  if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)]
+        differ = [
+            k for k in now if k not in RESUMABLE and k != "log.name" and now[k] != before.get(k)
+        ]
         if differ:
-            raise ConfigError(f"--resume: the command's config differs from the saved {saved} in "
-                              f"{differ[0]} ({before.get(differ[0])!r} -> {now[differ[0]]!r}); a "
-                              f"resume may change only: {', '.join(RESUMABLE)}")
+            raise ConfigError(
+                f"--resume: the command's config differs from the saved {saved} in "
+                f"{differ[0]} ({before.get(differ[0])!r} -> {now[differ[0]]!r}); a "
+                f"resume may change only: {', '.join(RESUMABLE)}"
+            )
         changed = [k for k in changed if k in RESUMABLE]  # the others were just checked equal
     fixed = [k for k in changed if k not in RESUMABLE]
     if fixed:
-        raise ConfigError(f"--resume cannot change {fixed[0]}; it may change: "
-                          f"{', '.join(RESUMABLE)}")
+        raise ConfigError(
+            f"--resume cannot change {fixed[0]}; it may change: {', '.join(RESUMABLE)}"
+        )
     flags = dict(flags)
     if "optim.schedule_steps" not in changed:  # the run's scheduled horizon (older runs: its steps)
         flags["optim.schedule_steps"] = load_config(saved).optim.schedule_steps

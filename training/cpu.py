@@ -31,7 +31,11 @@ def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
 def _tune_malloc() -> str:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and libc.mallopt(
+            _M_TRIM_THRESHOLD, _KEEP_BYTES
+        )
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         ok = False
-    return "glibc mallopt mmap/trim threshold 1 GiB" if ok else "system default (mallopt unavailable)"
+    return (
+        "glibc mallopt mmap/trim threshold 1 GiB" if ok else "system default (mallopt unavailable)"
+    )

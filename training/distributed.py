@@ -86,6 +86,7 @@ def broadcast_object(obj, src: int = 0):
 
 # -- errors every rank raises together -------------------------------------------------------------
 
+
 def shared(e: BaseException) -> BaseException:
     """Mark e as raised on every rank at the same point: they leave together, rank 0 says it."""
     e.shared_by_every_rank = True
@@ -151,12 +152,20 @@ def looks_like_lost_contact(e: BaseException) -> bool:
     """A collective that failed because a peer is gone (gloo: 'Connection closed by peer'), as
     itself or inside another error's message (DCP wraps it)."""
     text = str(e).lower()
-    return isinstance(e, getattr(dist, "DistError", ())) or any(s in text for s in (
-        "connection closed by peer", "connection reset by peer", "gloo/transport", "nccl error",
-        "broken pipe"))
+    return isinstance(e, getattr(dist, "DistError", ())) or any(
+        s in text
+        for s in (
+            "connection closed by peer",
+            "connection reset by peer",
+            "gloo/transport",
+            "nccl error",
+            "broken pipe",
+        )
+    )
 
 
 # -- leaving ---------------------------------------------------------------------------------------
+
 
 def exit_now(code: int) -> None:
     """Flush stdout and stderr and leave at once (os._exit): under torchrun, gloo's threads are

@@ -25,37 +25,66 @@ class Logger:
     """Writes every record to metrics.jsonl; shows loss / lr / tokens per second on a tqdm bar; mirrors
     records to wandb (offline or online) when asked, and never lets a wandb failure stop training."""
 
-    def __init__(self, run_dir: Path | None, name: str, total_steps: int, start_step: int = 0,
-                 wandb_mode: str = "disabled", wandb_project: str = "normlab", config: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path | None,
+        name: str,
+        total_steps: int,
+        start_step: int = 0,
+        wandb_mode: str = "disabled",
+        wandb_project: str = "normlab",
+        config: dict | None = None,
+    ):
         self.enabled = run_dir is not None  # only the master process logs
         run = RunDir(run_dir) if self.enabled else None
         self.file = open(run.metrics, "a") if self.enabled else None
         tty = sys.stderr.isatty()
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=name, unit="step", disable=not self.enabled,
-                        dynamic_ncols=True, mininterval=0.5 if tty else 30.0)
+        self.bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc=name,
+            unit="step",
+            disable=not self.enabled,
+            dynamic_ncols=True,
+            mininterval=0.5 if tty else 30.0,
+        )
         self.wandb = None
         if self.enabled and wandb_mode != "disabled":
             try:
                 import wandb  # only imported when asked for
 
-                self.wandb = wandb.init(project=wandb_project, name=name, dir=str(run_dir), mode=wandb_mode,
-                                        config=config, resume="allow", id=_wandb_id(run))
+                self.wandb = wandb.init(
+                    project=wandb_project,
+                    name=name,
+                    dir=str(run_dir),
+                    mode=wandb_mode,
+                    config=config,
+                    resume="allow",
+                    id=_wandb_id(run),
+                )
                 # Every chart's x axis is our step, logged as a value, never as wandb's own step: wandb drops
                 # records at or below the last step it received, so after a crash and --resume the re-trained
                 # steps (between the checkpoint and the crash) would never reach the dashboard.
                 self.wandb.define_metric(STEP)
                 self.wandb.define_metric("*", step_metric=STEP)
             except Exception as e:
-                self.message(f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}")
+                self.message(
+                    f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}"
+                )
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps({"step": step, **{k: _clean(v) for k, v in metrics.items()}}) + "\n")
+        self.file.write(
+            json.dumps({"step": step, **{k: _clean(v) for k, v in metrics.items()}}) + "\n"
+        )
         self.file.flush()
         if "train/loss" in metrics:
-            self.bar.set_postfix_str(f"loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
-                                     f"tok/s {metrics.get('train/tokens_per_s', 0):,.0f}", refresh=False)
+            self.bar.set_postfix_str(
+                f"loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
+                f"tok/s {metrics.get('train/tokens_per_s', 0):,.0f}",
+                refresh=False,
+            )
             self.bar.update(step - self.bar.n)
         if self.wandb is not None:
             try:

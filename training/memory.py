@@ -37,8 +37,12 @@ from training.config import Config, ConfigError
 from training.metrics import MAX_SCORES
 
 GiB = 1 << 30
-RUNTIME = 64 << 20  # loaded after the check: the fused kernels, the data's touched pages, the progress bar
-FRAGMENTATION = 1.3  # peak RSS over live tensors: glibc's heap keeps freed blocks (measured 1.2-1.35)
+RUNTIME = (
+    64 << 20
+)  # loaded after the check: the fused kernels, the data's touched pages, the progress bar
+FRAGMENTATION = (
+    1.3  # peak RSS over live tensors: glibc's heap keeps freed blocks (measured 1.2-1.35)
+)
 CUDA_CONTEXT = 1 << 30  # the CUDA context, cuBLAS workspaces and the caching allocator's slack
 
 
@@ -54,7 +58,9 @@ class Estimate:
         return sum(self.parts.values())
 
     def say(self) -> str:
-        big = sorted(((v, k) for k, v in self.parts.items() if v >= 0.05 * self.total), reverse=True)
+        big = sorted(
+            ((v, k) for k, v in self.parts.items() if v >= 0.05 * self.total), reverse=True
+        )
         return ", ".join(f"{k} {_gib(v)}" for v, k in big)
 
 
@@ -72,8 +78,16 @@ def parameters(cfg: Config) -> tuple[int, int]:
     return model.num_params(), block
 
 
-def estimate(cfg: Config, world: int, data_world: int, micro: int, device: str = "cpu",
-             params: tuple[int, int] | None = None, process: float = 0.0, seq_len: int | None = None) -> Estimate:
+def estimate(
+    cfg: Config,
+    world: int,
+    data_world: int,
+    micro: int,
+    device: str = "cpu",
+    params: tuple[int, int] | None = None,
+    process: float = 0.0,
+    seq_len: int | None = None,
+) -> Estimate:
     """The peak memory of one process of this run (see the module docstring); seq_len / micro replace the config's
     (to find the largest that fits). `process`: what the process holds already (its RSS, on CPU)."""
     a, t = cfg.model, cfg.train
@@ -86,31 +100,48 @@ def estimate(cfg: Config, world: int, data_world: int, micro: int, device: str =
 
     state = 16.0 * P / (world if sharded else 1)
     state += 4.0 * P if world > 1 and t.parallel == "ddp" else 0.0  # DDP's gradient buckets
-    state += 8.0 * block if sharded else 0.0  # a block gathered, its gradients before the reduce-scatter
+    state += (
+        8.0 * block if sharded else 0.0
+    )  # a block gathered, its gradients before the reduce-scatter
     state += 2.0 * P / (world if sharded else 1) if low else 0.0  # autocast's cast weights
     probe_on = cfg.log.stats_every > 0
-    snapshot = 4.0 * (P - a.vocab_size * d * (1 if a.tie_embeddings else 2)) / (world if sharded else 1)
+    snapshot = (
+        4.0 * (P - a.vocab_size * d * (1 if a.tie_embeddings else 2)) / (world if sharded else 1)
+    )
 
     tokens = micro * T
     layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm != "none" else 0)
     layer += 2 * d if a.placement == "peri" else 0
     if a.attn_softcap:  # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
         layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
-    if tp > 1:  # its heads and hidden units; the gathered full-width inputs of attention and feed-forward
+    if (
+        tp > 1
+    ):  # its heads and hidden units; the gathered full-width inputs of attention and feed-forward
         layer = layer / tp + 2 * d
     head = (3 if a.ops_impl == "reference" else 2) * a.vocab_size + 3 * d
     activations = FRAGMENTATION * 4.0 * tokens * (a.n_layers * layer + head)
     probe = 0.0
-    if probe_on:  # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
+    if (
+        probe_on
+    ):  # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
         heads = H // tp
         rows = max(1, min(T, MAX_SCORES // (heads * T)))
-        block = min(micro, max(1, MAX_SCORES // (heads * T * T))) * heads * T * T if rows == T else heads * rows * T
-        probe = FRAGMENTATION * (4 * 4.0 * block + 2.0 * rows * T) + snapshot  # scores, capped, weights, x log x
+        block = (
+            min(micro, max(1, MAX_SCORES // (heads * T * T))) * heads * T * T
+            if rows == T
+            else heads * rows * T
+        )
+        probe = (
+            FRAGMENTATION * (4 * 4.0 * block + 2.0 * rows * T) + snapshot
+        )  # scores, capped, weights, x log x
     evaluation = FRAGMENTATION * 4.0 * tokens * (3 * a.vocab_size + 4 * d + f)
 
     parts = {"process": process + RUNTIME if device == "cpu" else 0.0, "training state": state}
-    parts.update({"activations": activations, "the probe": probe}
-                 if activations + probe >= evaluation else {"evaluation": evaluation})
+    parts.update(
+        {"activations": activations, "the probe": probe}
+        if activations + probe >= evaluation
+        else {"evaluation": evaluation}
+    )
     if device == "cuda":
         parts["CUDA context"] = CUDA_CONTEXT
     return Estimate(parts, device)
@@ -138,12 +169,16 @@ def available() -> tuple[float, str] | None:
     except OSError:
         pass
     v1 = "/sys/fs/cgroup/memory/memory."
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         (v1 + "limit_in_bytes", v1 + "usage_in_bytes")):
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (v1 + "limit_in_bytes", v1 + "usage_in_bytes"),
+    ):
         try:
             cap = Path(limit).read_text().strip()
             if cap != "max" and float(cap) < 1 << 60:
-                found.append((float(cap) - float(Path(usage).read_text()), f"the cgroup's limit ({limit})"))
+                found.append(
+                    (float(cap) - float(Path(usage).read_text()), f"the cgroup's limit ({limit})")
+                )
         except (OSError, ValueError):
             pass
     return min(found) if found else None
@@ -156,7 +191,9 @@ def address_space_left() -> float | None:
     return None if limit == resource.RLIM_INFINITY or size is None else limit - size
 
 
-def check(cfg: Config, world: int, data_world: int, micro: int, local_world: int, device: torch.device) -> Estimate:
+def check(
+    cfg: Config, world: int, data_world: int, micro: int, local_world: int, device: torch.device
+) -> Estimate:
     """The estimate, or ConfigError when it does not fit this machine: the need, what is available, the largest
     seq_len and micro-batch that fit."""
     params = parameters(cfg)
@@ -184,15 +221,21 @@ def check(cfg: Config, world: int, data_world: int, micro: int, local_world: int
         room, source = min(limits)
         need = per_process(est)
         fits = lambda e: per_process(e) <= room  # noqa: E731
-        share = f" for each of the {local_world} processes on this machine" if local_world > 1 else ""
+        share = (
+            f" for each of the {local_world} processes on this machine" if local_world > 1 else ""
+        )
     if need <= room:
         return est
-    raise ConfigError(f"this run needs ~{_gib(need)} more memory per process ({est.say()}) but {_gib(room)} is "
-                      f"available{share} ({source}); {_largest(cfg, world, data_world, micro, kind, params, rss, fits)}"
-                      f" (train.memory_check=false skips this check)")
+    raise ConfigError(
+        f"this run needs ~{_gib(need)} more memory per process ({est.say()}) but {_gib(room)} is "
+        f"available{share} ({source}); {_largest(cfg, world, data_world, micro, kind, params, rss, fits)}"
+        f" (train.memory_check=false skips this check)"
+    )
 
 
-def _largest(cfg: Config, world: int, data_world: int, micro: int, kind: str, params, rss, fits) -> str:
+def _largest(
+    cfg: Config, world: int, data_world: int, micro: int, kind: str, params, rss, fits
+) -> str:
     """What fits instead: the largest seq_len at this micro-batch, the largest micro-batch at this seq_len."""
     t = cfg.train
     step = t.tp_size if world > 1 and t.parallel == "tp" else 1
@@ -201,8 +244,11 @@ def _largest(cfg: Config, world: int, data_world: int, micro: int, kind: str, pa
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(at(mid * step, micro)) else (lo, mid - 1)
-    says = [f"train.seq_len={lo * step} fits at {micro} sequences per micro-batch" if lo else
-            f"not even train.seq_len={step} fits at {micro} sequences per micro-batch"]
+    says = [
+        f"train.seq_len={lo * step} fits at {micro} sequences per micro-batch"
+        if lo
+        else f"not even train.seq_len={step} fits at {micro} sequences per micro-batch"
+    ]
     per_rank = t.batch_size // data_world
     smaller = [m for m in range(micro - 1, 0, -1) if per_rank % m == 0]
     best = next((m for m in smaller if fits(at(t.seq_len, m))), None)
@@ -215,4 +261,8 @@ def _largest(cfg: Config, world: int, data_world: int, micro: int, kind: str, pa
 
 def describe(est: Estimate) -> dict:
     """For meta.json: the estimate by part, in bytes."""
-    return {"estimate": round(est.total), "parts": {k: round(v) for k, v in est.parts.items()}, "device": est.device}
+    return {
+        "estimate": round(est.total),
+        "parts": {k: round(v) for k, v in est.parts.items()},
+        "device": est.device,
+    }

@@ -33,7 +33,9 @@ from training.parallel import full, local
 # x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are left out, so
 # norm_in/* and norm/gain/* mean the same thing for every placement.
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
-MAX_SCORES = 1 << 24  # attention scores materialized at once by the logit-max probe (64 MB in float32)
+MAX_SCORES = (
+    1 << 24
+)  # attention scores materialized at once by the logit-max probe (64 MB in float32)
 # |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01 on (1 - tanh(z)
 # ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is exactly 0 there: no gradient
 # reaches x, alpha or the gain through that unit (tests/test_metrics.py checks this on torch's own kernels).
@@ -69,8 +71,12 @@ def _absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
 
     # a Partial gradient (tensor parallel: a replicated parameter fed this rank's positions) is a sum over ranks:
     # reduce it before taking its largest entry
-    shards = [local(full(t) if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements) else t).detach()
-              for t in tensors]
+    shards = [
+        local(
+            full(t) if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements) else t
+        ).detach()
+        for t in tensors
+    ]
     m = torch.zeros((), device=shards[0].device)
     for s in shards:
         if s.numel():
@@ -106,7 +112,9 @@ def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
     return ((local(x).detach().float() * alpha).abs() >= DYT_SATURATION).float().mean()
 
 
-def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_stats(
+    attention: nn.Module, x: torch.Tensor, rope
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy) of one attention
     layer's input x, in one pass that holds at most MAX_SCORES scores at once: as many whole sequences as that holds,
     or else blocks of query positions of one sequence (a 100k-token sequence's scores would be 40 GB per head)."""
@@ -114,27 +122,37 @@ def attention_stats(attention: nn.Module, x: torch.Tensor, rope) -> tuple[torch.
     return qk_stats(q, k, getattr(attention, "softcap", 0.0))
 
 
-def qk_stats(q: torch.Tensor, k: torch.Tensor, cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_stats(
+    q: torch.Tensor, k: torch.Tensor, cap: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """From queries (B, H, T, hd) and keys (B, kv, T, hd): the largest |q.k| / sqrt(d_head) over heads and causal
     pairs (Wortsman et al. 2023: the logits before any soft-capping, so the growth a cap hides still shows), and the
     entropy -sum_j a_ij log a_ij (nats) of the causal attention distribution a_i = softmax_j<=i(softcap(logits_ij))
     that the layer uses, averaged over batch, heads and query positions; float32."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # share each kv head with its query group
+    k = k.repeat_interleave(
+        q.shape[1] // k.shape[1], dim=1
+    )  # share each kv head with its query group
     B, H, T, hd = q.shape
-    rows = max(1, min(T, MAX_SCORES // (H * T)))  # query positions at a time: all of them when a sequence fits
-    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1  # whole sequences at a time, or one
+    rows = max(
+        1, min(T, MAX_SCORES // (H * T))
+    )  # query positions at a time: all of them when a sequence fits
+    chunk = (
+        max(1, MAX_SCORES // (H * T * T)) if rows == T else 1
+    )  # whole sequences at a time, or one
     keys = torch.arange(T, device=q.device)
     best = torch.zeros((), device=q.device)
     entropy = torch.zeros((), device=q.device)
     for b in range(0, B, chunk):
-        kb = k[b:b + chunk].float().transpose(-1, -2)
+        kb = k[b : b + chunk].float().transpose(-1, -2)
         for r in range(0, T, rows):
-            causal = keys[r:r + rows, None] >= keys[None, :]  # (rows, T): key j <= query i
-            scores = (q[b:b + chunk, :, r:r + rows].float() @ kb) / math.sqrt(hd)
+            causal = keys[r : r + rows, None] >= keys[None, :]  # (rows, T): key j <= query i
+            scores = (q[b : b + chunk, :, r : r + rows].float() @ kb) / math.sqrt(hd)
             best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
             weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
             del scores  # before the weights' log terms exist
-            entropy = entropy - torch.special.xlogy(weights, weights).sum()  # 0 log 0 = 0: masked keys add nothing
+            entropy = (
+                entropy - torch.special.xlogy(weights, weights).sum()
+            )  # 0 log 0 = 0: masked keys add nothing
             del weights  # before the next block's scores exist
     return best, entropy / (B * H * T)
 
@@ -154,10 +172,16 @@ class StabilityProbe:
         # after it (the output head, and the final norm's gain and bias, which still learn on a saturated tanh's
         # +-1); a tied head is the embedding, listed as the embedding, so a tied model's trunk never goes dead
         readout = {"norm.weight", "norm.bias"}
-        self.trunk = [p for n, p in model.named_parameters() if not n.startswith("output.") and n not in readout]
+        self.trunk = [
+            p
+            for n, p in model.named_parameters()
+            if not n.startswith("output.") and n not in readout
+        ]
         self.handles: list = []
         self.values: dict[str, torch.Tensor] = {}
-        self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)  # per forward pass, averaged in finish()
+        self.sums: dict[str, list[torch.Tensor]] = defaultdict(
+            list
+        )  # per forward pass, averaged in finish()
         self.before: dict[str, torch.Tensor] = {}
 
     def due(self, step: int) -> bool:
@@ -173,31 +197,43 @@ class StabilityProbe:
                 norm = getattr(block, name)
                 self.handles.append(norm.register_forward_pre_hook(self._norm_hook(i)))
                 if isinstance(norm, DyT):
-                    self.handles.append(norm.register_forward_pre_hook(self._dyt_hook(f"layer_{i}", name)))
+                    self.handles.append(
+                        norm.register_forward_pre_hook(self._dyt_hook(f"layer_{i}", name))
+                    )
         if isinstance(self.model.norm, DyT):
             self.handles.append(self.model.norm.register_forward_pre_hook(self._dyt_hook("final")))
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
             self.sums[f"act/ms/layer_{i}"].append(local(output).detach().float().pow(2).mean())
+
         return hook
 
     def _norm_hook(self, i: int):
         def hook(module, args):
-            x = local(args[0]).detach().float()  # tensor parallel: this rank's positions (combined in finish)
-            self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())  # what LayerNorm removes
+            x = (
+                local(args[0]).detach().float()
+            )  # tensor parallel: this rank's positions (combined in finish)
+            self.sums[f"norm_in/mean/layer_{i}"].append(
+                x.mean(-1).abs().mean()
+            )  # what LayerNorm removes
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
-            self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())  # float16: x^2 overflows above 256
+            self.sums[f"norm_in/absmax/layer_{i}"].append(
+                x.abs().amax()
+            )  # float16: x^2 overflows above 256
+
         return hook
 
     def _dyt_hook(self, where: str, name: str | None = None):
         """dyt/saturated/{where}, and per norm dyt/saturated/{where}/{name}: a block's two norms see inputs of the
         same shape, so the mean of their fractions (the layer's) is the fraction of both norms' units together."""
+
         def hook(module, args):
             fraction = saturated_fraction(module, args[0])
             self.sums[f"dyt/saturated/{where}"].append(fraction)
             if name is not None:
                 self.sums[f"dyt/saturated/{where}/{name}"].append(fraction)
+
         return hook
 
     def _attention_hook(self, i: int):
@@ -205,7 +241,10 @@ class StabilityProbe:
             with torch.no_grad():
                 logit_max, entropy = attention_stats(module, *args)
                 self.sums[f"attn/logit_max/layer_{i}"].append(logit_max)
-                self.sums[f"attn/entropy/layer_{i}"].append(entropy)  # a mean: averaged over passes and ranks
+                self.sums[f"attn/entropy/layer_{i}"].append(
+                    entropy
+                )  # a mean: averaged over passes and ranks
+
         return hook
 
     def record_logits(self, logits: torch.Tensor) -> None:
@@ -239,10 +278,19 @@ class StabilityProbe:
         the gains are most of a small block's parameter norm and would otherwise drown the matrices' updates."""
         names = list(self.before)
         old = [self.before[n] for n in names]
-        old_norms = [full(n) for n in torch._foreach_norm(old)]  # sharded parameters: the sums over shards
-        delta_norms = [full(n) for n in torch._foreach_norm(
-            torch._foreach_sub([self.layer_params[n].detach() for n in names], old))]
-        out, parts = {}, defaultdict(lambda: defaultdict(list))  # layer -> "matrices" / "gains" -> [(delta, old)]
+        old_norms = [
+            full(n) for n in torch._foreach_norm(old)
+        ]  # sharded parameters: the sums over shards
+        delta_norms = [
+            full(n)
+            for n in torch._foreach_norm(
+                torch._foreach_sub([self.layer_params[n].detach() for n in names], old)
+            )
+        ]
+        out, parts = (
+            {},
+            defaultdict(lambda: defaultdict(list)),
+        )  # layer -> "matrices" / "gains" -> [(delta, old)]
         for name, o, d in zip(names, old_norms, delta_norms, strict=True):
             _, i, rest = name.split(".", 2)  # layers.{i}.attention.wq.weight
             if self.kinds[name] == "matrix":
@@ -255,7 +303,10 @@ class StabilityProbe:
                 delta = torch.linalg.vector_norm(torch.stack([d for d, _ in pairs]))
                 norm = torch.linalg.vector_norm(torch.stack([o for _, o in pairs]))
                 if group == "matrices":
-                    out[f"param/norm/layer_{i}"], out[f"update/ratio/layer_{i}"] = norm, delta / norm
+                    out[f"param/norm/layer_{i}"], out[f"update/ratio/layer_{i}"] = (
+                        norm,
+                        delta / norm,
+                    )
                 else:
                     out[f"update/ratio/layer_{i}/gains"] = delta / norm
         return out
@@ -266,10 +317,18 @@ class StabilityProbe:
             h.remove()
         self.handles = []
         values = dict(self.values)
-        maxima = {k for k in self.sums if k.startswith(("attn/logit_max/", "logits/max")) or "/absmax/" in k}
-        pooled = {k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
-                  for k, parts in self.sums.items()}
-        pooled = _over_ranks(pooled, maxima)  # each rank saw its share of the batch (and positions, under TP)
+        maxima = {
+            k
+            for k in self.sums
+            if k.startswith(("attn/logit_max/", "logits/max")) or "/absmax/" in k
+        }
+        pooled = {
+            k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
+            for k, parts in self.sums.items()
+        }
+        pooled = _over_ranks(
+            pooled, maxima
+        )  # each rank saw its share of the batch (and positions, under TP)
         for key, value in pooled.items():
             if "/ms/" in key:  # mean squares average over forward passes; report their root
                 key, value = key.replace("/ms/", "/rms/"), value.sqrt()
@@ -277,10 +336,18 @@ class StabilityProbe:
         if self.before:
             values.update(self._update_ratios())
         for i, block in enumerate(self.model.layers):
-            gains = [getattr(block, n).weight for n in BLOCK_NORMS if getattr(block, n).weight is not None]
+            gains = [
+                getattr(block, n).weight
+                for n in BLOCK_NORMS
+                if getattr(block, n).weight is not None
+            ]
             if gains:
-                values[f"norm/gain/layer_{i}"] = torch.cat([full(g).detach().float().flatten() for g in gains]).mean()
+                values[f"norm/gain/layer_{i}"] = torch.cat(
+                    [full(g).detach().float().flatten() for g in gains]
+                ).mean()
         self.values, self.sums, self.before = {}, defaultdict(list), {}
         keys = list(values)
-        numbers = torch.stack([values[k].float().reshape(()) for k in keys]).tolist() if keys else []
+        numbers = (
+            torch.stack([values[k].float().reshape(()) for k in keys]).tolist() if keys else []
+        )
         return dict(zip(keys, numbers, strict=True))

@@ -6,8 +6,18 @@ import math
 from collections import deque
 
 OUTCOMES = ("ok", "plateau", "collapsed", "unstable", "diverged", "interrupted")
-FINISHED = ("ok", "plateau", "collapsed", "unstable", "diverged")  # results: a rerun never trains them again
-FAILED = ("collapsed", "unstable", "diverged")  # failures: they enter the failure curve, never a loss average
+FINISHED = (
+    "ok",
+    "plateau",
+    "collapsed",
+    "unstable",
+    "diverged",
+)  # results: a rerun never trains them again
+FAILED = (
+    "collapsed",
+    "unstable",
+    "diverged",
+)  # failures: they enter the failure curve, never a loss average
 
 
 class SpikeDetector:
@@ -48,7 +58,9 @@ class SpikeDetector:
                 self.spikes += spike
             if not spike:
                 self.deviations.append(d)
-        self.recent.append(x)  # a lone spike barely moves a median; a lasting jump becomes the new level
+        self.recent.append(
+            x
+        )  # a lone spike barely moves a median; a lasting jump becomes the new level
         return spike
 
     @property
@@ -90,9 +102,16 @@ def dead_gradients_at(records: list[dict]) -> int | None:
     return at
 
 
-def classify(val_losses: list[float], unigram_entropy: float | None, margin: float, init_loss: float | None = None,
-             blowup_margin: float = math.inf, steps: list[int] | None = None, flat_horizon: float = 1.0,
-             dead_at: int | None = None) -> str:
+def classify(
+    val_losses: list[float],
+    unigram_entropy: float | None,
+    margin: float,
+    init_loss: float | None = None,
+    blowup_margin: float = math.inf,
+    steps: list[int] | None = None,
+    flat_horizon: float = 1.0,
+    dead_at: int | None = None,
+) -> str:
     """The outcome of a finished run, judged on its own val curve (evals after step 0, in order, at `steps`):
     - 'diverged': the final val loss is missing or non-finite;
     - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it
@@ -113,15 +132,22 @@ def classify(val_losses: list[float], unigram_entropy: float | None, margin: flo
     final, best = val_losses[-1], min(finite)
     if unigram_entropy is not None and best > unigram_entropy - margin:
         tail = max(3, len(val_losses) // 3)
-        points = [(s, v) for s, v in zip(steps[-tail:], val_losses[-tail:], strict=True)
-                  if v is not None and math.isfinite(v)]
+        points = [
+            (s, v)
+            for s, v in zip(steps[-tail:], val_losses[-tail:], strict=True)
+            if v is not None and math.isfinite(v)
+        ]
         if dead_at is not None:
             return "collapsed"  # stuck by construction, not by its slope
         if len(points) < 2:
             return "plateau"  # one eval: no slope to call it stuck
-        drop = -_slope(points) * flat_horizon * steps[-1]  # how far it would fall in as many steps again
+        drop = (
+            -_slope(points) * flat_horizon * steps[-1]
+        )  # how far it would fall in as many steps again
         crosses = final - drop <= unigram_entropy - margin
-        at_unigram = final <= unigram_entropy + margin  # far above it, it is still on its way down (too short)
+        at_unigram = (
+            final <= unigram_entropy + margin
+        )  # far above it, it is still on its way down (too short)
         return "collapsed" if at_unigram and not crosses else "plateau"
     if final - best > blowup_margin or (init_loss is not None and final > init_loss):
         return "unstable"

@@ -52,32 +52,48 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     further by LR multiplier (`lr_scale`: the step's LR times it is the group's LR; mup_simple only). Kinds come from
     the owning module (model.llama.parameter_kinds), so a 2-d norm gain is never decayed. The standard
     parametrization gives exactly the two groups [decayed, not decayed] (old checkpoints' optimizer states load)."""
-    decayed = {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}  # a tied head is the embedding
+    decayed = (
+        {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}
+    )  # a tied head is the embedding
     scale = lookup(PARAMETRIZATIONS, cfg.parametrization, "optim.parametrization")
     decay = lookup(WEIGHT_DECAY_MODES, cfg.weight_decay_mode, "optim.weight_decay_mode")
     width = model.args.dim if cfg.parametrization != "sp" else 0
-    groups: dict[tuple[bool, float], list] = {(True, scale("matrix", width, cfg)): [], (False, 1.0): []}
+    groups: dict[tuple[bool, float], list] = {
+        (True, scale("matrix", width, cfg)): [],
+        (False, 1.0): [],
+    }
     kinds = parameter_kinds(model)
     for name, p in model.named_parameters():
         if p.requires_grad:
             kind = kinds[name]
             groups.setdefault((kind in decayed, scale(kind, width, cfg)), []).append(p)
-    return [{"params": groups[key], "lr_scale": key[1],
-             "weight_decay": decay(cfg.weight_decay, cfg.lr * key[1]) if key[0] else 0.0}
-            for key in sorted(groups, key=lambda key: not key[0])]  # decayed groups first (a stable sort)
+    return [
+        {
+            "params": groups[key],
+            "lr_scale": key[1],
+            "weight_decay": decay(cfg.weight_decay, cfg.lr * key[1]) if key[0] else 0.0,
+        }
+        for key in sorted(groups, key=lambda key: not key[0])
+    ]  # decayed groups first (a stable sort)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """Every group's LR for a step whose scheduled LR is `lr`: lr times the group's lr_scale (param_groups)."""
     for group in opt.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)  # an optimizer state saved before lr_scale existed: 1
+        group["lr"] = lr * group.get(
+            "lr_scale", 1.0
+        )  # an optimizer state saved before lr_scale existed: 1
 
 
 def fused_adamw(params: list[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW (one kernel per parameter instead of a dozen ops) takes these:
     plain floating-point tensors on CPU or CUDA (sharded DTensors keep the default)."""
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
-               and "DTensor" not in type(p.data).__name__ for p in params)
+    return all(
+        p.device.type in ("cpu", "cuda")
+        and p.is_floating_point()
+        and "DTensor" not in type(p.data).__name__
+        for p in params
+    )
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -95,5 +111,9 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     if step < cfg.warmup_steps:  # a warmup as long as the run never leaves it
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps + 1) / max(1, total_steps - cfg.warmup_steps))
-    decay = {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": 1 - progress, "constant": 1.0}
+    decay = {
+        "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
+        "linear": 1 - progress,
+        "constant": 1.0,
+    }
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay[cfg.schedule])

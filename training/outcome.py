@@ -38,11 +38,17 @@ def finished(run: RunDir, say: bool) -> int:
     status = run.status()
     if say and status == "diverged":  # a result, not a state to continue from
         at = (run.read_summary() or {}).get("diverged_at")
-        print(f"run {run.path} diverged at step {at} (a result: it cannot be trained further); "
-              f"nothing to do", file=sys.stderr)
+        print(
+            f"run {run.path} diverged at step {at} (a result: it cannot be trained further); "
+            f"nothing to do",
+            file=sys.stderr,
+        )
     elif say:
-        print(f"run {run.path} already finished ({status}); nothing to do (pass train.steps=N to "
-              f"train further)", file=sys.stderr)
+        print(
+            f"run {run.path} already finished ({status}); nothing to do (pass train.steps=N to "
+            f"train further)",
+            file=sys.stderr,
+        )
     return status_code(status)
 
 
@@ -52,10 +58,15 @@ def outcome(e: BaseException, d: Dist) -> tuple[int, str]:
         return EXIT_BAD_INPUT, named(f"error: {e}", e, d)
     if isinstance(e, KeyboardInterrupt):  # before the loop (e.g. preparing data): nothing to save
         return EXIT_INTERRUPTED, "interrupted" if d.is_master else ""  # Ctrl-C reaches every rank
-    if isinstance(e, MemoryError) or "can't allocate memory" in str(e) \
-            or type(e).__name__ == "OutOfMemoryError":
-        line = (f"error: out of memory: {one_line(e)}; the run is too big for this machine: lower "
-                f"train.micro_batch_size or train.seq_len (the last checkpoint is intact)")
+    if (
+        isinstance(e, MemoryError)
+        or "can't allocate memory" in str(e)
+        or type(e).__name__ == "OutOfMemoryError"
+    ):
+        line = (
+            f"error: out of memory: {one_line(e)}; the run is too big for this machine: lower "
+            f"train.micro_batch_size or train.seq_len (the last checkpoint is intact)"
+        )
         return EXIT_BAD_INPUT, named(line, e, d)
     if d.world_size > 1 and looks_like_lost_contact(e):  # a peer left first: it (or torchrun) said
         return EXIT_PEER, ""
@@ -69,8 +80,10 @@ def outcome(e: BaseException, d: Dist) -> tuple[int, str]:
 
 def cannot_join(e: Exception) -> tuple[int, str]:
     """(exit code, line) when this process cannot join the job's process group (rank 0 says it)."""
-    line = (f"error: cannot join the job's other processes: {one_line(e)} (another job on the same "
-            f"port? torchrun --standalone, or a --master_port of its own, keeps jobs apart)")
+    line = (
+        f"error: cannot join the job's other processes: {one_line(e)} (another job on the same "
+        f"port? torchrun --standalone, or a --master_port of its own, keeps jobs apart)"
+    )
     return EXIT_PEER, line if os.environ.get("RANK", "0") == "0" else ""
 
 
@@ -90,11 +103,15 @@ def storage_line(e: OSError) -> str:
     """What a failed write means: the last checkpoint is intact; whether --resume can go on now."""
     head = f"error: cannot write the run's files: {e}"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return (f"{head}; make the run directory writable (or use another log.out_dir): the last "
-                f"checkpoint is intact, and --resume continues from it once it is")
+        return (
+            f"{head}; make the run directory writable (or use another log.out_dir): the last "
+            f"checkpoint is intact, and --resume continues from it once it is"
+        )
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"{head}; the last checkpoint is intact: free some space, then --resume continues "
-                f"from it")
+        return (
+            f"{head}; the last checkpoint is intact: free some space, then --resume continues "
+            f"from it"
+        )
     return f"{head}; the last checkpoint is intact (--resume continues from it)"
 
 
@@ -119,8 +136,12 @@ def leave(d: Dist, code: int, line: str = "", error: BaseException | None = None
             dist.barrier()
         except Exception:  # a peer died meanwhile: the launcher names it
             code = EXIT_PEER
-    elif code == EXIT_PEER and not line and os.environ.get("TORCHELASTIC_RUN_ID") \
-            and not getattr(error, "after_signal", False):
+    elif (
+        code == EXIT_PEER
+        and not line
+        and os.environ.get("TORCHELASTIC_RUN_ID")
+        and not getattr(error, "after_signal", False)
+    ):
         signal.signal(signal.SIGTERM, lambda *_: exit_now(EXIT_PEER))
         time.sleep(AGENT_WAIT_S)
     exit_now(code)

@@ -24,9 +24,11 @@ from torch import nn
 
 from training.config import ConfigError
 
-PARALLELISMS = {"ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
-                "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
-                "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded"}
+PARALLELISMS = {
+    "ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
+    "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
+    "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded",
+}
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -60,28 +62,41 @@ def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None
     if how not in PARALLELISMS:
         raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
     if world == 1 and how != "ddp":
-        raise ConfigError(f"train.parallel={how} shards the model over torchrun's processes, and "
-                          f"this is one process: launch it with torchrun --nproc_per_node N, or "
-                          f"pass train.parallel=ddp to train the whole model here")
+        raise ConfigError(
+            f"train.parallel={how} shards the model over torchrun's processes, and "
+            f"this is one process: launch it with torchrun --nproc_per_node N, or "
+            f"pass train.parallel=ddp to train the whole model here"
+        )
     if world == 1 or how != "tp":
         return
     if world % tp_size:
         fits = max(n for n in range(1, min(tp_size, world) + 1) if world % n == 0)
-        raise ConfigError(f"train.tp_size={tp_size} must divide the number of processes ({world}), "
-                          f"e.g. train.tp_size={fits}")
+        raise ConfigError(
+            f"train.tp_size={tp_size} must divide the number of processes ({world}), "
+            f"e.g. train.tp_size={fits}"
+        )
     if seq_len % tp_size:
-        raise ConfigError(f"train.parallel=tp needs train.seq_len divisible by "
-                          f"train.tp_size={tp_size} (each rank of a tensor group holds an equal "
-                          f"share of the positions), got {seq_len}: e.g. "
-                          f"train.seq_len={seq_len - seq_len % tp_size or tp_size}")
+        raise ConfigError(
+            f"train.parallel=tp needs train.seq_len divisible by "
+            f"train.tp_size={tp_size} (each rank of a tensor group holds an equal "
+            f"share of the positions), got {seq_len}: e.g. "
+            f"train.seq_len={seq_len - seq_len % tp_size or tp_size}"
+        )
     if args.tie_embeddings:
-        raise ConfigError("tensor parallelism needs model.tie_embeddings=false (the embedding is "
-                          "sharded by rows of the vocabulary, the head by its output columns)")
-    for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
-                                                                                    args.ffn_hidden_dim)):
+        raise ConfigError(
+            "tensor parallelism needs model.tie_embeddings=false (the embedding is "
+            "sharded by rows of the vocabulary, the head by its output columns)"
+        )
+    for name, count in (
+        ("n_heads", args.n_heads),
+        ("n_kv_heads", args.kv_heads),
+        ("ffn hidden dim", args.ffn_hidden_dim),
+    ):
         if count % tp_size:
-            raise ConfigError(f"tensor parallelism over {tp_size} ranks needs model {name} "
-                              f"({count}) divisible by {tp_size}")
+            raise ConfigError(
+                f"tensor parallelism over {tp_size} ranks needs model {name} "
+                f"({count}) divisible by {tp_size}"
+            )
 
 
 def split_batch(tc, data_world: int) -> tuple[int, int]:
@@ -91,14 +106,18 @@ def split_batch(tc, data_world: int) -> tuple[int, int]:
     train.micro_batch_size (0: the whole share)."""
     per_rank = tc.batch_size // data_world
     if tc.batch_size % data_world or per_rank == 0:
-        raise ConfigError(f"train.batch_size={tc.batch_size} must split evenly into the "
-                          f"{data_world} data-parallel shares of this job (a multiple of "
-                          f"{data_world})")
+        raise ConfigError(
+            f"train.batch_size={tc.batch_size} must split evenly into the "
+            f"{data_world} data-parallel shares of this job (a multiple of "
+            f"{data_world})"
+        )
     micro = tc.micro_batch_size or per_rank
     if per_rank % micro:
-        raise ConfigError(f"train.micro_batch_size={micro} must divide each data-parallel share of "
-                          f"train.batch_size={tc.batch_size} ({per_rank} sequences on each of "
-                          f"{data_world} shares)")
+        raise ConfigError(
+            f"train.micro_batch_size={micro} must divide each data-parallel share of "
+            f"train.batch_size={tc.batch_size} ({per_rank} sequences on each of "
+            f"{data_world} shares)"
+        )
     return micro, per_rank // micro
 
 
@@ -122,13 +141,24 @@ def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
 
     low = LOW.get(dtype)
     exact = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # parameters as stored (float32)
-    matmuls = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
-        if low else exact
+    matmuls = (
+        MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        if low
+        else exact
+    )
     norms = tuple(NORMS.values())
-    for block in model.layers:  # gathered one block at a time; the root holds the embedding, final norm, head
+    for block in (
+        model.layers
+    ):  # gathered one block at a time; the root holds the embedding, final norm, head
         for module in block.modules():
-            if low and isinstance(module, norms) and any(True for _ in module.parameters(recurse=False)):
-                fully_shard(module, mesh=mesh, mp_policy=exact)  # its own unit: the gains stay float32
+            if (
+                low
+                and isinstance(module, norms)
+                and any(True for _ in module.parameters(recurse=False))
+            ):
+                fully_shard(
+                    module, mesh=mesh, mp_policy=exact
+                )  # its own unit: the gains stay float32
         fully_shard(block, mesh=mesh, mp_policy=matmuls)
     fully_shard(model, mesh=mesh, mp_policy=exact)
     return model
@@ -148,30 +178,51 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
 
     args, n = model.args, mesh.size()
     if args.tie_embeddings:
-        raise ConfigError("tensor parallelism needs model.tie_embeddings=false (the embedding is "
-                          "sharded by rows of the vocabulary, the head by its output columns)")
-    for name, count in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads), ("ffn hidden dim",
-                                                                                    args.ffn_hidden_dim)):
+        raise ConfigError(
+            "tensor parallelism needs model.tie_embeddings=false (the embedding is "
+            "sharded by rows of the vocabulary, the head by its output columns)"
+        )
+    for name, count in (
+        ("n_heads", args.n_heads),
+        ("n_kv_heads", args.kv_heads),
+        ("ffn hidden dim", args.ffn_hidden_dim),
+    ):
         if count % n:
-            raise ConfigError(f"tensor parallelism over {n} ranks needs model {name} ({count}) "
-                              f"divisible by {n}")
+            raise ConfigError(
+                f"tensor parallelism over {n} ranks needs model {name} ({count}) divisible by {n}"
+            )
     norm = SequenceParallel(use_local_output=True)
-    parallelize_module(model, mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": norm,
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    })
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": norm,
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
     for block in model.layers:
         plan = {name: norm for name, _ in block.named_children() if name.endswith("norm")}
-        plan.update({
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                                            use_local_output=True),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                               use_local_output=True),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        plan.update(
+            {
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None),
+                    desired_input_layouts=(Replicate(), None),
+                    use_local_output=True,
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_output=True,
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        )
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
         # qk-norm gains are shared by every head, and a rank holds its own heads (dim 2 of q and k before the

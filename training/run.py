@@ -45,7 +45,9 @@ from training.parallel import is_sharded
 from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
 
 
-def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) -> tuple[RunDir, str, object]:
+def open_run(
+    cfg: Config, default_name: str, resume: bool, d: distributed.Dist
+) -> tuple[RunDir, str, object]:
     """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
     and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
     or the error, so all stop alike. Then every rank checks that it sees the run directory rank 0 uses and runs
@@ -59,11 +61,17 @@ def open_run(cfg: Config, default_name: str, resume: bool, d: distributed.Dist) 
             run.path.parent.mkdir(parents=True, exist_ok=True)
             lock.acquire(timeout=0)
         except Timeout:
-            raise ConfigError(f"run {run.path} is in use by another process (lock {run.lock}); wait for "
-                              f"it to finish or choose another --name") from None
+            raise ConfigError(
+                f"run {run.path} is in use by another process (lock {run.lock}); wait for "
+                f"it to finish or choose another --name"
+            ) from None
         held["lock"] = lock
-        return (str(run.path), run_state(run, cfg.train.steps) if resume else "new", _token(run, d),
-                f"{run.path.resolve()} on {socket.gethostname()}")
+        return (
+            str(run.path),
+            run_state(run, cfg.train.steps) if resume else "new",
+            _token(run, d),
+            f"{run.path.resolve()} on {socket.gethostname()}",
+        )
 
     path, how, token, where = distributed.on_master(decide)
     cfg.log.name = Path(path).name
@@ -99,7 +107,8 @@ def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Di
             f"rank {d.rank} does not see the run directory rank 0 writes ({where}; rank {d.rank} looked in "
             f"{Path(cfg.log.out_dir).resolve() / run.name} on {socket.gethostname()}): every process of a run must "
             f"read and write the same directory; put log.out_dir on a file system every node shares (a directory "
-            f"per node cannot hold a sharded checkpoint: each node would keep only its own shards)")
+            f"per node cannot hold a sharded checkpoint: each node would keep only its own shards)"
+        )
     try:
         distributed.agree(error)
     finally:
@@ -109,8 +118,10 @@ def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Di
     theirs = distributed.broadcast_object(ours)
     key = next((k for k in ours if ours[k] != theirs.get(k)), None)
     if key is not None:
-        error = ConfigError(f"rank {d.rank}'s config differs from rank 0's in {key} ({theirs.get(key)!r} on rank 0, "
-                            f"{ours[key]!r} here): launch every process with the same command and files")
+        error = ConfigError(
+            f"rank {d.rank}'s config differs from rank 0's in {key} ({theirs.get(key)!r} on rank 0, "
+            f"{ours[key]!r} here): launch every process with the same command and files"
+        )
     distributed.agree(error)
 
 
@@ -124,8 +135,11 @@ def _holds(path: Path, token: str) -> bool:
 def run_state(run: RunDir, steps: int) -> str:
     """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
     summary = run.read_summary() or {}
-    if summary.get("status") == "diverged" or summary.get("status") in ("ok", "plateau", "collapsed", "unstable") \
-            and (summary.get("steps") or 0) >= steps:
+    if (
+        summary.get("status") == "diverged"
+        or summary.get("status") in ("ok", "plateau", "collapsed", "unstable")
+        and (summary.get("steps") or 0) >= steps
+    ):
         return "finished"
     return "resume" if has_checkpoint(run.checkpoint) else "new"
 
@@ -136,8 +150,10 @@ def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
     if cfg.log.name:
         run_dir = out / cfg.log.name
         if run_dir.exists() and not resume:
-            raise ConfigError(f"run directory {run_dir} already exists: pass --resume to continue it, "
-                              f"or another --name")
+            raise ConfigError(
+                f"run directory {run_dir} already exists: pass --resume to continue it, "
+                f"or another --name"
+            )
         return run_dir
     run_dir, i = out / default_name, 1
     while run_dir.exists():
@@ -156,15 +172,26 @@ def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
     horizon, steps = cfg.optim.schedule_steps, cfg.train.steps
     lr_before = lr_at(step - 1, cfg.optim, saved_horizon) if step else 0.0
     lr_after = lr_at(step, cfg.optim, horizon)
-    event = {"at_step": step, "train.steps": steps, "schedule_steps": horizon, "previous_schedule_steps": saved_horizon,
-             "lr_before": lr_before, "lr_after": lr_after, "note": ""}
+    event = {
+        "at_step": step,
+        "train.steps": steps,
+        "schedule_steps": horizon,
+        "previous_schedule_steps": saved_horizon,
+        "lr_before": lr_before,
+        "lr_after": lr_after,
+        "note": "",
+    }
     if horizon != saved_horizon:
-        event["note"] = (f"LR re-scheduled at step {step}: horizon {saved_horizon} -> {horizon} steps "
-                         f"(optim.schedule_steps), lr {lr_before:.3g} -> {lr_after:.3g}")
+        event["note"] = (
+            f"LR re-scheduled at step {step}: horizon {saved_horizon} -> {horizon} steps "
+            f"(optim.schedule_steps), lr {lr_before:.3g} -> {lr_after:.3g}"
+        )
     elif steps > horizon:
-        event["note"] = (f"train.steps={steps} extends the run past its {horizon}-step LR schedule: steps after "
-                         f"{horizon} hold the final lr {cfg.optim.lr * cfg.optim.min_lr_ratio:.3g} "
-                         f"(pass optim.schedule_steps=N to re-schedule instead)")
+        event["note"] = (
+            f"train.steps={steps} extends the run past its {horizon}-step LR schedule: steps after "
+            f"{horizon} hold the final lr {cfg.optim.lr * cfg.optim.min_lr_ratio:.3g} "
+            f"(pass optim.schedule_steps=N to re-schedule instead)"
+        )
     return event
 
 
@@ -200,12 +227,16 @@ class StopRequest:
                 self.first = now
             elif now - self.first >= self.GRACE_S:
                 if self.say:
-                    kept = "no checkpoint yet: --resume starts the run over" if self.saved is None \
-                        else f"the last checkpoint (step {self.saved}) is intact: --resume " \
+                    kept = (
+                        "no checkpoint yet: --resume starts the run over"
+                        if self.saved is None
+                        else f"the last checkpoint (step {self.saved}) is intact: --resume "
                         "continues from it"
+                    )
                     # its own line after a progress bar's, and the last: nothing draws the bar again
-                    print(f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr, flush=True
+                    )
                 exit_now(EXIT_INTERRUPTED)
         os.close(self._read)
 
@@ -228,12 +259,18 @@ class StopRequest:
 def training_state(cfg: Config, loader, step: int, scaler) -> dict:
     """What a checkpoint holds besides the model and optimizer, for either kind: the loader's position, the RNG,
     the step, the LR horizon, the float16 loss scale."""
-    return {"loader": loader.state_dict(), "rng": rng_state(), "step": step,
-            "schedule_steps": cfg.optim.schedule_steps,
-            **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {})}
+    return {
+        "loader": loader.state_dict(),
+        "rng": rng_state(),
+        "step": step,
+        "schedule_steps": cfg.optim.schedule_steps,
+        **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {}),
+    }
 
 
-def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, loader, machine: dict):
+def resume_state(
+    run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, loader, machine: dict
+):
     """Restore the newest readable checkpoint (load_newest: by step, .pt and DCP alike) into model, optimizer, loss
     scaler, loader and RNG; (its step, notes). A DCP directory reshards onto any parallelism; a .pt file's full state
     is distributed onto a sharded model."""
@@ -256,15 +293,19 @@ def resume_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scal
     except CheckpointError:
         raise
     except Exception as e:  # any mismatch is one line and exit 2, never a traceback
-        raise CheckpointError(f"checkpoint {found.path} does not fit this config: "
-                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}") from None
+        raise CheckpointError(
+            f"checkpoint {found.path} does not fit this config: "
+            f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}"
+        ) from None
     resumed = schedule_change(step, state.get("schedule_steps", cfg.optim.schedule_steps), cfg)
 
     def write() -> None:
         meta = read_meta(run)
         faults.point("resume")
         truncate_metrics(run.metrics, step)
-        run.summary.unlink(missing_ok=True)  # extended past its end, a finished run is running again
+        run.summary.unlink(
+            missing_ok=True
+        )  # extended past its end, a finished run is running again
         write_text(run.config, to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
         meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
         write_json(run.meta, meta)
@@ -283,31 +324,44 @@ def read_meta(run: RunDir) -> dict:
             raise ValueError(f"a JSON {type(meta).__name__}, not an object")
         return meta
     except ValueError as e:
-        raise ConfigError(f"{run.meta} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                          f"restore it, or delete it to resume without its record of earlier launches") from None
+        raise ConfigError(
+            f"{run.meta} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            f"restore it, or delete it to resume without its record of earlier launches"
+        ) from None
 
 
-def start_state(run: RunDir, cfg: Config, d: distributed.Dist, model, data_meta: dict, machine: dict):
+def start_state(
+    run: RunDir, cfg: Config, d: distributed.Dist, model, data_meta: dict, machine: dict
+):
     """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
     validated before: only now does the run directory appear."""
 
     def write() -> list[str]:
         notes = []
-        if run.path.exists():  # --resume before any checkpoint: what a killed start left is started over
+        if (
+            run.path.exists()
+        ):  # --resume before any checkpoint: what a killed start left is started over
             notes.append(f"no checkpoint in {run.path} yet: starting from step 0")
             run.metrics.unlink(missing_ok=True)
             run.summary.unlink(missing_ok=True)
-            shutil.rmtree(run.checkpoint.parent, ignore_errors=True)  # temp files of a killed first save
+            shutil.rmtree(
+                run.checkpoint.parent, ignore_errors=True
+            )  # temp files of a killed first save
         run.path.mkdir(parents=True, exist_ok=True)
         write_text(run.config, to_yaml(cfg))
         faults.point("config")
-        write_json(run.meta, {**run_meta(model, d.device, cfg.train.dtype, d.world_size, data_meta), **machine})
+        write_json(
+            run.meta,
+            {**run_meta(model, d.device, cfg.train.dtype, d.world_size, data_meta), **machine},
+        )
         return notes
 
     return 0, distributed.on_master(write)
 
 
-def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler) -> None:
+def save_state(
+    run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler
+) -> None:
     """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
     scale too, so a resumed run scales its next step as the uninterrupted one would. A sharded model (fsdp, tp)
     writes a DCP directory instead, every rank its shards (resumable on any number of processes)."""
@@ -315,11 +369,16 @@ def save_state(run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader
     if is_sharded(model):
         save_sharded_checkpoint(run.checkpoint, model, opt, extra)
         return
-    distributed.on_master(lambda: save_checkpoint(run.checkpoint, {"model": model.state_dict(),
-                                                                   "optimizer": opt.state_dict(), **extra}))
+    distributed.on_master(
+        lambda: save_checkpoint(
+            run.checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(), **extra}
+        )
+    )
 
 
-def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy: float | None) -> str:
+def decide_status(
+    run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy: float | None
+) -> str:
     """The outcome of a run that ran to its end, judged on its whole val curve (training/monitor.py) by rank 0,
     which reads the metrics it wrote, and broadcast (or its error): every rank exits with the same verdict."""
 
@@ -328,8 +387,15 @@ def decide_status(run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy
         evals = [(r["step"], r.get("val/loss")) for r in records if "val/loss" in r]
         init = next((v for s, v in evals if s == 0), None)
         later = [(s, v) for s, v in evals if s > 0]
-        return classify([v for _, v in later], unigram_entropy, cfg.log.plateau_margin, init,
-                        cfg.log.blowup_margin, [s for s, _ in later], cfg.log.flat_horizon,
-                        dead_gradients_at(records))
+        return classify(
+            [v for _, v in later],
+            unigram_entropy,
+            cfg.log.plateau_margin,
+            init,
+            cfg.log.blowup_margin,
+            [s for s, _ in later],
+            cfg.log.flat_horizon,
+            dead_gradients_at(records),
+        )
 
     return distributed.on_master(judge)

@@ -60,24 +60,48 @@ class RunDir:
 def git_state() -> dict:
     """The commit of this checkout and whether it has uncommitted changes (None outside git)."""
     try:
-        run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
-                                        timeout=10, check=True).stdout.strip()
-        return {"commit": run("rev-parse", "HEAD"), "dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
+        run = lambda *a: subprocess.run(
+            ["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        return {
+            "commit": run("rev-parse", "HEAD"),
+            "dirty": bool(run("status", "--porcelain", "--untracked-files=no")),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 
 
-def run_meta(model: torch.nn.Module, device: torch.device, dtype: str, world_size: int, data_meta: dict) -> dict:
+def run_meta(
+    model: torch.nn.Module, device: torch.device, dtype: str, world_size: int, data_meta: dict
+) -> dict:
     return {
-        "git": git_state(), "torch": torch.__version__, "python": platform.python_version(),
-        "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+        "git": git_state(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
         else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(), "world_size": world_size, "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "world_size": world_size,
+        "dtype": dtype,
         "tf32": device.type == "cuda" and torch.get_float32_matmul_precision() != "highest",
-        "parameters": model.num_params(), "non_embedding_parameters": model.num_params(non_embedding=True),
-        "data": {k: data_meta.get(k) for k in ("source", "vocab_size", "train_tokens", "val_tokens",
-                                                "unigram_entropy", "corpus_sha256")},
-        "host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "parameters": model.num_params(),
+        "non_embedding_parameters": model.num_params(non_embedding=True),
+        "data": {
+            k: data_meta.get(k)
+            for k in (
+                "source",
+                "vocab_size",
+                "train_tokens",
+                "val_tokens",
+                "unigram_entropy",
+                "corpus_sha256",
+            )
+        },
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
@@ -106,30 +130,53 @@ def series(records: list[dict], key: str) -> list[float]:
     return [r[key] for r in records if key in r and r[key] is not None]
 
 
-def summarize(records: list[dict], status: str, steps_done: int, total_steps: int, diverged_at: int | None,
-              unigram_entropy: float | None, spike_window: int, spike_k: float, wall_time_s: float) -> dict:
+def summarize(
+    records: list[dict],
+    status: str,
+    steps_done: int,
+    total_steps: int,
+    diverged_at: int | None,
+    unigram_entropy: float | None,
+    spike_window: int,
+    spike_k: float,
+    wall_time_s: float,
+) -> dict:
     """summary.json, derived from the run's metrics records."""
-    val = series([r for r in records if r["step"] > 0], "val/loss")  # step 0 is L0, before any training
+    val = series(
+        [r for r in records if r["step"] > 0], "val/loss"
+    )  # step 0 is L0, before any training
     val_se = series([r for r in records if r["step"] > 0], "val/loss_se")
     bpb = series([r for r in records if r["step"] > 0], "val/bpb")
     init = [r.get("val/loss") for r in records if r["step"] == 0]
-    tps = sorted(series(records, "train/tokens_per_s")[1:])  # the first step pays for warm-up / compilation
+    tps = sorted(
+        series(records, "train/tokens_per_s")[1:]
+    )  # the first step pays for warm-up / compilation
     return {
-        "status": status, "steps": steps_done, "total_steps": total_steps, "diverged_at": diverged_at,
-        "dead_gradients_at": dead_gradients_at(records),  # every gradient below the final norm 0 from this step on
+        "status": status,
+        "steps": steps_done,
+        "total_steps": total_steps,
+        "diverged_at": diverged_at,
+        "dead_gradients_at": dead_gradients_at(
+            records
+        ),  # every gradient below the final norm 0 from this step on
         "final_val_loss": val[-1] if val and status != "diverged" else None,
         "final_val_loss_se": val_se[-1] if val_se and status != "diverged" else None,
         "best_val_loss": min(val) if val else None,
-        "final_val_bpb": bpb[-1] if bpb and status != "diverged" else None,  # bits per byte (val/bpb)
+        "final_val_bpb": bpb[-1]
+        if bpb and status != "diverged"
+        else None,  # bits per byte (val/bpb)
         "init_val_loss": init[0] if init else None,
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,
         "spike_score/loss": spike_score(series(records, "train/loss"), spike_window, spike_k),
         "spike_score/grad_norm": spike_score(series(records, "grad/norm"), spike_window, spike_k),
-        "spike_window": spike_window, "spike_k": spike_k,
+        "spike_window": spike_window,
+        "spike_k": spike_k,
         "tokens_per_s": tps[len(tps) // 2] if tps else None,  # median over steps
         "wall_time_s": round(wall_time_s, 2),
-        **({"mfu": mfu[len(mfu) // 2]} if (mfu := sorted(series(records, "train/mfu")[1:])) else {}),  # GPUs only
+        **(
+            {"mfu": mfu[len(mfu) // 2]} if (mfu := sorted(series(records, "train/mfu")[1:])) else {}
+        ),  # GPUs only
     }
 
 

@@ -26,7 +26,9 @@ class Every:
     first: bool = False
 
     def due(self, step: int) -> bool:
-        return step == self.last or (self.n > 0 and (step % self.n == 0 or self.first and step == 1))
+        return step == self.last or (
+            self.n > 0 and (step % self.n == 0 or self.first and step == 1)
+        )
 
 
 @dataclass(kw_only=True)
@@ -49,7 +51,9 @@ class StepParts:
     tokens_per_step: int
     # float16 autocast: dynamic loss scaling (scaler_for); disabled, its scale, unscale_ and update do nothing and
     # its step is the optimizer's
-    scaler: torch.amp.GradScaler = field(default_factory=lambda: torch.amp.GradScaler(enabled=False))
+    scaler: torch.amp.GradScaler = field(
+        default_factory=lambda: torch.amp.GradScaler(enabled=False)
+    )
     flops_per_step: float = 0.0  # model FLOPs of one optimizer step (training/flops.py)
     peak_flops: float | None = None  # per device; known: train/mfu is logged
 
@@ -95,7 +99,9 @@ class NoProbe:
 NO_PROBE = NoProbe()
 
 
-def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=NO_PROBE) -> StepResult:
+def train_step(
+    p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=NO_PROBE
+) -> StepResult:
     """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`. A due
     probe's hooks observe this step (its per-layer metrics join the record)."""
     t0 = time.perf_counter()
@@ -122,20 +128,31 @@ def train_step(p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float
         loss_sum += loss.detach()
     scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     probe.record_grads()  # before clipping, like the global norm
-    grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))  # sharded: the global norm
-    train_loss, log_z2 = distributed.all_reduce(torch.stack([loss_sum, log_z2_sum]) / p.accum) / p.world_size
-    loss_value, norm_value, log_z2_value = torch.stack([train_loss.float(), grad_norm.float(), log_z2.float()]
-                                                       ).tolist()  # one sync
+    grad_norm = full(
+        torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip)
+    )  # sharded: the global norm
+    train_loss, log_z2 = (
+        distributed.all_reduce(torch.stack([loss_sum, log_z2_sum]) / p.accum) / p.world_size
+    )
+    loss_value, norm_value, log_z2_value = torch.stack(
+        [train_loss.float(), grad_norm.float(), log_z2.float()]
+    ).tolist()  # one sync
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
-    if p.z_loss:  # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
+    if (
+        p.z_loss
+    ):  # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
         record.update({"train/log_z2": log_z2_value, "train/z_loss": p.z_loss * log_z2_value})
     # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient norm, the scale
     # still >= 1) are not a divergence: the step is skipped (GradScaler's step() sees the infs unscale_ found) and
     # the scale halves. float32 and bfloat16: a non-finite gradient is a divergence, never an overflow
-    overflow = scaling and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
+    overflow = (
+        scaling and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
+    )
     if scaling:
         record["amp/scale"] = scaler.get_scale()
-    if not overflow and not is_finite(loss_value, norm_value):  # stop before the optimizer sees a non-finite grad
+    if not overflow and not is_finite(
+        loss_value, norm_value
+    ):  # stop before the optimizer sees a non-finite grad
         probe.finish()  # detach the hooks
         return StepResult(record, diverged=True)
     if not overflow:
@@ -162,13 +179,22 @@ def step_parts(cfg, d, model: torch.nn.Module, wrapped: torch.nn.Module, split: 
     tc, cuda = cfg.train, d.device.type == "cuda"
     tokens = tc.batch_size * tc.seq_len
     return StepParts(
-        model=model, ddp=wrapped, compiled=torch.compile(wrapped) if tc.compile else wrapped,
-        opt=build_optimizer(model, cfg.optim), micro=split[0], accum=split[1],
-        world_size=d.world_size, device=d.device, autocast=autocast_for(d.device, tc.dtype),
-        z_loss=tc.z_loss, clip=no_clip(cfg.optim.grad_clip), tokens_per_step=tokens,
+        model=model,
+        ddp=wrapped,
+        compiled=torch.compile(wrapped) if tc.compile else wrapped,
+        opt=build_optimizer(model, cfg.optim),
+        micro=split[0],
+        accum=split[1],
+        world_size=d.world_size,
+        device=d.device,
+        autocast=autocast_for(d.device, tc.dtype),
+        z_loss=tc.z_loss,
+        clip=no_clip(cfg.optim.grad_clip),
+        tokens_per_step=tokens,
         scaler=scaler_for(d.device, tc.dtype),
         flops_per_step=flops_per_token(cfg.model, tc.seq_len) * tokens,
-        peak_flops=peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if cuda else None)
+        peak_flops=peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if cuda else None,
+    )
 
 
 def no_clip(value: float) -> float:
