@@ -12,8 +12,8 @@ from data.sources import DataError
 
 
 def load_tokens(prepared: str | Path, split: str) -> np.memmap:
-    """The token ids of `split` ('train' or 'val') of a prepared dataset, memory-mapped; DataError (one line)
-    when the files do not match meta.json (a truncated copy, a damaged disk)."""
+    """The token ids of `split` ('train' or 'val') of a prepared dataset, memory-mapped; DataError
+    (one line) when the files do not match meta.json (a truncated copy, a damaged disk)."""
     prepared = Path(prepared)
     meta = read_meta(prepared)
     path = prepared / f"{split}.bin"
@@ -44,13 +44,14 @@ def read_meta(prepared: Path) -> dict:
 
 
 class BatchLoader:
-    """Global batch `step` = batch_size windows of seq_len + 1 tokens; this rank gets its contiguous share.
+    """Global batch `step` = batch_size windows of seq_len + 1 tokens; this rank gets its contiguous
+    share.
 
-    Windows start at offset_e + j * seq_len (non-overlapping within an epoch); each epoch e draws a random
-    offset in [0, seq_len) and a permutation of the windows from its own generator seeded by (seed, e).
-    A batch is therefore a pure function of (seed, step): the state to save is just the step, a resumed
-    run sees exactly the batches it would have seen, and no model RNG is ever consumed.
-    """
+    Windows start at offset_e + j * seq_len (non-overlapping within an epoch); each epoch e draws a
+    random offset in [0, seq_len) and a permutation of the windows from its own generator seeded by
+    (seed, e). A batch is therefore a pure function of (seed, step): the state to save is just the
+    step, a resumed run sees exactly the batches it would have seen, and no model RNG is ever
+    consumed."""
 
     def __init__(
         self,
@@ -134,13 +135,15 @@ def eval_batches(
     rank: int = 0,
     world_size: int = 1,
 ):
-    """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across ranks
-    (window i goes to rank i % world_size), as an iterator of (x, y, counts) batches of at most batch_size.
+    """The fixed evaluation set: the first max_tokens // seq_len consecutive windows, split across
+    ranks (window i goes to rank i % world_size), as an iterator of (x, y, counts) batches of at
+    most batch_size.
 
-    Every rank gets the same number of batches, whatever the split: a sharded model's forward is a collective
-    (FSDP gathers parameters, tensor parallelism exchanges activations), so a rank that stopped early would
-    leave the others waiting. A rank with fewer windows pads with copies of window 0 that have counts=False
-    (their loss is weighted 0). Too little data raises DataError here, when called, not at the first batch."""
+    Every rank gets the same number of batches, whatever the split: a sharded model's forward is a
+    collective (FSDP gathers parameters, tensor parallelism exchanges activations), so a rank that
+    stopped early would leave the others waiting. A rank with fewer windows pads with copies of
+    window 0 that have counts=False (their loss is weighted 0). Too little data raises DataError
+    here, when called, not at the first batch."""
     available = (len(tokens) - 1) // seq_len
     n = (
         available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)

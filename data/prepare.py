@@ -1,13 +1,13 @@
 """Prepare a corpus once: split by document, train a SentencePiece BPE tokenizer on the train split,
-tokenize with datasets.map and write data/prepared/<name>/{train.bin, val.bin, tokenizer.model, meta.json}.
+tokenize with datasets.map and write data/prepared/<name>/{train.bin, val.bin, tokenizer.model,
+meta.json}.
 
     python -m data.prepare                      # the embedded default corpus (pydocs)
     python -m data.prepare --source text:notes/*.txt --vocab-size 8192
 
-The output is cached by a hash of the source and the settings; a directory only exists under its final
-name once it is complete (built in a temporary folder, then renamed), so an interrupted prepare never
-looks finished.
-"""
+The output is cached by a hash of the source and the settings; a directory only exists under its
+final name once it is complete (built in a temporary folder, then renamed), so an interrupted
+prepare never looks finished."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def tokenizer_settings(vocab_size: int) -> dict:
-    """SentencePiece BPE settings: byte fallback and identity normalization make decode(encode(t)) == t."""
+    """SentencePiece BPE settings: byte fallback and identity normalization make decode(encode(t))
+    == t."""
     return dict(
         model_type="bpe",
         vocab_size=vocab_size,
@@ -72,12 +73,14 @@ def tokenizer_settings(vocab_size: int) -> dict:
 
 
 def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> float:
-    """`coverage`, or lower where SentencePiece would need more single-character pieces than the vocabulary
-    has room for (vocab_size - the 259 ids of unk/bos/eos and the 256 byte pieces - 1 merge): then the share
-    of the text covered by the most frequent characters that fit, and byte fallback encodes the rest.
+    """`coverage`, or lower where SentencePiece would need more single-character pieces than the
+    vocabulary has room for (vocab_size - the 259 ids of unk/bos/eos and the 256 byte pieces - 1
+    merge): then the share of the text covered by the most frequent characters that fit, and byte
+    fallback encodes the rest.
 
     SentencePiece adds characters, most frequent first, while the share covered so far is below the
-    coverage, so a coverage between the shares of the top k-1 and top k characters keeps exactly k."""
+    coverage, so a coverage between the shares of the top k-1 and top k characters keeps exactly
+    k."""
     room = vocab_size - N_META_PIECES - 1
     total = sum(chars.values())
     counts = [n for _, n in chars.most_common()]
@@ -112,9 +115,10 @@ def prepare(
     max_tokenizer_lines: int = 2_000_000,
     verbose: bool = True,
 ) -> Path:
-    """The prepared directory for this source and these settings, building it if it is not cached. `max_tokens`
-    (> 0) caps the training split at that many tokens; a hub source is then streamed, and read only until its
-    documents hold 8 bytes per token of the budget (more than any tokenizer here needs)."""
+    """The prepared directory for this source and these settings, building it if it is not cached.
+    `max_tokens` (> 0) caps the training split at that many tokens; a hub source is then streamed,
+    and read only until its documents hold 8 bytes per token of the budget (more than any tokenizer
+    here needs)."""
     if max_tokens < 0:
         raise DataError(f"data.max_tokens must be >= 0 (0: the whole source), got {max_tokens}")
     if not 0 < val_fraction < 1:
@@ -171,8 +175,9 @@ def prepare(
 
 
 def _is_complete(out: Path, digest: str) -> bool:
-    """Whether `out` holds this dataset. A directory only gets its final name once complete, so one whose
-    meta.json cannot be read is damaged storage: DataError, rather than silently building over it."""
+    """Whether `out` holds this dataset. A directory only gets its final name once complete, so one
+    whose meta.json cannot be read is damaged storage: DataError, rather than silently building over
+    it."""
     if not out.exists():
         return False
     try:
@@ -243,7 +248,8 @@ def _build(
     if settings["character_coverage"] < tokenizer_settings(vocab_size)["character_coverage"]:
         _log(
             verbose,
-            f"character_coverage lowered to {settings['character_coverage']:.4f} so that the characters fit "
+            f"character_coverage lowered to {settings['character_coverage']:.4f} so that the "
+            "characters fit "
             f"a {vocab_size}-piece vocabulary; rarer characters are encoded as bytes",
         )
     proto = io.BytesIO()
@@ -302,7 +308,8 @@ def _build(
         "corpus_bytes": n_bytes
         + sum(len(t.encode("utf-8")) for t in splits["val"]["text"]),  # UTF-8 bytes
         "corpus_sha256": corpus_sha256(docs["text"]),
-        "unigram_entropy": entropy,  # nats per token: the loss of a model that learned only token frequencies
+        # nats per token: the loss of a model that learned only token frequencies
+        "unigram_entropy": entropy,
         "tokenizer": settings,
         "versions": {
             "python": sys.version.split()[0],
@@ -337,7 +344,8 @@ def _quiet(enabled: bool):
 
 
 def _lines(ds, limit: int):
-    """The non-empty lines of the documents, at most `limit`, in corpus order (SentencePiece's sentences)."""
+    """The non-empty lines of the documents, at most `limit`, in corpus order (SentencePiece's
+    sentences)."""
     n = 0
     for batch in ds.iter(batch_size=1000):
         for text in batch["text"]:
@@ -350,7 +358,8 @@ def _lines(ds, limit: int):
 
 
 class _Encoder:
-    """datasets.map function: texts -> token ids with an end-of-text id after each document (picklable)."""
+    """datasets.map function: texts -> token ids with an end-of-text id after each document
+    (picklable)."""
 
     def __init__(self, proto: bytes):
         self.proto, self.tok = proto, None
@@ -367,7 +376,8 @@ class _Encoder:
 
 
 def _write_tokens(ds, path: Path, dtype: np.dtype, limit: int = 0) -> int:
-    """Write the token ids of every document in order (at most `limit`, when > 0); the number written."""
+    """Write the token ids of every document in order (at most `limit`, when > 0); the number
+    written."""
     n = 0
     with open(path, "wb") as f:
         for batch in ds.iter(batch_size=1000):
@@ -418,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     meta = json.loads((out / "meta.json").read_text())
     print(
-        f"{out}: {meta['corpus_bytes']:,} bytes, {meta['train_tokens']:,} train + {meta['val_tokens']:,} val "
+        f"{out}: {meta['corpus_bytes']:,} bytes, {meta['train_tokens']:,} train + "
+        f"{meta['val_tokens']:,} val "
         f"tokens, vocab {meta['vocab_size']}, unigram entropy {meta['unigram_entropy']:.3f} nats"
     )
     return 0

@@ -1,11 +1,11 @@
 """Where text comes from, named by one string: `pydocs`, `pystdlib`, `text:PATH_OR_GLOB` or
 `hf:NAME[:CONFIG][@SPLIT][#REVISION]`.
 
-The two embedded corpora ship with every Python, so they need no network, and both are the Python Software
-Foundation's, under the PSF License Agreement: `pydocs` is the standard library's documentation (its docstrings and
-pydoc topics: English prose about code), `pystdlib` its source code (code, comments and docstrings: another kind of
-text), one document per file, deduplicated, so that the train / val split (by document) never puts a file in both.
-"""
+The two embedded corpora ship with every Python, so they need no network, and both are the Python
+Software Foundation's, under the PSF License Agreement: `pydocs` is the standard library's
+documentation (its docstrings and pydoc topics: English prose about code), `pystdlib` its source
+code (code, comments and docstrings: another kind of text), one document per file, deduplicated, so
+that the train / val split (by document) never puts a file in both."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import sysconfig
 KINDS = ("pydocs", "pystdlib", "text:PATH_OR_GLOB", "hf:NAME[:CONFIG][@SPLIT][#REVISION]")
 EMBEDDED = ("pydocs", "pystdlib")
 
-# Standard-library parts that are tests, demos, vendored code or side-effect toys rather than documentation.
+# Standard-library parts that are tests, demos, vendored code or side-effect toys rather than
+# documentation.
 _SKIP = {
     "test",
     "tests",
@@ -42,8 +43,8 @@ class DataError(ValueError):
 
 
 def parse_source(spec: str) -> tuple[str, str]:
-    """('pydocs' | 'pystdlib' | 'text' | 'hf', argument) for a source string, or DataError listing the valid
-    forms."""
+    """('pydocs' | 'pystdlib' | 'text' | 'hf', argument) for a source string, or DataError listing
+    the valid forms."""
     kind, _, arg = spec.partition(":")
     if spec in EMBEDDED or (kind in ("text", "hf") and arg):
         return kind, arg
@@ -51,7 +52,8 @@ def parse_source(spec: str) -> tuple[str, str]:
 
 
 def source_key(spec: str, text_field: str = "text") -> dict:
-    """A cheap identity of the source for the prepare cache (computed without reading the corpus)."""
+    """A cheap identity of the source for the prepare cache (computed without reading the
+    corpus)."""
     kind, arg = parse_source(spec)
     if kind in EMBEDDED:
         return {
@@ -78,8 +80,8 @@ def describe(spec: str) -> str:
 
 
 def load_documents(spec: str, text_field: str = "text", max_bytes: int = 0):
-    """The source's documents as a datasets.Dataset with one column, 'text'. `max_bytes` (> 0) caps a hub source:
-    it is streamed and read only until its documents hold that many bytes."""
+    """The source's documents as a datasets.Dataset with one column, 'text'. `max_bytes` (> 0) caps
+    a hub source: it is streamed and read only until its documents hold that many bytes."""
     import datasets
 
     kind, arg = parse_source(spec)
@@ -93,8 +95,8 @@ def load_documents(spec: str, text_field: str = "text", max_bytes: int = 0):
 
 
 def _load_text(pattern: str):
-    """Local text files; a "document" is a paragraph (blank-line separated), so even one file splits into
-    train / val. Files that are not UTF-8 text are named in one line."""
+    """Local text files; a "document" is a paragraph (blank-line separated), so even one file splits
+    into train / val. Files that are not UTF-8 text are named in one line."""
     import datasets
 
     files = _text_files(pattern)
@@ -105,7 +107,8 @@ def _load_text(pattern: str):
                     pass
         except UnicodeDecodeError as e:
             raise DataError(
-                f"text source file {f!r} is not UTF-8 text (byte {e.start}: {e.reason}); give plain "
+                f"text source file {f!r} is not UTF-8 text (byte {e.start}: {e.reason}); give "
+                "plain "
                 f"text files"
             ) from None
         except OSError as e:
@@ -127,8 +130,8 @@ def _text_files(pattern: str) -> list[str]:
 
 
 def parse_hf(arg: str) -> tuple[str, str | None, str, str | None]:
-    """'NAME[:CONFIG][@SPLIT][#REVISION]' -> (name, config, split, revision). NAME may be a local folder of a
-    dataset saved in the hub's layout (data files), which loads offline."""
+    """'NAME[:CONFIG][@SPLIT][#REVISION]' -> (name, config, split, revision). NAME may be a local
+    folder of a dataset saved in the hub's layout (data files), which loads offline."""
     arg, _, revision = arg.partition("#")
     name, _, split = arg.partition("@")
     name, _, config = name.partition(":")
@@ -139,7 +142,8 @@ def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
     import datasets
 
     name, config, split, revision = parse_hf(arg)
-    datasets.utils.logging.set_verbosity_error()  # the failure below is reported in one line of ours
+    # the failure below is reported in one line of ours
+    datasets.utils.logging.set_verbosity_error()
     import huggingface_hub
 
     huggingface_hub.utils.logging.set_verbosity_error()
@@ -178,8 +182,9 @@ def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
 
 
 def pydocs_documents() -> list[str]:
-    """The documentation inside this Python installation, deterministically: one document per pydoc topic
-    and one per standard-library module (its docstrings and those of its public classes and functions).
+    """The documentation inside this Python installation, deterministically: one document per pydoc
+    topic and one per standard-library module (its docstrings and those of its public classes and
+    functions).
 
     Modules are parsed with `ast`, never imported, so collecting them has no side effects.
     """
@@ -194,7 +199,8 @@ def pydocs_documents() -> list[str]:
 
 
 def stdlib_files() -> list[tuple[str, str]]:
-    """(path, path relative to the standard library) of every module file pydocs and pystdlib read, in order."""
+    """(path, path relative to the standard library) of every module file pydocs and pystdlib read,
+    in order."""
     stdlib = sysconfig.get_paths()["stdlib"]
     return [
         (path, os.path.relpath(path, stdlib))
@@ -205,8 +211,8 @@ def stdlib_files() -> list[tuple[str, str]]:
 
 
 def pystdlib_documents() -> list[str]:
-    """The standard library's source code, one document per module file, deduplicated by content (identical
-    files would otherwise land in both splits), in path order."""
+    """The standard library's source code, one document per module file, deduplicated by content
+    (identical files would otherwise land in both splits), in path order."""
     docs, seen = [], set()
     for path, _ in stdlib_files():
         try:

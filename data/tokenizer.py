@@ -28,10 +28,11 @@ class Tokenizer:
         return self.sp.decode([int(i) for i in ids])
 
     def token_bytes(self) -> np.ndarray:
-        """The UTF-8 bytes of text each id stands for (int64, one per id): a piece's text with SentencePiece's
-        word-boundary mark U+2581 read as a space; a byte-fallback piece <0xNN> is 1 byte; control, unknown and
-        unused pieces (BOS, EOS, ...) 0. Summed over an encoding it is the text's UTF-8 length (the tokenizer adds
-        no dummy prefix: data/prepare.py tokenizer_settings)."""
+        """The UTF-8 bytes of text each id stands for (int64, one per id): a piece's text with
+        SentencePiece's word-boundary mark U+2581 read as a space; a byte-fallback piece <0xNN> is 1
+        byte; control, unknown and unused pieces (BOS, EOS, ...) 0. Summed over an encoding it is
+        the text's UTF-8 length (the tokenizer adds no dummy prefix: data/prepare.py
+        tokenizer_settings)."""
         sp = self.sp
         out = np.zeros(self.vocab_size, dtype=np.int64)
         for i in range(self.vocab_size):

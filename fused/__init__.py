@@ -3,13 +3,13 @@ use: model/fused_norms.py, model.ops_impl=fused; the reference classes, the defa
 them), cached by torch under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR: the norms
 (norms_cpu.cpp with their autograd, row loops in norms_kernel.h compiled per instruction set by
 norms_isa_*.cpp; called from fused/norms.py) and the cross-entropy and SwiGLU
-(cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py).
-All register ops under torch.ops.normlab. The package knows nothing of the model: model/ calls it with
-tensors, and it sits below model/ in the import order (it imports only torch).
+(cross_entropy_cpu.cpp, swiglu_cpu.cpp, fused/ops.py). All register ops under torch.ops.normlab. The
+package knows nothing of the model: model/ calls it with tensors, and it sits below model/ in the
+import order (it imports only torch).
 
-A build is named by a hash of everything it depends on (build_name): the sources, the flags, the compiler, torch
-and, for a -march=native build, the CPU. Checkouts of one commit share a build; different sources never build
-over each other in the shared cache.
+A build is named by a hash of everything it depends on (build_name): the sources, the flags, the
+compiler, torch and, for a -march=native build, the CPU. Checkouts of one commit share a build;
+different sources never build over each other in the shared cache.
 
 Where no compiler exists the build fails once, with a warning, and every fused path runs its
 reference.
@@ -57,14 +57,16 @@ def cpu_features() -> str | None:
 
 
 def build_target(features: str | None, portable: bool) -> list[str]:
-    """The arch flags: -march=native where the CPU's flags can be read (build_name then keys the build by them:
-    native code only runs on CPUs with the same instructions), none where they cannot, or NORMLAB_PORTABLE is set
-    (the portable build has a copy of the norms' loops per instruction set and picks one at run time)."""
+    """The arch flags: -march=native where the CPU's flags can be read (build_name then keys the
+    build by them: native code only runs on CPUs with the same instructions), none where they
+    cannot, or NORMLAB_PORTABLE is set (the portable build has a copy of the norms' loops per
+    instruction set and picks one at run time)."""
     return [] if portable or not features else ["-march=native"]
 
 
 def source_files(folder: Path = HERE) -> dict[str, bytes]:
-    """Every .cpp and .h under `folder` (fused/), by path relative to it: what a build compiles, byte for byte."""
+    """Every .cpp and .h under `folder` (fused/), by path relative to it: what a build compiles,
+    byte for byte."""
     return {
         p.relative_to(folder).as_posix(): p.read_bytes()
         for p in sorted(folder.rglob("*"))
@@ -86,8 +88,8 @@ def compiler_identity() -> str:
 
 
 def torch_identity() -> str:
-    """torch's version and where it and Python's headers are installed (the build's command lines name them: one
-    environment's build is not rebuilt over by another's of the same version)."""
+    """torch's version and where it and Python's headers are installed (the build's command lines
+    name them: one environment's build is not rebuilt over by another's of the same version)."""
     return (
         f"torch {torch.__version__} at {Path(torch.__file__).parent}; python {sys.version_info[0]}."
         f"{sys.version_info[1]}{getattr(sys, 'abiflags', '')} at {sysconfig.get_paths()['include']}"
@@ -102,13 +104,14 @@ def build_name(
     features: str | None,
     toolchain: str | None = None,
 ) -> str:
-    """The extension's name: normlab_kernels_<native|portable>_<hash of everything the build depends on>, the
-    sources' bytes (source_files), the translation units, the compile and link flags, the compiler
-    (compiler_identity), torch (toolchain: torch_identity() unless given), the machine's architecture and, for a
-    -march=native build, the CPU's flags (a node of a cluster with other instructions builds its own; a portable
-    build runs on any, so it is shared). torch caches a build by name and rebuilds in place whatever differs: two
-    checkouts that named their builds alike (by the CPU alone) rebuilt over each other on every load; now a build
-    is reused exactly when it would come out the same."""
+    """The extension's name: normlab_kernels_<native|portable>_<hash of everything the build depends
+    on>, the sources' bytes (source_files), the translation units, the compile and link flags, the
+    compiler (compiler_identity), torch (toolchain: torch_identity() unless given), the machine's
+    architecture and, for a -march=native build, the CPU's flags (a node of a cluster with other
+    instructions builds its own; a portable build runs on any, so it is shared). torch caches a
+    build by name and rebuilds in place whatever differs: two checkouts that named their builds
+    alike (by the CPU alone) rebuilt over each other on every load; now a build is reused exactly
+    when it would come out the same."""
     native = "-march=native" in cflags
     key = {
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
@@ -131,7 +134,8 @@ def kernel_available() -> bool:
         features = cpu_features()
         arch = build_target(features, bool(os.environ.get("NORMLAB_PORTABLE")))
         cflags = ["-O3", "-fopenmp"] + arch  # -fopenmp: at::parallel_for is an inline OpenMP loop
-        if arch:  # one copy of the norms' loops, for this CPU; the portable build has one per instruction set
+        # one copy of the norms' loops, for this CPU; the portable build has one per instruction set
+        if arch:
             cflags.append("-DNORMLAB_NATIVE")
         attempts = [(cflags, ["-fopenmp"])]
         if sys.platform.startswith(
@@ -165,17 +169,17 @@ def kernel_available() -> bool:
     return _loaded
 
 
-# torch.compile calls kernel_available while tracing; marked as a constant result there is no graph break at a
-# first build. This is what torch.compiler.assume_constant_result(kernel_available) does, without its import of
-# torch._dynamo (~40% of `import train`: a training run still pays it when torch.optim builds its first
-# optimizer, but sampling, export and reading runs no longer do; tests/test_fast_norms.py checks that the
-# decorator still sets exactly this attribute).
+# torch.compile calls kernel_available while tracing; marked as a constant result there is no graph
+# break at a first build. This is what torch.compiler.assume_constant_result(kernel_available) does,
+# without its import of torch._dynamo (~40% of `import train`: a training run still pays it when
+# torch.optim builds its first optimizer, but sampling, export and reading runs no longer do;
+# tests/test_fast_norms.py checks that the decorator still sets exactly this attribute).
 kernel_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
-    """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json: the
-    fused path, or the reference and why (a fused path that falls back says so, not silently).
+    """Which implementation each op of a model runs on `device` ('cpu', 'cuda', ...), for meta.json:
+    the fused path, or the reference and why (a fused path that falls back says so, not silently).
     Only a fused implementation builds (or loads) the kernels."""
 
     def fused(what: str) -> str:
@@ -204,15 +208,16 @@ def _build(
 ) -> None:
     """torch's load() of `files`, copied into the build directory first, under an OS file lock.
 
-    The copy: torch's load() runs ninja, which rebuilds when a command line changes, and the command lines name the
-    sources' paths. Compiled from the build directory's own copy (written once; the name is a hash of these
-    bytes), a build is the same for every checkout that names it alike, and is not rebuilt for another's paths.
+    The copy: torch's load() runs ninja, which rebuilds when a command line changes, and the command
+    lines name the sources' paths. Compiled from the build directory's own copy (written once; the
+    name is a hash of these bytes), a build is the same for every checkout that names it alike, and
+    is not rebuilt for another's paths.
 
-    The lock: load() holds torch's own build lock (a plain `lock` file in the build directory) while ninja checks
-    or builds, in every process that loads; a process killed in that window (kill -9, a scheduler's preemption, a
-    test's timeout) leaves the file behind, and every later process waits for it forever. An OS lock dies with its
-    holder: holding it, no other normlab process is inside load(), so a `lock` file found then is stale and is
-    removed."""
+    The lock: load() holds torch's own build lock (a plain `lock` file in the build directory) while
+    ninja checks or builds, in every process that loads; a process killed in that window (kill -9, a
+    scheduler's preemption, a test's timeout) leaves the file behind, and every later process waits
+    for it forever. An OS lock dies with its holder: holding it, no other normlab process is inside
+    load(), so a `lock` file found then is stale and is removed."""
     from filelock import FileLock
     from torch.utils.cpp_extension import _get_build_directory, load
 
@@ -253,8 +258,9 @@ def announce_compile(build_dir: Path) -> None:
 
 
 def _place(folder: Path, files: dict[str, bytes]) -> None:
-    """Write `files` under `folder`, each only where it is missing or differs (an untouched file keeps its mtime:
-    ninja does not recompile it), atomically (a process killed mid-write leaves no half file to compile)."""
+    """Write `files` under `folder`, each only where it is missing or differs (an untouched file
+    keeps its mtime: ninja does not recompile it), atomically (a process killed mid-write leaves no
+    half file to compile)."""
     for rel, data in files.items():
         path = folder / rel
         if path.is_file() and path.read_bytes() == data:

@@ -1,8 +1,10 @@
-"""The fused path of the norms: the formulas and precision policy of model/norms.py, in one kernel each way.
+"""The fused path of the norms: the formulas and precision policy of model/norms.py, in one kernel
+each way.
 
-- CPU: torch.ops.normlab.norm (fused/norms_cpu.cpp), whose autograd is in C++: one pass for the row statistics,
-  one for the output; the backward saves only the input and the per-row 1/rms (and mean) instead of every
-  intermediate. torch.compile traces it (into norm_fwd / norm_bwd, with fake kernels) without a graph break.
+- CPU: torch.ops.normlab.norm (fused/norms_cpu.cpp), whose autograd is in C++: one pass for the row
+  statistics, one for the output; the backward saves only the input and the per-row 1/rms (and mean)
+  instead of every intermediate. torch.compile traces it (into norm_fwd / norm_bwd, with fake
+  kernels) without a graph break.
 - CUDA: torch's own fused kernels (F.rms_norm / F.layer_norm) on float32, then the gain.
 - Elsewhere, or where no compiler exists: None, and the norm runs its formula.
 """
@@ -42,8 +44,9 @@ def fused_norm(
     eps: float,
     center: bool,
 ) -> torch.Tensor | None:
-    """normalize(x) * weight (+ bias) over the last dims `shape` of x (already checked to match), centred
-    (LayerNorm) or not (RMSNorm), through a fused path of x's device; None where there is none."""
+    """normalize(x) * weight (+ bias) over the last dims `shape` of x (already checked to match),
+    centred (LayerNorm) or not (RMSNorm), through a fused path of x's device; None where there is
+    none."""
     if x.device.type == "cpu":
         if (
             x.numel() == 0
@@ -53,7 +56,8 @@ def fused_norm(
             or _dtensor(bias)
             or not kernel_available()
         ):
-            return None  # empty: the formula gives empty outputs and zero gain gradients; DTensor: its own ops
+            # empty: the formula gives empty outputs and zero gain gradients; DTensor: its own ops
+            return None
         if (
             weight is not None and weight.dim() != 1
         ):  # several normalized dims: one gain per flattened element

@@ -1,8 +1,8 @@
-"""The fused paths of the cross-entropy and SwiGLU (fused/cross_entropy_cpu.cpp, fused/swiglu_cpu.cpp): the
-same math as their references in model/ops.py.
+"""The fused paths of the cross-entropy and SwiGLU (fused/cross_entropy_cpu.cpp,
+fused/swiglu_cpu.cpp): the same math as their references in model/ops.py.
 
-- cross-entropy: keeps one logsumexp per row instead of the (N, V) log-softmax and writes softmax - onehot in
-  one pass; reads bfloat16 logits directly instead of copying them to float32 first.
+- cross-entropy: keeps one logsumexp per row instead of the (N, V) log-softmax and writes softmax -
+  onehot in one pass; reads bfloat16 logits directly instead of copying them to float32 first.
 - SwiGLU: one pass each way, saving only a and b; computes in float32 and rounds once.
 
 Each returns None where it has no kernel (CUDA, no compiler), and the caller runs the reference.

@@ -1,4 +1,5 @@
-"""ModelArgs: every architectural choice of the decoder, torch-free so configs can import it cheaply."""
+"""ModelArgs: every architectural choice of the decoder, torch-free so configs can import it
+cheaply."""
 
 from __future__ import annotations
 
@@ -28,11 +29,14 @@ class ModelArgs:
     placement: str = (
         "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
     )
-    ffn: str = "swiglu"  # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
-    linear_bias: bool = False  # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
+    # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
+    ffn: str = "swiglu"
+    # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
+    linear_bias: bool = False
     qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), its defaults
     qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
-    embed_scale: str = "none"  # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
+    # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
+    embed_scale: str = "none"
     rope_theta: float = 10000.0
     max_seq_len: int = 256
     tie_embeddings: bool = False
@@ -55,12 +59,13 @@ class ModelArgs:
     init_head_std: float | None = (
         None  # the output head's std; None -> init_std (an untied head only)
     )
-    init_scale: str = "absolute"  # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
+    # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
+    init_scale: str = "absolute"
 
     @property
     def matrix_std(self) -> float:
-        """The std every matrix of the blocks is drawn with before residual scaling (init_residual, DeepNorm's
-        beta): init_std, times sqrt(4096 / dim) under init_scale=width."""
+        """The std every matrix of the blocks is drawn with before residual scaling (init_residual,
+        DeepNorm's beta): init_std, times sqrt(4096 / dim) under init_scale=width."""
         return self.init_std * lookup(INIT_SCALES, self.init_scale, "init_scale")(self.dim)
 
     @property
@@ -115,7 +120,8 @@ class ModelArgs:
             )
         if self.n_heads % self.kv_heads:
             raise ValueError(
-                f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.kv_heads}"
+                f"model.n_heads={self.n_heads} must be a multiple of "
+                f"model.n_kv_heads={self.kv_heads}"
             )
         if self.head_dim % 2:
             raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
@@ -128,7 +134,8 @@ class ModelArgs:
                 raise ValueError(f"model.{name} must be >= 0 or null, got {getattr(self, name)}")
         if self.init_head_std is not None and self.tie_embeddings:
             raise ValueError(
-                "model.init_head_std needs an untied head (model.tie_embeddings=false): a tied head is "
+                "model.init_head_std needs an untied head (model.tie_embeddings=false): a tied "
+                "head is "
                 "the embedding, drawn with model.init_embedding_std"
             )
         lookup(INIT_SCALES, self.init_scale, "init_scale")
@@ -150,23 +157,27 @@ class ModelArgs:
         return self
 
 
-# how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std times this
+# how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std
+# times this
 RESIDUAL_INITS = {
     "scaled": lambda n_layers: 1 / (2 * n_layers) ** 0.5,
     "plain": lambda n_layers: 1.0,
 }
-# qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's qk-layernorm),
-# chosen apart from the block norm; a gain per head dimension, shared by the heads, no bias
+# qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's
+# qk-layernorm), chosen apart from the block norm; a gain per head dimension, shared by the heads,
+# no bias
 QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
-# The paper-scale reference width: LLaMA 7B's d (Touvron et al. 2023). Its std 0.02 (every matrix, the embedding and
-# the head: the init Zhu et al. 2025's DyT LLaMA code inherits) makes each matrix give a unit-RMS input outputs of
-# RMS 0.02 x sqrt(4096) = 1.28, and the embedding times DyT's sqrt(d) scalar a stream of RMS 1.28; the same 0.02 at
-# d = 64 gives 0.16 for both, and logits ~100x smaller: the stream's scale depends on the width.
+# The paper-scale reference width: LLaMA 7B's d (Touvron et al. 2023). Its std 0.02 (every matrix,
+# the embedding and the head: the init Zhu et al. 2025's DyT LLaMA code inherits) makes each matrix
+# give a unit-RMS input outputs of RMS 0.02 x sqrt(4096) = 1.28, and the embedding times DyT's
+# sqrt(d) scalar a stream of RMS 1.28; the same 0.02 at d = 64 gives 0.16 for both, and logits ~100x
+# smaller: the stream's scale depends on the width.
 INIT_REFERENCE_DIM = 4096
-# how init_std is read: absolute (the std itself, at any width) | width (the std at INIT_REFERENCE_DIM; at width d
-# it becomes init_std x sqrt(4096 / d) = c / sqrt(d), c = init_std x 64, so sqrt(d) x std, the scale above, is the
-# same at every width). It scales init_std and the stds that default to it (the embedding's with init_embedding_std
-# null, the head's with init_head_std null); an explicit init_embedding_std or init_head_std is absolute either way
+# how init_std is read: absolute (the std itself, at any width) | width (the std at
+# INIT_REFERENCE_DIM; at width d it becomes init_std x sqrt(4096 / d) = c / sqrt(d), c = init_std x
+# 64, so sqrt(d) x std, the scale above, is the same at every width). It scales init_std and the
+# stds that default to it (the embedding's with init_embedding_std null, the head's with
+# init_head_std null); an explicit init_embedding_std or init_head_std is absolute either way
 INIT_SCALES = {"absolute": lambda dim: 1.0, "width": lambda dim: (INIT_REFERENCE_DIM / dim) ** 0.5}
 # the initial value of a learnable scalar multiplying the embedding (None: no scalar)
 EMBED_SCALES = {"none": lambda dim: None, "sqrt_dim": lambda dim: dim**0.5}

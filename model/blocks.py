@@ -38,13 +38,13 @@ class Block(nn.Module):
         self.ffn_norm = model_norm(args, "ffn")
 
     def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
-        """Every matrix ~ N(0, init_std^2), the residual projections (wo, w2) with init_std / sqrt(2 n_layers) so
-        the stream's variance does not grow with depth (GPT-2; `residual="plain"`: init_std, as Xiong et al. 2020
-        study Post-LN); norms reset themselves (gain 1, bias 0).
+        """Every matrix ~ N(0, init_std^2), the residual projections (wo, w2) with init_std / sqrt(2
+        n_layers) so the stream's variance does not grow with depth (GPT-2; `residual="plain"`:
+        init_std, as Xiong et al. 2020 study Post-LN); norms reset themselves (gain 1, bias 0).
 
-        Only matrices draw random numbers, in the order they are registered, so blocks that differ only in their
-        norm or its placement start from identical weights for the same seed. A placement with its own init
-        rule (e.g. DeepNorm's beta) overrides this method."""
+        Only matrices draw random numbers, in the order they are registered, so blocks that differ
+        only in their norm or its placement start from identical weights for the same seed. A
+        placement with its own init rule (e.g. DeepNorm's beta) overrides this method."""
         scale = lookup(RESIDUAL_INITS, residual, "init_residual")(n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
@@ -65,7 +65,8 @@ class PreNormBlock(Block):
 
 
 class PostNormBlock(Block):
-    """h = norm(x + f(x)) for f = attention, then feed-forward (original Transformer; Xiong et al., 2020)."""
+    """h = norm(x + f(x)) for f = attention, then feed-forward (original Transformer; Xiong et al.,
+    2020)."""
 
     final_norm = False  # the stream is already normalized after every sublayer
 
@@ -75,7 +76,8 @@ class PostNormBlock(Block):
 
 
 class PeriNormBlock(Block):
-    """h = x + norm_out(f(norm_in(x))) for f = attention, then feed-forward (sandwich / peri-LN, Gemma 2)."""
+    """h = x + norm_out(f(norm_in(x))) for f = attention, then feed-forward (sandwich / peri-LN,
+    Gemma 2)."""
 
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__(args, layer_id)
@@ -88,9 +90,10 @@ class PeriNormBlock(Block):
 
 
 class ReorderedNormBlock(Block):
-    """h = x + norm(f(x)) for f = attention, then feed-forward: the norm moved onto the sublayer's output, the
-    stream left unnormalized (OLMo 2, Team OLMo 2024; Swin Transformer v2's res-post-norm). `attention_norm` and
-    `ffn_norm` therefore see sublayer outputs here, not the stream."""
+    """h = x + norm(f(x)) for f = attention, then feed-forward: the norm moved onto the sublayer's
+    output, the stream left unnormalized (OLMo 2, Team OLMo 2024; Swin Transformer v2's
+    res-post-norm). `attention_norm` and `ffn_norm` therefore see sublayer outputs here, not the
+    stream."""
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         h = x + self.attention_norm(self.attention(x, rope))
@@ -98,9 +101,10 @@ class ReorderedNormBlock(Block):
 
 
 class DeepNormBlock(Block):
-    """h = norm(alpha x + f(x)), alpha = (2N)^(1/4) for N layers, with wv, wo, w1, w2, w3 drawn with std
-    init_std * beta, beta = (8N)^(-1/4) (DeepNet, Wang et al. 2022, decoder-only constants). Post-norm whose
-    residual branch is up-weighted so each update moves the stream less; beta replaces init_residual."""
+    """h = norm(alpha x + f(x)), alpha = (2N)^(1/4) for N layers, with wv, wo, w1, w2, w3 drawn with
+    std init_std * beta, beta = (8N)^(-1/4) (DeepNet, Wang et al. 2022, decoder-only constants).
+    Post-norm whose residual branch is up-weighted so each update moves the stream less; beta
+    replaces init_residual."""
 
     final_norm = False
 

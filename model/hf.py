@@ -1,9 +1,8 @@
 """Conversion between our Llama and transformers' LlamaForCausalLM (transformers imported lazily).
 
-Meta's LLaMA (and this repo) rotates interleaved pairs (x[2i], x[2i+1]) in RoPE; transformers rotates
-the halves (x[i], x[i + d/2]). The two agree once the rows of wq and wk are permuted within each head,
-exactly as transformers' own convert_llama_weights_to_hf.py does.
-"""
+Meta's LLaMA (and this repo) rotates interleaved pairs (x[2i], x[2i+1]) in RoPE; transformers
+rotates the halves (x[i], x[i + d/2]). The two agree once the rows of wq and wk are permuted within
+each head, exactly as transformers' own convert_llama_weights_to_hf.py does."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ _KEYS = {
 
 
 def check_expressible(args: ModelArgs) -> None:
-    """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no extras: no qk-norm,
-    no soft-capping of attention or output logits)."""
+    """Raise ValueError unless LlamaForCausalLM can represent the model (pre-norm RMSNorm, no
+    extras: no qk-norm, no soft-capping of attention or output logits)."""
     unsupported = {
         "norm": (args.norm, "rmsnorm"),
         "placement": (args.placement, "pre"),
@@ -52,7 +51,8 @@ def check_expressible(args: ModelArgs) -> None:
 
 
 def _permute(w: torch.Tensor, n_heads: int, to_hf: bool) -> torch.Tensor:
-    """Reorder the rows of a q/k projection between interleaved (ours) and half-split (HF) RoPE pairs."""
+    """Reorder the rows of a q/k projection between interleaved (ours) and half-split (HF) RoPE
+    pairs."""
     rows, cols = w.shape
     if to_hf:  # per head: (hd/2, 2) pairs -> (2, hd/2) halves
         return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
@@ -94,7 +94,8 @@ def _rope(config) -> tuple[float, dict]:
 
 
 def inexpressible(config) -> list[str]:
-    """What a transformers LlamaConfig has that our Llama cannot represent (empty: it converts exactly)."""
+    """What a transformers LlamaConfig has that our Llama cannot represent (empty: it converts
+    exactly)."""
     problems = []
     if getattr(config, "attention_bias", False):
         problems.append("attention_bias=True (our q/k/v/o projections have no bias)")
@@ -113,7 +114,8 @@ def inexpressible(config) -> list[str]:
 
 
 def args_from_hf(config) -> ModelArgs:
-    """ModelArgs equivalent to a transformers LlamaConfig; ValueError naming what cannot be expressed."""
+    """ModelArgs equivalent to a transformers LlamaConfig; ValueError naming what cannot be
+    expressed."""
     problems = inexpressible(config)
     if problems:
         raise ValueError("our Llama cannot express this LlamaConfig: " + "; ".join(problems))

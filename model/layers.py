@@ -1,4 +1,5 @@
-"""Rotary position embedding, grouped-query causal attention and the SwiGLU feed-forward of LLaMA."""
+"""Rotary position embedding, grouped-query causal attention and the SwiGLU feed-forward of
+LLaMA."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim 
 def rope_tables(
     head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None
 ) -> Rope:
-    """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as LLaMA)."""
+    """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as
+    LLaMA)."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
     )
@@ -29,8 +31,8 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved layout):
-    (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
+    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved
+    layout): (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
 
     Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its
     width): the same products and sums as the pairwise formula, bit for bit in both directions,
@@ -49,11 +51,12 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 def expand_kv(q: torch.Tensor) -> bool:
-    """Whether grouped-query attention should repeat its k/v heads rather than ask SDPA for enable_gqa: on CUDA
-    in float32, where only the math kernel implements enable_gqa (flash, which has it, needs float16 / bfloat16;
-    the memory-efficient and cuDNN kernels need equal head counts). Elsewhere enable_gqa (no copy of k and v).
-    The dtype that counts is the one SDPA runs in: under autocast q may be float32 here (RoPE's float32 tables
-    promote it) while SDPA casts it to the autocast dtype."""
+    """Whether grouped-query attention should repeat its k/v heads rather than ask SDPA for
+    enable_gqa: on CUDA in float32, where only the math kernel implements enable_gqa (flash, which
+    has it, needs float16 / bfloat16; the memory-efficient and cuDNN kernels need equal head
+    counts). Elsewhere enable_gqa (no copy of k and v). The dtype that counts is the one SDPA runs
+    in: under autocast q may be float32 here (RoPE's float32 tables promote it) while SDPA casts it
+    to the autocast dtype."""
     return runs_in_float32(
         q.device.type,
         q.dtype,
@@ -70,7 +73,8 @@ def runs_in_float32(
 
 
 class Attention(nn.Module):
-    """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value heads."""
+    """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value
+    heads."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -87,14 +91,16 @@ class Attention(nn.Module):
         self.softcap = args.attn_softcap
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
-        """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or None)."""
+        """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or
+        None)."""
         B, T, _ = x.shape
         linears = [self.wq, self.wk] + ([self.wv] if values else [])
         if _is_dtensor(
             self.wq.weight
         ):  # tensor parallel: each projection is its own column-sharded matmul
             q, k, *v = (m(x) for m in linears)
-        else:  # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
+        # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
+        else:
             heads = [self.n_heads, self.n_kv_heads] + ([self.n_kv_heads] if values else [])
             bias = torch.cat([m.bias for m in linears]) if self.wq.bias is not None else None
             q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
@@ -126,16 +132,18 @@ class Attention(nn.Module):
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap * tanh(x / cap) (Gemma 2's logit soft-capping): ~x for |x| << cap, bounded by +-cap; cap 0: x."""
+    """cap * tanh(x / cap) (Gemma 2's logit soft-capping): ~x for |x| << cap, bounded by +-cap; cap
+    0: x."""
     return cap * torch.tanh(x / cap) if cap else x
 
 
 def explicit_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cap: float = 0.0
 ) -> torch.Tensor:
-    """softmax(causal mask(softcap(q k^T / sqrt(d_head)))) v, with the logits materialized: q (B, H, T, hd), k and v
-    (B, kv, T, hd), kv dividing H. The products run in the matmul's dtype (autocast's, as SDPA would), the scaling,
-    cap and softmax in float32 (float64 stays float64), the weights cast back to v's dtype; cap 0 is SDPA's math."""
+    """softmax(causal mask(softcap(q k^T / sqrt(d_head)))) v, with the logits materialized: q (B, H,
+    T, hd), k and v (B, kv, T, hd), kv dividing H. The products run in the matmul's dtype
+    (autocast's, as SDPA would), the scaling, cap and softmax in float32 (float64 stays float64),
+    the weights cast back to v's dtype; cap 0 is SDPA's math."""
     H, T, hd = q.shape[1], q.shape[2], q.shape[3]
     k, v = (
         t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v)
@@ -153,7 +161,8 @@ def attention_path(args: ModelArgs) -> str:
     """Which attention computation a model of these args runs (for meta.json's `kernels`)."""
     if args.attn_softcap:
         return (
-            f"explicit q k^T / sqrt(d) -> softcap {args.attn_softcap:g} -> causal mask -> softmax -> v "
+            f"explicit q k^T / sqrt(d) -> softcap {args.attn_softcap:g} -> causal mask -> softmax "
+            "-> v "
             f"(SDPA's fused kernels never materialize the logits to cap)"
         )
     return (
@@ -179,9 +188,10 @@ class FeedForward(nn.Module):
 
 
 class ReluFeedForward(nn.Module):
-    """w2(relu(w1 x)): the original Transformer's feed-forward (Vaswani et al. 2017), the one Xiong et al. (2020)
-    analyse. Degree-1 homogeneous where SwiGLU is degree 2, which changes how gradients flow through Post-LN
-    at init (scripts/init_grads.py). Same hidden width as SwiGLU's; there is no w3."""
+    """w2(relu(w1 x)): the original Transformer's feed-forward (Vaswani et al. 2017), the one Xiong
+    et al. (2020) analyse. Degree-1 homogeneous where SwiGLU is degree 2, which changes how
+    gradients flow through Post-LN at init (scripts/init_grads.py). Same hidden width as SwiGLU's;
+    there is no w3."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -193,18 +203,19 @@ class ReluFeedForward(nn.Module):
 
 
 class GeluFeedForward(ReluFeedForward):
-    """w2(gelu(w1 x)), gelu(a) = a * Phi(a) with Phi the standard normal CDF (exact erf form; Hendrycks & Gimpel
-    2016; BERT / GPT-2). Smooth and degree-1 homogeneous for large |a|, as ReLU: an ablation of the SwiGLU-vs-ReLU
-    argument (scripts/init_grads.py). ReLU's parameters (w1, w2) and init."""
+    """w2(gelu(w1 x)), gelu(a) = a * Phi(a) with Phi the standard normal CDF (exact erf form;
+    Hendrycks & Gimpel 2016; BERT / GPT-2). Smooth and degree-1 homogeneous for large |a|, as ReLU:
+    an ablation of the SwiGLU-vs-ReLU argument (scripts/init_grads.py). ReLU's parameters (w1, w2)
+    and init."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.gelu(self.w1(x)))
 
 
 class Relu2FeedForward(ReluFeedForward):
-    """w2(relu(w1 x)^2): squared ReLU (So et al. 2021, Primer). Degree-2 homogeneous as SwiGLU, without its gate:
-    separates the degree from the gating in the SwiGLU-vs-ReLU argument (scripts/init_grads.py). ReLU's
-    parameters (w1, w2) and init."""
+    """w2(relu(w1 x)^2): squared ReLU (So et al. 2021, Primer). Degree-2 homogeneous as SwiGLU,
+    without its gate: separates the degree from the gating in the SwiGLU-vs-ReLU argument
+    (scripts/init_grads.py). ReLU's parameters (w1, w2) and init."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.relu(self.w1(x)).square())

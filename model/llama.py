@@ -13,10 +13,9 @@ from model.ops import OPS_IMPLS
 
 
 def parameter_kinds(model: nn.Module) -> dict[str, str]:
-    """Each named parameter's kind, told by the module that owns it (never by its shape): 'matrix' (a Linear's
-    weight), 'embedding', 'gain' (a norm's weight, or the embedding's scalar) or 'bias'. Tied weights are listed
-    once, under their first name.
-    """
+    """Each named parameter's kind, told by the module that owns it (never by its shape): 'matrix'
+    (a Linear's weight), 'embedding', 'gain' (a norm's weight, or the embedding's scalar) or 'bias'.
+    Tied weights are listed once, under their first name."""
     owner = {}
     for module in model.modules():
         for pname, p in module.named_parameters(recurse=False):
@@ -67,8 +66,8 @@ class Llama(nn.Module):
         self.reset_parameters()
 
     def _apply(self, fn, recurse: bool = True):
-        """Casts and moves the module as usual, but the RoPE tables stay float32 (recomputed on the new device):
-        a bfloat16 model rotates q and k with float32 angles, as LLaMA does."""
+        """Casts and moves the module as usual, but the RoPE tables stay float32 (recomputed on the
+        new device): a bfloat16 model rotates q and k with float32 angles, as LLaMA does."""
         super()._apply(fn, recurse)
         cos, sin = rope_tables(
             self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.rope_cos.device
@@ -77,12 +76,13 @@ class Llama(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
-        """The embedding ~ N(init_embedding_mean, embedding_std^2) (a mean != 0 shifts every token's features
-        by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head ~ N(0, head_std^2); each
-        block initializes its own parameters with matrix_std (Block.reset_parameters); the final norm resets itself.
-        The stds are ModelArgs' (init_std, or c / sqrt(dim) under init_scale=width; init_embedding_std and
-        init_head_std when given). The order of random draws (embedding, blocks in order, head) makes models that
-        differ only in their norm or placement start from identical weights."""
+        """The embedding ~ N(init_embedding_mean, embedding_std^2) (a mean != 0 shifts every token's
+        features by the same amount: the mean LayerNorm removes and RMSNorm keeps), the output head
+        ~ N(0, head_std^2); each block initializes its own parameters with matrix_std
+        (Block.reset_parameters); the final norm resets itself. The stds are ModelArgs' (init_std,
+        or c / sqrt(dim) under init_scale=width; init_embedding_std and init_head_std when given).
+        The order of random draws (embedding, blocks in order, head) makes models that differ only
+        in their norm or placement start from identical weights."""
         a = self.args
         nn.init.normal_(self.tok_embeddings.weight, a.init_embedding_mean, a.embedding_std)
         for layer in self.layers:
@@ -97,8 +97,9 @@ class Llama(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab) for token ids idx (B, T), soft-capped when model.logit_softcap > 0 (float32 then),
-        and the mean cross-entropy of those logits when targets are given (targets == -1 are ignored)."""
+        """Logits (B, T, vocab) for token ids idx (B, T), soft-capped when model.logit_softcap > 0
+        (float32 then), and the mean cross-entropy of those logits when targets are given (targets
+        == -1 are ignored)."""
         T = idx.shape[1]
         if T > self.args.max_seq_len:
             raise ValueError(
@@ -146,6 +147,7 @@ class Llama(nn.Module):
         return idx
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Number of parameters (tied weights counted once); optionally without the token embedding."""
+        """Number of parameters (tied weights counted once); optionally without the token
+        embedding."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.tok_embeddings.weight.numel() if non_embedding else n

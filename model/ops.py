@@ -1,12 +1,13 @@
-"""The cross-entropy and the SwiGLU activation, each as a reference in torch ops and as a fused CPU kernel
-with the same math (fused/ops.py), chosen by name: `model.ops_impl` (the norms: model.norm_impl).
+"""The cross-entropy and the SwiGLU activation, each as a reference in torch ops and as a fused CPU
+kernel with the same math (fused/ops.py), chosen by name: `model.ops_impl` (the norms:
+model.norm_impl).
 
 - cross_entropy(logits (N, V), targets (N,)): mean over targets != ignore_index of
   logsumexp(logits_r) - logits_r[target_r], in float32 (float64 stays float64). The kernel keeps one
-  logsumexp per row instead of the (N, V) log-softmax and writes softmax - onehot in one pass; it reads
-  bfloat16 logits directly instead of copying them to float32 first.
-- swiglu(a, b) = silu(a) * b (Shazeer, 2020). The kernel does one pass each way and saves only a and b;
-  it computes in float32 and rounds once (the reference rounds silu(a) and then the product).
+  logsumexp per row instead of the (N, V) log-softmax and writes softmax - onehot in one pass; it
+  reads bfloat16 logits directly instead of copying them to float32 first.
+- swiglu(a, b) = silu(a) * b (Shazeer, 2020). The kernel does one pass each way and saves only a and
+  b; it computes in float32 and rounds once (the reference rounds silu(a) and then the product).
 
 The fused versions run the reference wherever there is no kernel (CUDA, no compiler).
 """

@@ -1,4 +1,5 @@
-"""RMSNorm vs LayerNorm, every implementation, forward and forward+backward, against the memory floor.
+"""RMSNorm vs LayerNorm, every implementation, forward and forward+backward, against the memory
+floor.
 
     python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
 
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         "--save",
         metavar="FILE.md",
         help="also write the tables, under the command and the machine "
-        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)",
+        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such "
+        "files)",
     )
     a = p.parse_args(argv)
     command = " ".join(["python scripts/bench_norms.py", *(sys.argv[1:] if argv is None else argv)])
@@ -216,12 +218,16 @@ def tables(a: argparse.Namespace) -> int:
         else "torch fused kernels"
     )
     print(
-        f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}; allocator: {allocator}; ours (fused) = {fast}; {a.repeats} alternating rounds)\n"
+        f"\n## Norms, forward and forward+backward ({device}, {torch.get_num_threads()} threads, "
+        "torch "
+        f"{torch.__version__}; allocator: {allocator}; ours (fused) = {fast}; {a.repeats} "
+        "alternating rounds)\n"
     )
     print(
-        "| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd ms | "
-        "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median (IQR) | "
+        "| norm | implementation | dtype | shape | fwd ms | fwd min..max | fwd x floor | fwd+bwd "
+        "ms | "
+        "fwd+bwd min..max | fwd+bwd x floor | fwd+bwd / LayerNorm(bias=False), paired: median "
+        "(IQR) | "
         "saved for bwd MB | peak MB |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -232,8 +238,10 @@ def tables(a: argparse.Namespace) -> int:
                 norm, impl = r["impl"].split(" | ")
                 f, fb = r["fwd"], r["fwd+bwd"]
                 print(
-                    f"| {norm} | {impl} | {r['dtype']} | {r['shape']} | {f[0]:.2f} | {f[1]:.2f}..{f[2]:.2f} | "
-                    f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | {r['vs_ln'][0]:.2f} "
+                    f"| {norm} | {impl} | {r['dtype']} | {r['shape']} | {f[0]:.2f} | "
+                    f"{f[1]:.2f}..{f[2]:.2f} | "
+                    f"{f[3]:.2f} | {fb[0]:.2f} | {fb[1]:.2f}..{fb[2]:.2f} | {fb[3]:.2f} | "
+                    f"{r['vs_ln'][0]:.2f} "
                     f"({r['vs_ln'][1]:.2f}..{r['vs_ln'][2]:.2f}) | {r['saved']:.1f} | "
                     f"{r['peak']:.1f} |",
                     flush=True,

@@ -4,9 +4,8 @@
 
 Runs train.py itself (in this process), alternating the modes round by round so that machine noise
 hits all of them alike, and sums the logged per-step times (eval, checkpoint and start-up excluded;
-the first step is dropped as warm-up). Prints a markdown table of each mode's time relative to "off":
-median over rounds and the min..max spread.
-"""
+the first step is dropped as warm-up). Prints a markdown table of each mode's time relative to
+"off": median over rounds and the min..max spread."""
 
 from __future__ import annotations
 
@@ -69,15 +68,18 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 times[mode].append(step_seconds(Path(tmp) / name, tokens))
     print(
-        f"\nStep time with stability metrics, relative to metrics off ({a.rounds} alternating rounds of "
-        f"{a.steps - 1} steps, {Path(a.config).name}, {cfg.train.batch_size}x{cfg.train.seq_len} tokens/step)\n"
+        f"\nStep time with stability metrics, relative to metrics off ({a.rounds} alternating "
+        "rounds of "
+        f"{a.steps - 1} steps, {Path(a.config).name}, {cfg.train.batch_size}x{cfg.train.seq_len} "
+        "tokens/step)\n"
     )
     print("| metrics | s/step (median) | ratio to off: median | min..max |")
     print("|---|---|---|---|")
     for mode, ts in times.items():
         ratios = [t / off for t, off in zip(ts, times["off"], strict=True)]
         print(
-            f"| {mode} | {statistics.median(ts) / (a.steps - 1):.4f} | {statistics.median(ratios):.3f} | "
+            f"| {mode} | {statistics.median(ts) / (a.steps - 1):.4f} | "
+            f"{statistics.median(ratios):.3f} | "
             f"{min(ratios):.3f}..{max(ratios):.3f} |"
         )
     return 0

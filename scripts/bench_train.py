@@ -1,18 +1,21 @@
-"""Tokens/s of a full training step (forward, loss, backward, AdamW) of our model against transformers'
-LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side by side in one process.
+"""Tokens/s of a full training step (forward, loss, backward, AdamW) of our model against
+transformers' LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side
+by side in one process.
 
     python scripts/bench_train.py [--config configs/train/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
 
 Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
 `model.ops_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`
-(F.cross_entropy on float32 logits). Both start from the same weights and the script checks that their
-first losses agree. One row also runs our model with the loss computed outside it by F.cross_entropy
-(as for transformers), which separates what the model and what the fused loss contribute.
+(F.cross_entropy on float32 logits). Both start from the same weights and the script checks that
+their first losses agree. One row also runs our model with the loss computed outside it by
+F.cross_entropy (as for transformers), which separates what the model and what the fused loss
+contribute.
 
 Variants alternate within each round, in a fresh random order every round, so that this shared
-machine's noise hits them alike; the tables report tokens/s (median over rounds) and paired per-round ratios
-(median, and the interquartile range). Then "where the time goes": the share of the step spent in norms,
-by ablation (the same model with identity norms, alternated with it), and the profiler's top operators.
+machine's noise hits them alike; the tables report tokens/s (median over rounds) and paired
+per-round ratios (median, and the interquartile range). Then "where the time goes": the share of the
+step spent in norms, by ablation (the same model with identity norms, alternated with it), and the
+profiler's top operators.
 
 The CPU allocator setting is stated: train.py applies `tune_cpu` (glibc mallopt) and so does this
 script, unless --no-malloc-tuning is given.
@@ -39,9 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def make_step(model: torch.nn.Module, kind: str, dtype: str, device: torch.device):
-    """One optimizer step on (x, y) as a closure. kind: "ours" (our model computes its loss), "hf" (a
-    transformers LlamaForCausalLM computes its loss from labels) or "logits" (our model's logits, then
-    F.cross_entropy outside it)."""
+    """One optimizer step on (x, y) as a closure. kind: "ours" (our model computes its loss), "hf"
+    (a transformers LlamaForCausalLM computes its loss from labels) or "logits" (our model's logits,
+    then F.cross_entropy outside it)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
@@ -108,8 +111,8 @@ def build_variants(cfg, device, compile_too: bool) -> dict:
 def time_rounds(
     steps: dict, x, y, device, rounds: int, n: int, same_model: bool = True
 ) -> dict[str, list[float]]:
-    """Seconds per step of every variant, one value per round; variants alternate within a round, in a
-    fresh random order every round. The first step of each (and compilation) is not timed; with
+    """Seconds per step of every variant, one value per round; variants alternate within a round, in
+    a fresh random order every round. The first step of each (and compilation) is not timed; with
     same_model, the first losses of all variants must agree (same weights, same batch)."""
     first = {name: step(x, y).item() for name, step in steps.items()}
     ref = (
@@ -118,7 +121,8 @@ def time_rounds(
     for name, value in first.items():
         if same_model and abs(value - ref) > 1e-3 * abs(ref):
             raise SystemExit(
-                f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same model"
+                f"bench_train: {name} starts from loss {value:.6f}, not {ref:.6f}: not the same "
+                "model"
             )
     out = {name: [] for name in steps}
     order = random.Random(0)
@@ -160,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "--save",
         metavar="FILE.md",
         help="also write the tables, under the command and the machine "
-        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such files)",
+        "(CPU model, instruction sets, threads), to this file (docs/performance.md shows such "
+        "files)",
     )
     p.add_argument(
         "--no-breakdown", action="store_true", help="skip the norm-share ablation and the profiler"
@@ -197,8 +202,10 @@ def tables(a: argparse.Namespace) -> int:
     times = time_rounds(steps, x, y, device, a.rounds, a.steps)
 
     print(
-        f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, {cfg.train.dtype}, "
-        f"batch {B}x{T}, dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {V}; allocator: {allocator}; "
+        f"\n## Training step: tokens/s ({device}, {torch.get_num_threads()} threads, "
+        f"{cfg.train.dtype}, "
+        f"batch {B}x{T}, dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {V}; allocator: "
+        f"{allocator}; "
         f"{a.rounds} alternating rounds of {a.steps} step(s))\n"
     )
     print("| variant | tokens/s (median) | ratio to transformers Llama: median | IQR |")
@@ -223,7 +230,8 @@ def tables(a: argparse.Namespace) -> int:
     if a.no_breakdown:
         return 0
     print(
-        "\n## Share of the step spent in norms (ablation: the same model with identity norms, alternated)\n"
+        "\n## Share of the step spent in norms (ablation: the same model with identity norms, "
+        "alternated)\n"
     )
     print("| model | step ms (median) | without norms ms | share in norms |")
     print("|---|---|---|---|")

@@ -1,6 +1,7 @@
-"""What the benchmark scripts share: a saved benchmark's header (the command, the instruction-set environment it
-ran under, the machine) and the output that is printed and saved whole. Scripts import it as `benchlib` (run as
-`python scripts/x.py`, scripts/ is on the path); tests as `scripts.benchlib`."""
+"""What the benchmark scripts share: a saved benchmark's header (the command, the instruction-set
+environment it ran under, the machine) and the output that is printed and saved whole. Scripts
+import it as `benchlib` (run as `python scripts/x.py`, scripts/ is on the path); tests as
+`scripts.benchlib`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-# the instruction sets that change which kernels run (torch's dispatch, oneDNN/MKL, normlab's native build)
+# the instruction sets that change which kernels run (torch's dispatch, oneDNN/MKL, normlab's native
+# build)
 _ISA = (
     "avx2",
     "fma",
@@ -27,7 +29,8 @@ _ISA = (
     "sve",
 )
 
-# the environment that changes which instructions torch's and normlab's kernels use: a saved benchmark names them
+# the environment that changes which instructions torch's and normlab's kernels use: a saved
+# benchmark names them
 ISA_ENV = (
     "ATEN_CPU_CAPABILITY",
     "MKL_ENABLE_INSTRUCTIONS",
@@ -37,8 +40,9 @@ ISA_ENV = (
 
 
 def machine() -> str:
-    """The machine a benchmark ran on, for the header of its saved table: CPU model, cores, the instruction sets
-    that select kernels, torch's threads and version (speed ratios depend on all of them)."""
+    """The machine a benchmark ran on, for the header of its saved table: CPU model, cores, the
+    instruction sets that select kernels, torch's threads and version (speed ratios depend on all of
+    them)."""
     model, flags = "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -51,15 +55,16 @@ def machine() -> str:
         pass
     isa = " ".join(f for f in _ISA if f in flags) or "unknown"
     return (
-        f"{model}, {os.cpu_count()} cores, ISA: {isa}; {torch.get_num_threads()} torch threads, torch "
+        f"{model}, {os.cpu_count()} cores, ISA: {isa}; {torch.get_num_threads()} torch threads, "
+        "torch "
         f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}"
     )
 
 
 class SavedOutput:
-    """Print to the terminal and, with a path, also keep what was printed and write it to that file at the end
-    (whole, atomically: an interrupted benchmark leaves no half-written table), under a header naming the
-    command and the machine."""
+    """Print to the terminal and, with a path, also keep what was printed and write it to that file
+    at the end (whole, atomically: an interrupted benchmark leaves no half-written table), under a
+    header naming the command and the machine."""
 
     def __init__(self, path, command: str):
         self.path, self.command, self.buffer, self.stdout = path, command, io.StringIO(), sys.stdout

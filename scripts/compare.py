@@ -1,4 +1,5 @@
-"""Compare runs: read run or study directories and write a stability report (study/cli.py; --help)."""
+"""Compare runs: read run or study directories and write a stability report (study/cli.py;
+--help)."""
 
 import sys
 

@@ -1,8 +1,9 @@
-"""DyT's saturation step by step on the DyT study's model (configs/studies/dyt.yaml's overrides): at chosen steps,
-the residual stream's RMS after the last block, the fraction of the final DyT's units with |alpha x| >= 9, the
-largest |gradient| below the final norm (grad/absmax/trunk; 0.0: the dead-gradient state) and which parameters
-still get one, and the val loss. One run per --init-scale, in-process, through train.py's own step
-(training/step.py) and probe; a step's row is the state after that many updates, its gradient the next batch's.
+"""DyT's saturation step by step on the DyT study's model (configs/studies/dyt.yaml's overrides): at
+chosen steps, the residual stream's RMS after the last block, the fraction of the final DyT's units
+with |alpha x| >= 9, the largest |gradient| below the final norm (grad/absmax/trunk; 0.0: the
+dead-gradient state) and which parameters still get one, and the val loss. One run per --init-scale,
+in-process, through train.py's own step (training/step.py) and probe; a step's row is the state
+after that many updates, its gradient the next batch's.
 
     python scripts/dyt_saturation.py                                  # absolute and width init, lr 3e-3, seed 0
     python scripts/dyt_saturation.py --init-scale absolute --lr 1e-2 --at 0 20 50
@@ -103,7 +104,8 @@ def run(
     for step in range(max(at) + 1):
         if (
             step in at
-        ):  # the state after `step` updates: the next step's forward and backward, no update; an eval
+            # the state after `step` updates: the next step's forward and backward, no update; an eval
+        ):
             probe = GradProbe(model)
             probe.attach()
             x, y = loader.batch(step)  # the batch the next update would take
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         ):
             live = "all" if len(r["live"]) > 10 else ", ".join(r["live"]) or "none"
             print(
-                f"| {r['init']} | {r['lr']:g} | {r['step']} | {r['stream_rms']:.3g} | {r['final_saturated']:.1%} | "
+                f"| {r['init']} | {r['lr']:g} | {r['step']} | {r['stream_rms']:.3g} | "
+                f"{r['final_saturated']:.1%} | "
                 f"{r['trunk_absmax']:.3g} | {live} ({len(r['live'])}) | {r['val']:.3f} |",
                 flush=True,
             )

@@ -1,11 +1,11 @@
-"""Export a run as a transformers model directory: LlamaForCausalLM weights (safetensors) and the run's
-SentencePiece tokenizer as a Llama tokenizer, loadable with AutoModelForCausalLM / AutoTokenizer.
+"""Export a run as a transformers model directory: LlamaForCausalLM weights (safetensors) and the
+run's SentencePiece tokenizer as a Llama tokenizer, loadable with AutoModelForCausalLM /
+AutoTokenizer.
 
     python scripts/export_hf.py runs/default-rmsnorm-pre exports/default
 
-Only what LlamaForCausalLM can express exports (pre-norm RMSNorm, no qk-norm, no norm bias); anything else is
-refused with the reason. The directory appears only once it is complete.
-"""
+Only what LlamaForCausalLM can express exports (pre-norm RMSNorm, no qk-norm, no norm bias);
+anything else is refused with the reason. The directory appears only once it is complete."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def export(run_dir: Path, out_dir: Path) -> Path:
     try:
         tmp.mkdir(parents=True)
         to_hf(model).save_pretrained(tmp, safe_serialization=True)
-        # transformers converts the SentencePiece model to its tokenizers BPE (tokenizer.json); our tokenizer adds
-        # no BOS / EOS and no dummy prefix space, so the export must not either
+        # transformers converts the SentencePiece model to its tokenizers BPE (tokenizer.json); our
+        # tokenizer adds no BOS / EOS and no dummy prefix space, so the export must not either
         shutil.copy(prepared / "tokenizer.model", tmp / "tokenizer.model")
         tok = LlamaTokenizer.from_pretrained(
             tmp, add_bos_token=False, add_eos_token=False, add_prefix_space=False

@@ -1,14 +1,15 @@
-"""One GPU check sized for a 10-minute call: the norm table, then the step table with MFU for the ~124M config.
+"""One GPU check sized for a 10-minute call: the norm table, then the step table with MFU for the
+~124M config.
 
     python scripts/gpu_check.py                 # on a CUDA machine
     python scripts/gpu_check.py --dry-run       # the same code path on CPU, tiny sizes, seconds (tested)
 
-Norm table: scripts/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table: configs/train/gpt2-124m.yaml
-(bfloat16 autocast, torch.compile) and the same model in float32 (TF32 matmuls) without compile, each trained
-for --steps optimizer steps of one micro-batch on random tokens after --warmup steps (compilation); tokens/s,
-ms per step, MFU (training/flops.py: 6N + 12LdT FLOPs per token over the device's dense peak) and peak memory.
-Random tokens: no dataset download, and the step time does not depend on the data.
-"""
+Norm table: scripts/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table:
+configs/train/gpt2-124m.yaml (bfloat16 autocast, torch.compile) and the same model in float32 (TF32
+matmuls) without compile, each trained for --steps optimizer steps of one micro-batch on random
+tokens after --warmup steps (compilation); tokens/s, ms per step, MFU (training/flops.py: 6N + 12LdT
+FLOPs per token over the device's dense peak) and peak memory. Random tokens: no dataset download,
+and the step time does not depend on the data."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ TINY = [
 
 
 def step_row(name: str, overrides: list[str], device: torch.device, steps: int, warmup: int) -> str:
-    """Train `steps` timed steps (after `warmup`) of the 124M config with these overrides; one table row."""
+    """Train `steps` timed steps (after `warmup`) of the 124M config with these overrides; one table
+    row."""
     cfg = load_config(REPO / "configs" / "train" / "gpt2-124m.yaml", overrides)
     tc = cfg.train
     torch.manual_seed(0)
@@ -89,8 +91,10 @@ def step_row(name: str, overrides: list[str], device: torch.device, steps: int, 
     mfu = parts.flops_per_step / (ms / 1e3) / parts.peak_flops if parts.peak_flops else None
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     return (
-        f"| {name} | {model.num_params() / 1e6:.1f}M | {tc.dtype} | {tc.compile} | {micro}x{tc.seq_len} | "
-        f"{ms:.1f} ({min(times) * 1e3:.1f}..{max(times) * 1e3:.1f}) | {micro * tc.seq_len / ms * 1e3:,.0f} | "
+        f"| {name} | {model.num_params() / 1e6:.1f}M | {tc.dtype} | {tc.compile} | "
+        f"{micro}x{tc.seq_len} | "
+        f"{ms:.1f} ({min(times) * 1e3:.1f}..{max(times) * 1e3:.1f}) | "
+        f"{micro * tc.seq_len / ms * 1e3:,.0f} | "
         f"{'-' if mfu is None else f'{mfu:.1%}'} | {mem:.1f} |"
     )
 
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         use_tf32()
     print(
-        f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu (dry run)'}, torch {torch.__version__}"
+        f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu (dry run)'}, torch "
+        f"{torch.__version__}"
     )
     shapes = ["8x1024x768", "8x2048x4096"] if cuda else ["4x32x64"]
     subprocess.run(
@@ -140,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [] if cuda else [*TINY, "train.compile=false", "train.device=cpu"]
     steps, warmup = (a.steps, a.warmup) if cuda else (2, 1)
     print(
-        "\n| config | parameters | dtype | compile | micro-batch | ms / step, median (min..max) | tokens/s | "
+        "\n| config | parameters | dtype | compile | micro-batch | ms / step, median (min..max) | "
+        "tokens/s | "
         "MFU | peak GiB |\n|---|---|---|---|---|---|---|---|---|"
     )
     print(step_row("gpt2-124m", extra, device, steps, warmup), flush=True)

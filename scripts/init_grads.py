@@ -1,32 +1,34 @@
-"""Per-layer gradient norm at initialization vs layer index, for every placement and norm, at several depths and
-seeds, under the default init and a Xiong-style one with each feed-forward (ReLU, GELU, ReLU^2, SwiGLU): the
-analogue of Xiong et al. (2020), Fig. 3, with the trend as a fitted slope and its CI over seeds, and each block's
-Jacobian gain measured directly. No training.
+"""Per-layer gradient norm at initialization vs layer index, for every placement and norm, at
+several depths and seeds, under the default init and a Xiong-style one with each feed-forward (ReLU,
+GELU, ReLU^2, SwiGLU): the analogue of Xiong et al. (2020), Fig. 3, with the trend as a fitted slope
+and its CI over seeds, and each block's Jacobian gain measured directly. No training.
 
     python scripts/init_grads.py                         # prints the table, writes report.md, report.json, figures
     python scripts/init_grads.py --depths 2 4 --dim 32 --seeds 0 1 --out /tmp/ig
 
-Settings: `default` is this repo's model (SwiGLU; N(0, 0.02^2), residual projections / sqrt(2 L), GPT-2);
-`xiong-FFN` uses N(0, 1/d) for every matrix and the embedding with no residual scaling (Xavier-like, as in Xiong et
-al.'s Post-LN analysis) with feed-forward FFN: relu (the original Transformer's, the one Xiong et al. analyse),
-gelu (smooth, degree 1 as ReLU), relu2 (ReLU squared, Primer: degree 2 as SwiGLU, without its gate) and swiglu
-(LLaMA's). relu, gelu and relu2 have the same matrices, so a seed draws the same weights for the three. The loss
-is the next-token loss of a batch of uniform random tokens, so the numbers depend on the architecture, init and
-seed alone; a seed draws both the weights and the batch.
+Settings: `default` is this repo's model (SwiGLU; N(0, 0.02^2), residual projections / sqrt(2 L),
+GPT-2); `xiong-FFN` uses N(0, 1/d) for every matrix and the embedding with no residual scaling
+(Xavier-like, as in Xiong et al.'s Post-LN analysis) with feed-forward FFN: relu (the original
+Transformer's, the one Xiong et al. analyse), gelu (smooth, degree 1 as ReLU), relu2 (ReLU squared,
+Primer: degree 2 as SwiGLU, without its gate) and swiglu (LLaMA's). relu, gelu and relu2 have the
+same matrices, so a seed draws the same weights for the three. The loss is the next-token loss of a
+batch of uniform random tokens, so the numbers depend on the architecture, init and seed alone; a
+seed draws both the weights and the batch.
 
-Measures, per layer, from one backward pass: `W2`, the gradient norm of the feed-forward's second matrix
-(feed_forward.w2, the matrix of Xiong et al.'s Fig. 3 and Theorem 1), and `all`, the L2 norm over all the block's
-matrices. The trend of each is the OLS slope of log(grad norm) vs layer index, fitted per seed; the verdict
-(rises / falls / flat) is decided by the 95% t CI of the mean slope over seeds (flat: the CI contains 0). Seeds,
-not layers, are the independent unit: the layers of one seed share its weights and batch, so a pooled fit over
-all layers would understate the CI. A slope summarises the trend; it does not say the curve is monotone (the
-figures draw every seed). The Jacobian gain of block l is the RMS of ||J v|| / ||v|| over random unit v (J the
-block's Jacobian at the input it saw in that pass, by forward-mode JVP): sqrt of J's mean squared singular value,
-which is also the RMS gain of J^T, the backward signal through the block. Above 1 the gradient grows on its way
-down the stack (lower layers see larger gradients), below 1 it shrinks. Per seed its geometric mean over
-blocks 2..L (block 1's input is the embedding, whose scale alone sets a norm's gain there; the table gives it
-apart); the verdict (grows / shrinks / neither) by the 95% t CI over seeds (neither: the CI contains 1).
-"""
+Measures, per layer, from one backward pass: `W2`, the gradient norm of the feed-forward's second
+matrix (feed_forward.w2, the matrix of Xiong et al.'s Fig. 3 and Theorem 1), and `all`, the L2 norm
+over all the block's matrices. The trend of each is the OLS slope of log(grad norm) vs layer index,
+fitted per seed; the verdict (rises / falls / flat) is decided by the 95% t CI of the mean slope
+over seeds (flat: the CI contains 0). Seeds, not layers, are the independent unit: the layers of one
+seed share its weights and batch, so a pooled fit over all layers would understate the CI. A slope
+summarises the trend; it does not say the curve is monotone (the figures draw every seed). The
+Jacobian gain of block l is the RMS of ||J v|| / ||v|| over random unit v (J the block's Jacobian at
+the input it saw in that pass, by forward-mode JVP): sqrt of J's mean squared singular value, which
+is also the RMS gain of J^T, the backward signal through the block. Above 1 the gradient grows on
+its way down the stack (lower layers see larger gradients), below 1 it shrinks. Per seed its
+geometric mean over blocks 2..L (block 1's input is the embedding, whose scale alone sets a norm's
+gain there; the table gives it apart); the verdict (grows / shrinks / neither) by the 95% t CI over
+seeds (neither: the CI contains 1)."""
 
 from __future__ import annotations
 
@@ -71,10 +73,10 @@ PAIRED_FFNS = ("gelu", "relu2")  # vs relu: the same matrices, so the same weigh
 def jacobian_gain(
     f, x: torch.Tensor, n_dirs: int, generator: torch.Generator | None = None
 ) -> float:
-    """sqrt(mean over n_dirs random unit v of ||J v||^2 / ||v||^2), J = df/dx at x, by forward-mode JVP
-    (torch.func.jvp, vectorised over the directions): an unbiased estimate of ||J||_F^2 / dim(x), the mean squared
-    singular value, under the root. Attention runs its math kernel: the CPU flash kernel has no forward-mode
-    derivative."""
+    """sqrt(mean over n_dirs random unit v of ||J v||^2 / ||v||^2), J = df/dx at x, by forward-mode
+    JVP (torch.func.jvp, vectorised over the directions): an unbiased estimate of ||J||_F^2 /
+    dim(x), the mean squared singular value, under the root. Attention runs its math kernel: the CPU
+    flash kernel has no forward-mode derivative."""
     v = torch.randn((n_dirs, *x.shape), generator=generator, dtype=x.dtype)
     v = v / v.flatten(1).norm(dim=1).view(-1, *[1] * x.dim())
     with sdpa_kernel([SDPBackend.MATH]):
@@ -85,8 +87,9 @@ def jacobian_gain(
 def measure(
     args: ModelArgs, batch: int, seq: int, seed: int = 0, jvp_dirs: int = 0
 ) -> dict[str, list[float]]:
-    """Per layer, from one backward pass at initialization: 'all' (the gradient norm over the block's matrices),
-    'w2' (feed_forward.w2's), and with jvp_dirs > 0 'gain' (the block's Jacobian gain at the input it saw)."""
+    """Per layer, from one backward pass at initialization: 'all' (the gradient norm over the
+    block's matrices), 'w2' (feed_forward.w2's), and with jvp_dirs > 0 'gain' (the block's Jacobian
+    gain at the input it saw)."""
     torch.manual_seed(seed)
     model = Llama(args)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -138,9 +141,9 @@ def _usable(ys: list[float]) -> bool:
 
 
 def trend(per_seed: list[list[float]]) -> dict:
-    """The per-layer trend over seeds: each seed's OLS slope of log(grad norm) vs layer, their mean and 95% t CI,
-    and the verdict the CI decides (flat when it contains 0). Not finite when any seed has a non-finite or zero
-    norm (no slope is fitted to the rest)."""
+    """The per-layer trend over seeds: each seed's OLS slope of log(grad norm) vs layer, their mean
+    and 95% t CI, and the verdict the CI decides (flat when it contains 0). Not finite when any seed
+    has a non-finite or zero norm (no slope is fitted to the rest)."""
     bad = sum(not _usable(ys) for ys in per_seed)
     if bad:
         return {
@@ -156,9 +159,10 @@ def trend(per_seed: list[list[float]]) -> dict:
 
 
 def gain_summary(per_seed: list[list[float]]) -> dict:
-    """The Jacobian gain per block over seeds: each seed's geometric mean over blocks 2..L (block 1's input is the
-    embedding, whose scale alone sets a norm's gain there: reported apart), their geometric mean and 95% t CI (on
-    logs), and the verdict the CI decides (neither when it contains 1)."""
+    """The Jacobian gain per block over seeds: each seed's geometric mean over blocks 2..L (block
+    1's input is the embedding, whose scale alone sets a norm's gain there: reported apart), their
+    geometric mean and 95% t CI (on logs), and the verdict the CI decides (neither when it contains
+    1)."""
     bad = sum(not _usable(g[1:]) for g in per_seed)
     if bad:
         return {
@@ -182,8 +186,8 @@ def gain_summary(per_seed: list[list[float]]) -> dict:
 
 
 def paired_slope_difference(a: list[list[float]], b: list[list[float]]) -> dict:
-    """Per seed, the slope of a minus the slope of b (the same seeds, in order), their mean and 95% t CI; the verdict
-    'differs' when the CI excludes 0, else 'no difference shown'."""
+    """Per seed, the slope of a minus the slope of b (the same seeds, in order), their mean and 95%
+    t CI; the verdict 'differs' when the CI excludes 0, else 'no difference shown'."""
     bad = sum(not (_usable(x) and _usable(y)) for x, y in zip(a, b, strict=True))
     if bad:
         return {"n": len(a), "not_finite": bad, "slope": None, "ci": None, "verdict": "not finite"}
@@ -195,7 +199,8 @@ def paired_slope_difference(a: list[list[float]], b: list[list[float]]) -> dict:
 
 
 def ablation(results: dict, depth: int, seeds: list[int]) -> dict:
-    """differences[placement, norm, ffn]: the paired W2 slope difference, FFN - relu, under the xiong init."""
+    """differences[placement, norm, ffn]: the paired W2 slope difference, FFN - relu, under the
+    xiong init."""
     out = {}
     for placement, norm in ABLATION_ARMS:
         relu = [results["xiong-relu", placement, norm, depth, s]["w2"] for s in seeds]
@@ -222,7 +227,8 @@ def gain_text(g: dict) -> str:
 
 
 def summarise(results: dict, depths: list[int], seeds: list[int]) -> tuple[dict, dict]:
-    """trends[setting, placement, norm, depth, measure] and gains[setting, placement, norm] (deepest depth)."""
+    """trends[setting, placement, norm, depth, measure] and gains[setting, placement, norm] (deepest
+    depth)."""
     trends, gains = {}, {}
     for setting in SETTINGS:
         for placement, norm in ARMS:
@@ -236,22 +242,25 @@ def summarise(results: dict, depths: list[int], seeds: list[int]) -> tuple[dict,
 
 
 def findings(trends: dict, gains: dict, diffs: dict, depth: int) -> list[str]:
-    """Per setting at the deepest depth: one sentence per measure with every arm's slope verdict, and one with
-    every arm's Jacobian gain, each with its estimate, 95% CI and n (Xiong et al. 2020, Fig. 3: the W2 gradient of
-    Post-LN rises with layer index, Pre-LN's is flat); then per Post-LN / Pre-LN arm the FFN ablation: the W2
-    slope under each feed-forward and the paired differences from ReLU."""
+    """Per setting at the deepest depth: one sentence per measure with every arm's slope verdict,
+    and one with every arm's Jacobian gain, each with its estimate, 95% CI and n (Xiong et al. 2020,
+    Fig. 3: the W2 gradient of Post-LN rises with layer index, Pre-LN's is flat); then per Post-LN /
+    Pre-LN arm the FFN ablation: the W2 slope under each feed-forward and the paired differences
+    from ReLU."""
     out = []
     for setting in SETTINGS:
         for m, label in MEASURES.items():
             parts = [f"{p} {n} {slope_text(trends[setting, p, n, depth, m])}" for p, n in ARMS]
             out.append(
-                f"`{setting}`, {depth} layers, {label}, slope of log(grad norm) vs layer (mean of per-seed "
+                f"`{setting}`, {depth} layers, {label}, slope of log(grad norm) vs layer (mean of "
+                "per-seed "
                 f"OLS slopes, verdict by its 95% t CI): " + "; ".join(parts) + "."
             )
         if gains:
             parts = [f"{p} {n} {gain_text(gains[setting, p, n])}" for p, n in ARMS]
             out.append(
-                f"`{setting}`, {depth} layers, Jacobian gain of a block, the backward signal's (geometric "
+                f"`{setting}`, {depth} layers, Jacobian gain of a block, the backward signal's "
+                "(geometric "
                 f"mean over blocks 2..{depth}, verdict by its 95% t CI over seeds): "
                 + "; ".join(parts)
                 + "."
@@ -290,8 +299,10 @@ def table(
     results: dict, trends: dict, gains: dict, depths: list[int], seeds: list[int]
 ) -> list[str]:
     rows = [
-        "| setting | placement | norm | depth | W2 slope per layer (95% CI) | all-matrix slope per layer (95% CI) "
-        "| W2 last / first (geo. mean) | all last / first (geo. mean) | Jacobian gain per block 2..L (95% CI) "
+        "| setting | placement | norm | depth | W2 slope per layer (95% CI) | all-matrix slope per "
+        "layer (95% CI) "
+        "| W2 last / first (geo. mean) | all last / first (geo. mean) | Jacobian gain per block "
+        "2..L (95% CI) "
         "| Jacobian gain, block 1 (geo. mean) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -306,7 +317,8 @@ def table(
                 rows.append(
                     f"| {setting} | {placement} | {norm} | {depth} "
                     f"| {_ci_cell(trends[setting, placement, norm, depth, 'w2'], 'slope', '+.3g')} "
-                    f"| {_ci_cell(trends[setting, placement, norm, depth, 'all'], 'slope', '+.3g')} "
+                    "| "
+                    f"{_ci_cell(trends[setting, placement, norm, depth, 'all'], 'slope', '+.3g')} "
                     f"| {ratio['w2']:.3g} | {ratio['all']:.3g} | {gain} | {first} |"
                 )
     return rows
@@ -344,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.dim % 4 or min(a.depths) < 2 or a.jvp_dirs < 0:
         print(
-            "error: --dim must be a multiple of 4 (4 heads), --depths >= 2 (a slope needs two layers), "
+            "error: --dim must be a multiple of 4 (4 heads), --depths >= 2 (a slope needs two "
+            "layers), "
             "--jvp-dirs >= 0",
             file=sys.stderr,
         )
@@ -393,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     about = __doc__.split("\n\n")[0].replace("\n", " ")
     command = (
         f"python scripts/init_grads.py --depths {' '.join(map(str, a.depths))} --seeds "
-        f"{' '.join(map(str, a.seeds))} --dim {a.dim} --batch {a.batch} --seq {a.seq} --jvp-dirs {a.jvp_dirs}"
+        f"{' '.join(map(str, a.seeds))} --dim {a.dim} --batch {a.batch} --seq {a.seq} --jvp-dirs "
+        f"{a.jvp_dirs}"
     )
     (a.out / "report.md").write_text(
         "\n".join(
@@ -402,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                 "",
                 about,
                 "",
-                f"{len(results)} models ({len(SETTINGS)} settings x {len(ARMS)} arms x {len(a.depths)} depths x "
-                f"{len(a.seeds)} seeds), {wall_min} min wall, {cpu_min} min CPU on {a.threads} thread(s): `{command}`",
+                f"{len(results)} models ({len(SETTINGS)} settings x {len(ARMS)} arms x "
+                f"{len(a.depths)} depths x "
+                f"{len(a.seeds)} seeds), {wall_min} min wall, {cpu_min} min CPU on {a.threads} "
+                f"thread(s): `{command}`",
                 "",
                 *[
                     line
@@ -467,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
 def figure(
     results: dict, depths: list[int], seeds: list[int], key: str, label: str, path: Path
 ) -> None:
-    """One panel per setting and arm: every seed's per-layer `key` (thin) and their geometric mean (thick), per
-    depth, each panel its own log scale (the no-norm arm reaches 1e15)."""
+    """One panel per setting and arm: every seed's per-layer `key` (thin) and their geometric mean
+    (thick), per depth, each panel its own log scale (the no-norm arm reaches 1e15)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -501,7 +517,8 @@ def figure(
     axes[0][-1].legend(fontsize=6)
     for ax in axes.flat:
         ax.tick_params(labelsize=6)
-    # fixed margins for a fixed grid of panels: tight_layout measures every tick label of 55 log axes (~5 s each)
+    # fixed margins for a fixed grid of panels: tight_layout measures every tick label of 55 log
+    # axes (~5 s each)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.04, top=0.97, wspace=0.42, hspace=0.55)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -1,4 +1,5 @@
-"""Write the README's generated blocks and docs/results/README.md from the committed reports (study/readme.py).
+"""Write the README's generated blocks and docs/results/README.md from the committed reports
+(study/readme.py).
 
 python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/*.md
 """

@@ -1,16 +1,16 @@
-"""Decide a committed study's claims again under the study protocol, from its archived runs (its report.md
-"## Runs" table; the run directories are not committed), and say which verdicts changed.
+"""Decide a committed study's claims again under the study protocol, from its archived runs (its
+report.md "## Runs" table; the run directories are not committed), and say which verdicts changed.
 
     python scripts/redecide.py docs/results/norms [more result folders ...]
 
-For each folder: its study file configs/studies/<name>.yaml gives the grid (to read the run names), the failure
-rule, the claims and the margins; runs made under the study protocol (a runs.json from a study file with a
-protocol) keep its seeds' roles, older ones choose each arm's LR on the lowest 40% of their seeds and test on the
-rest. Writes report.json (what the README and the index read) and the report: decision.md beside the original
-report.md where the study was decided again before (or has no runs.json), else report.md itself, rendered again
-with the figures the result and the val curves draw (stability map, losses vs LR, trends, LR sensitivity) redrawn
-and the others (per-layer curves, not archived) kept. Prints one line per claim: old verdict -> new.
-"""
+For each folder: its study file configs/studies/<name>.yaml gives the grid (to read the run names),
+the failure rule, the claims and the margins; runs made under the study protocol (a runs.json from a
+study file with a protocol) keep its seeds' roles, older ones choose each arm's LR on the lowest 40%
+of their seeds and test on the rest. Writes report.json (what the README and the index read) and the
+report: decision.md beside the original report.md where the study was decided again before (or has
+no runs.json), else report.md itself, rendered again with the figures the result and the val curves
+draw (stability map, losses vs LR, trends, LR sensitivity) redrawn and the others (per-layer curves,
+not archived) kept. Prints one line per claim: old verdict -> new."""
 
 from __future__ import annotations
 
@@ -29,15 +29,20 @@ from study.studyfile import read_study_file
 REPO = Path(__file__).resolve().parent.parent
 FIGURE = re.compile(r"^\*\*(.+?)\*\*\n\n!\[.*?\]\((.+?\.png)\)", re.M)
 NOTE_TABLE = (
-    "Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final and "
+    "Decided again from the archived runs of [report.md](report.md) (its Runs table: status, final "
+    "and "
     "best loss and L0 per run; no curves, so no figures here), by the study file's failure rule: "
-    "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only (a "
-    "spike it recovered from cannot be seen). The runs predate the protocol: no bracketing, the lowest 40% "
+    "'did not learn' reads each run's best eval exactly, the any-eval criteria its final eval only "
+    "(a "
+    "spike it recovered from cannot be seen). The runs predate the protocol: no bracketing, the "
+    "lowest 40% "
     "of the seeds choose each arm's LR and the rest test it."
 )
 NOTE_JSON = (
-    "Decided again from the archived runs of [report.md](report.md) (runs.json: every run's config, outcome "
-    "and val curve; the figures are the report's), by the study file's failure rule and the current "
+    "Decided again from the archived runs of [report.md](report.md) (runs.json: every run's "
+    "config, outcome "
+    "and val curve; the figures are the report's), by the study file's failure rule and the "
+    "current "
     "statistics."
 )
 

@@ -1,4 +1,5 @@
-"""Run a study: train a grid of configs in parallel workers, then write its report (study/cli.py; --help)."""
+"""Run a study: train a grid of configs in parallel workers, then write its report (study/cli.py;
+--help)."""
 
 import sys
 

@@ -1,13 +1,13 @@
-"""Runs of a committed study whose run directories are gone, read back so that its claims can be decided again
-when the protocol changes (scripts/redecide.py): from its runs.json (configs, outcomes and val curves) where the
-report wrote one, else from report.md's Runs table (name, status, final and best val loss, L0 per run) and the
-study file.
+"""Runs of a committed study whose run directories are gone, read back so that its claims can be
+decided again when the protocol changes (scripts/redecide.py): from its runs.json (configs, outcomes
+and val curves) where the report wrote one, else from report.md's Runs table (name, status, final
+and best val loss, L0 per run) and the study file.
 
-The study's failure rule judges them as it judges live runs (study/read.py failure). What a table-only run lacks is
-its curve: the rule's any-eval criteria then read its final eval (a spike it recovered from cannot be seen), while
-"did not learn" reads its best eval exactly; the unigram entropy comes from the study's prepared data. No label is
-changed by hand: a verdict rests only on what the committed data show.
-"""
+The study's failure rule judges them as it judges live runs (study/read.py failure). What a
+table-only run lacks is its curve: the rule's any-eval criteria then read its final eval (a spike it
+recovered from cannot be seen), while "did not learn" reads its best eval exactly; the unigram
+entropy comes from the study's prepared data. No label is changed by hand: a verdict rests only on
+what the committed data show."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ def _number(text: str) -> float | None:
 
 
 def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
-    """The runs of a committed study: from folder/runs.json where the report wrote one (configs, outcomes and val
-    curves, judged again with the current rules), else from report.md's Runs table, their configs rebuilt from
-    their names (the grid of `study_file` crossed with `seeds`, named as the sweep names them)."""
+    """The runs of a committed study: from folder/runs.json where the report wrote one (configs,
+    outcomes and val curves, judged again with the current rules), else from report.md's Runs table,
+    their configs rebuilt from their names (the grid of `study_file` crossed with `seeds`, named as
+    the sweep names them)."""
     if (folder / "runs.json").is_file():
         out = []
         for e in json.loads((folder / "runs.json").read_text()):
@@ -79,7 +80,8 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
 
 
 def _unigram(study: dict) -> float | None:
-    """The unigram entropy of the study's training data (its prepared data's meta.json; prepared if need be)."""
+    """The unigram entropy of the study's training data (its prepared data's meta.json; prepared if
+    need be)."""
     from data.prepare import prepare
     from training.config import load_config
 

@@ -1,5 +1,5 @@
-"""The numbers of a study, per arm: its runs by LR and seed, losses of the runs that trained, its failure curve,
-outcome counts, the largest LR at which every seed trained."""
+"""The numbers of a study, per arm: its runs by LR and seed, losses of the runs that trained, its
+failure curve, outcome counts, the largest LR at which every seed trained."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def mean_of(xs):
 
 
 def unstable(run: Run) -> bool | None:
-    """Failed by instability (True), trained or failed otherwise (False), or censored (None: slow, no curve)."""
+    """Failed by instability (True), trained or failed otherwise (False), or censored (None: slow,
+    no curve)."""
     return None if run.kind in ("slow", "no curve") else run.kind in INSTABILITY
 
 
@@ -42,8 +43,8 @@ class Arm:
         return [r for r in self.runs if r.lr == lr]
 
     def losses(self, lr: float, seeds=None) -> dict:
-        """{seed: final val loss} of the runs at this LR that trained (of these seeds): the unit of every paired
-        loss comparison; a run that failed is not a loss."""
+        """{seed: final val loss} of the runs at this LR that trained (of these seeds): the unit of
+        every paired loss comparison; a run that failed is not a loss."""
         return {
             r.seed: r.loss
             for r in self.at(lr)
@@ -57,8 +58,9 @@ class Arm:
         return max(ok) if ok else None
 
     def upper(self) -> list[Run]:
-        """The finished runs from the floor up: a failure below the floor was too slow to learn within the budget,
-        not unstable, and stays out of the failure curve (counted apart: slow())."""
+        """The finished runs from the floor up: a failure below the floor was too slow to learn
+        within the budget, not unstable, and stays out of the failure curve (counted apart:
+        slow())."""
         return [r for r in self.runs if r.finished and (self.floor is None or r.lr >= self.floor)]
 
     def slow(self) -> list[Run]:
@@ -66,9 +68,9 @@ class Arm:
         return [r for r in self.runs if r.failed and self.floor is not None and r.lr < self.floor]
 
     def curve(self, failed=None, seeds=None) -> tuple[list[float], list[bool]]:
-        """(lrs, failed) of the runs P(fail | lr) is fitted to, from the floor up; `failed(run)` overrides the
-        study's rule (True, False, or None for a censored run left out), its floor then the lowest LR where every
-        one of `seeds` trained under it."""
+        """(lrs, failed) of the runs P(fail | lr) is fitted to, from the floor up; `failed(run)`
+        overrides the study's rule (True, False, or None for a censored run left out), its floor
+        then the lowest LR where every one of `seeds` trained under it."""
         if failed is None:
             done = self.upper()
             return [r.lr for r in done], [r.failed for r in done]
@@ -90,12 +92,14 @@ class Arm:
         return fit_failure_curve(*self.curve(failed, seeds))
 
     def instability(self, seeds=None) -> FailureFit:
-        """P(fail | lr) for instability alone: collapsed, blew up or non-finite runs fail; slow ones (still
-        learning when the budget ended) are censored, left out; every other finished run trained."""
+        """P(fail | lr) for instability alone: collapsed, blew up or non-finite runs fail; slow ones
+        (still learning when the budget ended) are censored, left out; every other finished run
+        trained."""
         return self.failure(unstable, seeds)
 
     def kinds(self) -> dict[float, dict[str, int]]:
-        """{lr: {'runs': n, 'trained': k, kind: count of failed runs of that kind}} over finished runs."""
+        """{lr: {'runs': n, 'trained': k, kind: count of failed runs of that kind}} over finished
+        runs."""
         out: dict[float, dict[str, int]] = {}
         for r in self.runs:
             if r.finished:

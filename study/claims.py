@@ -1,21 +1,23 @@
-"""The comparisons every report uses, and a study file's claims of the literature decided by them: one primary
-test per claim and arm pair, Holm-adjusted over the study's whole family (every claim of the study file is in it,
-whatever its data; a claim its runs cannot test enters with p = 1).
+"""The comparisons every report uses, and a study file's claims of the literature decided by them:
+one primary test per claim and arm pair, Holm-adjusted over the study's whole family (every claim of
+the study file is in it, whatever its data; a claim its runs cannot test enters with p = 1).
 
-- best_loss: each arm at its own best LR, chosen on the selection seeds, compared on the test seeds where both
-  runs trained (nested: the seeds that chose an LR never test it): the paired t test (expect higher / lower) or
-  TOST at the study's margin (expect same).
-- common_loss: both arms at their common safe LR (study/protocol.py common_lr), on the common seeds: as above.
-- lr50: the two arms' failure curves fitted together (study/lr50.py lr50_ratio): the likelihood-ratio test of
-  ratio = 1 (higher / lower), or TOST of the ratio within [1/m, m], m the study's ratio_margin (same).
-- lr_sensitivity: per-seed LR sensitivity (study/sensitivity.py), paired by seed: as best_loss, at the study's
-  sensitivity_margin.
+- best_loss: each arm at its own best LR, chosen on the selection seeds, compared on the test seeds
+  where both runs trained (nested: the seeds that chose an LR never test it): the paired t test
+  (expect higher / lower) or TOST at the study's margin (expect same).
+- common_loss: both arms at their common safe LR (study/protocol.py common_lr), on the common seeds:
+  as above.
+- lr50: the two arms' failure curves fitted together (study/lr50.py lr50_ratio): the
+  likelihood-ratio test of ratio = 1 (higher / lower), or TOST of the ratio within [1/m, m], m the
+  study's ratio_margin (same).
+- lr_sensitivity: per-seed LR sensitivity (study/sensitivity.py), paired by seed: as best_loss, at
+  the study's sensitivity_margin.
 
-A `same` claim's test is two-sided: TOST for `agrees`, its mirror (the difference lies beyond the margin) for
-`disagrees`; it enters Holm with the smaller p (only one of the two can be small). A `same` claim on losses whose
-seeds are fewer than TOST needs at the observed spread for 80% power stays in the family and says `cannot tell`.
-Agreement: `agrees` / `disagrees` when the Holm-adjusted p < 0.05; anything else `cannot tell`.
-"""
+A `same` claim's test is two-sided: TOST for `agrees`, its mirror (the difference lies beyond the
+margin) for `disagrees`; it enters Holm with the smaller p (only one of the two can be small). A
+`same` claim on losses whose seeds are fewer than TOST needs at the observed spread for 80% power
+stays in the family and says `cannot tell`. Agreement: `agrees` / `disagrees` when the Holm-adjusted
+p < 0.05; anything else `cannot tell`."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from study.text import g
 
 @dataclass
 class Nested:
-    """Two arms' losses, each at its own LR (its best, or their common safe LR), paired over the seeds."""
+    """Two arms' losses, each at its own LR (its best, or their common safe LR), paired over the
+    seeds."""
 
     lrs: tuple[float, float] | None
     paired: Paired
@@ -54,7 +57,8 @@ class Nested:
 def losses_at(
     a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margin: float, how: str = ""
 ) -> Nested:
-    """A at lra - B at lrb over these seeds, where both runs trained; the others listed as dropped."""
+    """A at lra - B at lrb over these seeds, where both runs trained; the others listed as
+    dropped."""
     if lra is None or lrb is None:
         return Nested(None, paired({}, {}, margin), [], None, how)
     la, lb = a.losses(lra, seeds), b.losses(lrb, seeds)
@@ -87,8 +91,8 @@ def common(a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float) -
 
 
 def gap(arm: Arm, lr: float, seeds) -> tuple:
-    """(label, the arm's own best LR, lr / best, mean loss at lr - at best over the seeds that ran both): how far
-    a common LR sits from the arm's best."""
+    """(label, the arm's own best LR, lr / best, mean loss at lr - at best over the seeds that ran
+    both): how far a common LR sits from the arm's best."""
     best = arm.best_lr
     if best is None:
         return arm.label, None, None, None
@@ -121,8 +125,9 @@ def ratio(a: Arm, b: Arm) -> RatioFit:
 
 
 def claim_pairs(claim: dict, arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm]]:
-    """The arm pairs (A, B) a claim compares: A has claim.a's values, B claim.b's; a field named on one side only
-    takes the same value on the other; fields named on neither side must agree (one pair per combination)."""
+    """The arm pairs (A, B) a claim compares: A has claim.a's values, B claim.b's; a field named on
+    one side only takes the same value on the other; fields named on neither side must agree (one
+    pair per combination)."""
     sides = {"a": {**claim["b"], **claim["a"]}, "b": {**claim["a"], **claim["b"]}}
 
     def fits(arm: Arm, side: str) -> bool:
@@ -174,7 +179,8 @@ class Checked:
 
 
 def _same_test(p: Paired) -> tuple[float | None, str | None]:
-    """(the smaller of TOST's p and its mirror's, which one) for a paired difference at its margin."""
+    """(the smaller of TOST's p and its mirror's, which one) for a paired difference at its
+    margin."""
     if p.ci is None:
         return None, None
     se = (p.ci[1] - p.ci[0]) / (2 * st.t.ppf(1 - ALPHA / 2, p.n - 1))
@@ -229,7 +235,8 @@ def _decide(c: Checked, ratio_margin: float) -> None:
         c.p, c.direction = _same_test(p)
         if c.direction == "same" and (c.nested.needed is None or p.n < c.nested.needed):
             c.note = (
-                f"TOST at +-{p.margin:g} needs {c.nested.needed or '> 100,000'} seeds at this spread for 80% "
+                f"TOST at +-{p.margin:g} needs {c.nested.needed or '> 100,000'} seeds at this "
+                "spread for 80% "
                 f"power, the study has {p.n}: an estimate, not an equivalence"
             )
         return
@@ -266,7 +273,8 @@ class Context:
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
-    """Each claim against these runs (one result per arm pair it names), Holm-adjusted over all of them."""
+    """Each claim against these runs (one result per arm pair it names), Holm-adjusted over all of
+    them."""
     out = []
     for claim in claims:
         pairs = claim_pairs(claim, arms, ctx.keys)
@@ -335,7 +343,8 @@ METRIC_WORDS = {
 
 
 def claim_sentence(c: Checked) -> str:
-    """'**Paper**: says (expects A higher than B). A - B, ...: **agrees** (p = 0.004, Holm-adjusted 0.012).'"""
+    """'**Paper**: says (expects A higher than B). A - B, ...: **agrees** (p = 0.004, Holm-adjusted
+    0.012).'"""
     claim = c.claim
     head = f"**{claim['paper']}**: {claim['says']}"
     if c.a is None:
@@ -370,7 +379,8 @@ def claim_sentence(c: Checked) -> str:
     if c.size is not None:
         o = c.size
         size = (
-            f" With L* the best of any arm of the model size (secondary): {o.nested.paired.describe()}: "
+            " With L* the best of any arm of the model size (secondary): "
+            f"{o.nested.paired.describe()}: "
             f"**{o.agreement}**"
             + (f" (p = {o.p:.2g}, Holm-adjusted {o.p_holm:.2g})" if o.p is not None else "")
             + (

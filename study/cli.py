@@ -1,4 +1,5 @@
-"""The study's two command lines, scripts/sweep.py and scripts/compare.py (their texts are the help)."""
+"""The study's two command lines, scripts/sweep.py and scripts/compare.py (their texts are the
+help)."""
 
 from __future__ import annotations
 
@@ -145,7 +146,8 @@ def sweep(argv: list[str] | None = None) -> int:
         print(f"{len(runs)} runs -> {study_dir}")
         if study.get("protocol"):
             print(
-                "then the protocol's stages (bracket, refine, edge, test) add runs chosen from their results"
+                "then the protocol's stages (bracket, refine, edge, test) add runs chosen from "
+                "their results"
             )
         if study.get("expected"):
             try:
@@ -167,7 +169,8 @@ def sweep(argv: list[str] | None = None) -> int:
                 break
             name, more = stage
             print(
-                f"{name}: {len(more)} more runs ({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
+                f"{name}: {len(more)} more runs "
+                f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
                 file=sys.stderr,
             )
             runs = runs + more
@@ -200,8 +203,9 @@ def _lr_of(run: dict) -> str:
 
 
 def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple[int, int]) -> int:
-    """One task of a job array: this shard's grid runs; once every grid run of the study is finished (by all
-    tasks), this shard's share of the second stage too. No report: compare.py reads the shared folder after."""
+    """One task of a job array: this shard's grid runs; once every grid run of the study is finished
+    (by all tasks), this shard's share of the second stage too. No report: compare.py reads the
+    shared folder after."""
     k, n = shard
     study_dir.mkdir(parents=True, exist_ok=True)
     if not (study_dir / "study.yaml").exists():
@@ -212,7 +216,8 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
         while counts is not None and study.get("protocol"):
             if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
                 print(
-                    "the protocol's next stage waits until every run so far has finished; run this task again "
+                    "the protocol's next stage waits until every run so far has finished; run this "
+                    "task again "
                     "then",
                     file=sys.stderr,
                 )

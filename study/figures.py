@@ -1,5 +1,6 @@
-"""The report's figures, drawn from arms (matplotlib, Agg backend): loss and grad-norm curves per arm, the
-stability map, per-layer gradient heatmaps, activation RMS by depth, attention-logit growth."""
+"""The report's figures, drawn from arms (matplotlib, Agg backend): loss and grad-norm curves per
+arm, the stability map, per-layer gradient heatmaps, activation RMS by depth, attention-logit
+growth."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _save(fig, path: Path, made: list, caption: str) -> None:
 
 
 def figures(res, out: Path) -> list[tuple[str, str]]:
-    """Every figure of a StudyResult's report, drawn into `out`; [(file name, caption)] of those made."""
+    """Every figure of a StudyResult's report, drawn into `out`; [(file name, caption)] of those
+    made."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +76,8 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
 
 
 def result_figures(res, out: Path) -> list[tuple[str, str]]:
-    """The figures drawn from the result and the val curves alone (what an archived study can redraw)."""
+    """The figures drawn from the result and the val curves alone (what an archived study can
+    redraw)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,8 +152,9 @@ def grad_norm_curves(plt, arms, colors, out: Path, made: list) -> None:
 
 
 def stability_map(plt, res, colors, out: Path, made: list) -> None:
-    """P(fail | lr) per arm: every run a marker at 0 (trained) or 1 (failed), jittered apart, and the arm's fitted
-    failure curve with LR50 and its 95% CI; no mean line through values no run reached."""
+    """P(fail | lr) per arm: every run a marker at 0 (trained) or 1 (failed), jittered apart, and
+    the arm's fitted failure curve with LR50 and its 95% CI; no mean line through values no run
+    reached."""
     import numpy as np
 
     arms = res.arms
@@ -213,16 +217,19 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "stability_map.png",
         made,
-        "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where the data identify "
-        "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 (failed under the "
-        "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x diverged)",
+        "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where "
+        "the data identify "
+        "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 "
+        "(failed under the "
+        "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x "
+        "diverged)",
     )
 
 
 def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
-    """Wortsman et al. 2023 Fig. 1 style: final val loss vs LR, every run of every seed (a failed one where it
-    ended, capped at L0, hollow), one panel per group of arms that differ only in the norm (e.g. per placement),
-    with each arm's LR sensitivity in the legend."""
+    """Wortsman et al. 2023 Fig. 1 style: final val loss vs LR, every run of every seed (a failed
+    one where it ended, capped at L0, hollow), one panel per group of arms that differ only in the
+    norm (e.g. per placement), with each arm's LR sensitivity in the legend."""
     groups: dict = {}
     for label, a in res.arms.items():
         rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != "model.norm")
@@ -268,14 +275,17 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "loss_vs_lr.png",
         made,
-        "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled trained, hollow "
-        "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR sensitivity over "
+        "Final val loss vs learning rate, every run (Wortsman et al. 2023, Fig. 1 style): filled "
+        "trained, hollow "
+        "failed under the study's rule, drawn where it ended (capped at L0); S is the arm's LR "
+        "sensitivity over "
         "the study's grid",
     )
 
 
 def final_losses(plt, res, colors, out: Path, made: list) -> None:
-    """Final val loss vs LR of every run that trained, seed by seed; each arm's best LR (selection seeds) ringed."""
+    """Final val loss vs LR of every run that trained, seed by seed; each arm's best LR (selection
+    seeds) ringed."""
     if not any(r.loss is not None for a in res.arms.values() for r in a.runs):
         return  # no run trained: nothing to draw
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -302,13 +312,15 @@ def final_losses(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "final_loss.png",
         made,
-        "Final val loss of every run that trained vs learning rate (failed runs are in the stability map, not "
+        "Final val loss of every run that trained vs learning rate (failed runs are in the "
+        "stability map, not "
         "here); rings: each arm's best LR, chosen on the selection seeds",
     )
 
 
 def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
-    """Per-layer gradient norm (layer x step) at each arm's best LR, first seed, on one color scale."""
+    """Per-layer gradient norm (layer x step) at each arm's best LR, first seed, on one color
+    scale."""
     grids = {}
     for label, a in arms.items():
         run = next((r for r in a.at(a.best_lr)), None) if a.best_lr else None
@@ -345,7 +357,8 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
 
 
 def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
-    """RMS of the residual stream after each block, at step 1 and at the end (median over seeds, best LR)."""
+    """RMS of the residual stream after each block, at step 1 and at the end (median over seeds,
+    best LR)."""
     drawn = {
         label: [m for m in (_layer_matrix(r, "act/rms/layer_") for r in a.at(a.best_lr)) if m]
         for label, a in arms.items()
@@ -383,7 +396,8 @@ def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
 
 
 def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
-    """The largest attention logit a run saw, vs learning rate (Wortsman et al. 2023's logit growth)."""
+    """The largest attention logit a run saw, vs learning rate (Wortsman et al. 2023's logit
+    growth)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in arms.items():
         xs, ys = [], []
@@ -405,10 +419,10 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
 
 
 def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
-    """DyT's absorbing state: per DyT arm, the saturated fraction of its final norm (|alpha x| >= 9, where float32
-    tanh's gradient is exactly 0) and the largest gradient below it, vs step, for one run that trained (the arm's
-    best LR) and one that failed (its lowest LR where a run failed), seed by seed of the lowest seed; drawn when a
-    run logged dyt/saturated/final."""
+    """DyT's absorbing state: per DyT arm, the saturated fraction of its final norm (|alpha x| >= 9,
+    where float32 tanh's gradient is exactly 0) and the largest gradient below it, vs step, for one
+    run that trained (the arm's best LR) and one that failed (its lowest LR where a run failed),
+    seed by seed of the lowest seed; drawn when a run logged dyt/saturated/final."""
 
     def pick(a, failed: bool):
         lrs = [lr for lr in a.lrs if any(r.failed == failed and r.finished for r in a.at(lr))]
@@ -457,15 +471,17 @@ def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "dyt_saturation.png",
         made,
-        "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT arm; below, "
-        "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing state)",
+        "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT "
+        "arm; below, "
+        "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing "
+        "state)",
     )
 
 
 def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
-    """Output-logit divergence (Wortsman et al. 2023 Fig. 4): the mean log Z of the output logits (logits/log_z) vs
-    step, every seed of each arm at its highest LR and at its best, where the arms differ in z-loss or weight decay
-    (or the output soft-cap) and the runs logged log Z."""
+    """Output-logit divergence (Wortsman et al. 2023 Fig. 4): the mean log Z of the output logits
+    (logits/log_z) vs step, every seed of each arm at its highest LR and at its best, where the arms
+    differ in z-loss or weight decay (or the output soft-cap) and the runs logged log Z."""
     fields = (
         "train.z_loss",
         "optim.weight_decay",
@@ -507,8 +523,10 @@ def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "log_z.png",
         made,
-        "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output logits vs step at each "
-        "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss pulls log Z to 0",
+        "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output "
+        "logits vs step at each "
+        "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss "
+        "pulls log Z to 0",
     )
 
 
@@ -524,10 +542,10 @@ def _layer_matrix(run: Run, prefix: str):
 
 
 def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
-    """Wortsman et al. 2023 Fig. 1 style, along a numeric axis (width): one panel per group of arms that agree on
-    everything but the axis, the mean final val loss over seeds (capped at L0) vs LR at each value of the axis;
-    and a last panel with each group's LR sensitivity (mean over seeds, 95% t CI) against the axis with its fitted
-    slope (study/trend.py)."""
+    """Wortsman et al. 2023 Fig. 1 style, along a numeric axis (width): one panel per group of arms
+    that agree on everything but the axis, the mean final val loss over seeds (capped at L0) vs LR
+    at each value of the axis; and a last panel with each group's LR sensitivity (mean over seeds,
+    95% t CI) against the axis with its fitted slope (study/trend.py)."""
     sens = [t for t in res.trends if t.what == "LR sensitivity"]
     if not sens:
         return
@@ -593,15 +611,17 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
         fig,
         out / "lr_sensitivity.png",
         made,
-        f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss over seeds vs "
-        f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each arm's LR "
+        f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss "
+        "over seeds vs "
+        f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each "
+        "arm's LR "
         "sensitivity with its 95% t CI over seeds and the fitted slope per doubling (Knapp-Hartung)",
     )
 
 
 def trend_figure(plt, res, out: Path, made: list) -> None:
-    """Each comparison's trend (study/trend.py): the estimates with their 95% CIs against the axis, and the fitted
-    line (LR sensitivity trends are drawn by sensitivity_by_axis)."""
+    """Each comparison's trend (study/trend.py): the estimates with their 95% CIs against the axis,
+    and the fitted line (LR sensitivity trends are drawn by sensitivity_by_axis)."""
     trends = [t for t in res.trends if t.what != "LR sensitivity"]
     if not trends:
         return

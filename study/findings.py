@@ -1,5 +1,6 @@
-"""The sentences a report states, each generated from the numbers of a StudyResult: a difference or an equivalence
-only ever with its n, its CI and the test that decided it; failed runs as outcomes, never as values."""
+"""The sentences a report states, each generated from the numbers of a StudyResult: a difference or
+an equivalence only ever with its n, its CI and the test that decided it; failed runs as outcomes,
+never as values."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ def findings(res: StudyResult) -> list[str]:
         n = c.loss
         if n.lrs is None:
             out.append(
-                f"{c.a.label} - {c.b.label}: no loss comparison (an arm has no LR where every selection "
+                f"{c.a.label} - {c.b.label}: no loss comparison (an arm has no LR where every "
+                "selection "
                 f"seed trained)."
             )
             continue
         line = (
-            f"{c.a.label} - {c.b.label}, each at its best LR ({n.lrs[0]:g}, {n.lrs[1]:g}; chosen on seeds "
+            f"{c.a.label} - {c.b.label}, each at its best LR ({n.lrs[0]:g}, {n.lrs[1]:g}; chosen "
+            "on seeds "
             f"{sel}), final val loss on the test seeds: {n.paired.describe()}"
         )
         if n.dropped:
@@ -36,8 +39,10 @@ def findings(res: StudyResult) -> list[str]:
         if a.best_lr is not None and len(tried) > 1 and a.best_lr in (tried[0], tried[-1]):
             side = "lowest" if a.best_lr == tried[0] else "highest"
             out.append(
-                f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds tried: not "
-                f"bracketed, the loss at its true best may be lower (a protocol study extends the grid)."
+                f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds "
+                "tried: not "
+                "bracketed, the loss at its true best may be lower (a protocol study extends the "
+                "grid)."
             )
     for a in res.arms.values():  # failures under the study's rule, as outcomes
         failed = [r for r in a.runs if r.failed]
@@ -45,7 +50,8 @@ def findings(res: StudyResult) -> list[str]:
             lrs = sorted({r.lr for r in failed})
             slow = len(a.slow())
             out.append(
-                f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's rule (at lr "
+                f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's rule "
+                "(at lr "
                 f"{', '.join(f'{x:g}' for x in lrs)})"
                 + (
                     f"; {slow} of them below its floor, too slow to learn within the budget"
@@ -83,9 +89,9 @@ def findings(res: StudyResult) -> list[str]:
 
 
 def margin_in_steps(res: StudyResult) -> str | None:
-    """What the equivalence margin means in training: the steps it takes, at the end of the runs of each
-    common_loss claim's LR, for the val loss to fall by the margin (the slope between the last two evals, mean over
-    the runs that trained)."""
+    """What the equivalence margin means in training: the steps it takes, at the end of the runs of
+    each common_loss claim's LR, for the val loss to fall by the margin (the slope between the last
+    two evals, mean over the runs that trained)."""
     out = []
     for c in res.claims:
         if c.nested is None or c.claim["metric"] != "common_loss" or not c.nested.lrs:
@@ -104,14 +110,17 @@ def margin_in_steps(res: StudyResult) -> str | None:
         fall = -statistics.fmean(slopes) if slopes else 0.0
         if fall > 0:
             out.append(
-                f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step between steps "
-                f"{at[0]} and {at[1]}, so +-{res.margin:g} nats is ~{res.margin / fall:.0f} steps of training"
+                f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step between "
+                "steps "
+                f"{at[0]} and {at[1]}, so +-{res.margin:g} nats is ~{res.margin / fall:.0f} steps "
+                "of training"
             )
     return "; ".join(out) or None
 
 
 def margin_sentence(res: StudyResult) -> str:
-    """The equivalence margin, why, what it means in training, and what it costs in seeds at these spreads."""
+    """The equivalence margin, why, what it means in training, and what it costs in seeds at these
+    spreads."""
     reason = (
         f" ({res.file.margin_reason})"
         if res.file.margin_reason
@@ -145,9 +154,10 @@ def _layer_mean(run, prefix: str, step: int) -> float | None:
 
 
 def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
-    """What the block norms receive, per arm at its best LR (mean over seeds): |per-token mean| / RMS averaged
-    over layers at the first and last logged step (what LayerNorm's centring removes); and, when the arms differ in
-    precision, the largest |input| seen (float16's x^2 overflows above 256) and float16's skipped steps."""
+    """What the block norms receive, per arm at its best LR (mean over seeds): |per-token mean| /
+    RMS averaged over layers at the first and last logged step (what LayerNorm's centring removes);
+    and, when the arms differ in precision, the largest |input| seen (float16's x^2 overflows above
+    256) and float16's skipped steps."""
     out, ratio, absmax, skipped = [], [], [], []
     for a in arms.values():
         runs = a.at(a.best_lr) if a.best_lr is not None else []
@@ -163,7 +173,8 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
                     pairs.append([m / r for m, r in ends])
         if pairs:
             ratio.append(
-                f"{a.label} {mean_of([x[0] for x in pairs]):.2f} -> {mean_of([x[1] for x in pairs]):.2f}"
+                f"{a.label} {mean_of([x[0] for x in pairs]):.2f} -> "
+                f"{mean_of([x[1] for x in pairs]):.2f}"
             )
         m = _max_series_all(a.runs, "norm_in/absmax/")
         if m is not None:
@@ -190,19 +201,20 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
             + ", ".join(f"{(2 / (math.pi * d)) ** 0.5:.2f} at d = {d}" for d in dims)
         )
         out.append(
-            "Block norms' inputs, |per-token mean| / RMS averaged over layers, first -> last logged step (at "
+            "Block norms' inputs, |per-token mean| / RMS averaged over layers, first -> last "
+            "logged step (at "
             f"each arm's best lr, mean over seeds{chance}): " + "; ".join(ratio) + "."
         )
     if absmax and {"train.dtype", "model.norm_precision"} & set(keys):
         out.append(
-            "Largest |norm input| over every logged step, layer and run (float16's x^2 overflows above "
+            "Largest |norm input| over every logged step, layer and run (float16's x^2 overflows "
+            "above "
             "256): " + "; ".join(absmax) + "."
         )
     if skipped:
         out.append(
-            "Optimizer steps skipped by the float16 loss scaler (overflowed gradients), of all steps: "
-            + "; ".join(skipped)
-            + "."
+            "Optimizer steps skipped by the float16 loss scaler (overflowed gradients), of all "
+            "steps: " + "; ".join(skipped) + "."
         )
     return out
 

@@ -1,7 +1,8 @@
-"""A study file's history against its results: every commit that changed configs/studies/<name>.yaml after the
-first commit of any of its results (docs/results/<name>/, a pilot's included), with the keys it changed, read from
-git where the checkout has its history; and the study file's own `history:` notes (what git cannot show, e.g. a
-pilot kept elsewhere). A report states both: a file changed after any of its results says so."""
+"""A study file's history against its results: every commit that changed configs/studies/<name>.yaml
+after the first commit of any of its results (docs/results/<name>/, a pilot's included), with the
+keys it changed, read from git where the checkout has its history; and the study file's own
+`history:` notes (what git cannot show, e.g. a pilot kept elsewhere). A report states both: a file
+changed after any of its results says so."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def _git(*args: str, repo: Path = REPO) -> str | None:
 
 
 def _follow(path: str, repo: Path) -> list[tuple[str, int, str, str, str]]:
-    """[(commit, time, date, subject, the file's path at that commit)] newest first, across renames; a copy
-    (another study's file copied to start this one) ends it."""
+    """[(commit, time, date, subject, the file's path at that commit)] newest first, across renames;
+    a copy (another study's file copied to start this one) ends it."""
     out = _git(
         "log",
         "--follow",
@@ -71,7 +72,8 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 
 def edits(name: str, repo: Path = REPO) -> list[str]:
-    """One line per commit that changed the study file after its first committed result; [] without git."""
+    """One line per commit that changed the study file after its first committed result; [] without
+    git."""
     results = [
         r
         for f in ("report.md", "runs.json", "report.json", "decision.md")
@@ -99,5 +101,6 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
 
 
 def history(name: str, notes: list | None, repo: Path = REPO) -> list[str]:
-    """The report's history lines: the study file's notes, then what git shows (first results: commit, date)."""
+    """The report's history lines: the study file's notes, then what git shows (first results:
+    commit, date)."""
     return [str(n) for n in notes or []] + edits(name, repo)

@@ -1,26 +1,28 @@
-"""Stability as a measured quantity: the probability that a run fails as a function of its learning rate, and LR50,
-the learning rate at which half the seeds fail, with a 95% confidence interval.
+"""Stability as a measured quantity: the probability that a run fails as a function of its learning
+rate, and LR50, the learning rate at which half the seeds fail, with a 95% confidence interval.
 
     P(fail | lr) = 1 / (1 + exp(-b (log10 lr - x50))),    LR50 = 10^x50
 
-fitted by logistic regression with Firth's penalty (the Jeffreys prior: 1/2 log det of the Fisher information),
-which keeps the estimate finite under complete separation (every seed ok below some LR, every seed failing above:
-the usual case on a coarse grid). The CI is the profile penalized likelihood interval: the x50 whose profile
-deviance is within the chi-square(1) 95% quantile of the maximum (Heinze & Schemper 2002; Venzon & Moolgavkar
-1988). A profile is a maximum over the nuisance parameters, taken on a grid (301 slopes, log-spaced from 1e-5 up to
-MAX_SLOPE; for two arms also 61 curve positions) and refined from the best grid point: a local optimizer alone
-lands on flat or singular regions and returns values far below the maximum, which opens false ends.
+fitted by logistic regression with Firth's penalty (the Jeffreys prior: 1/2 log det of the Fisher
+information), which keeps the estimate finite under complete separation (every seed ok below some
+LR, every seed failing above: the usual case on a coarse grid). The CI is the profile penalized
+likelihood interval: the x50 whose profile deviance is within the chi-square(1) 95% quantile of the
+maximum (Heinze & Schemper 2002; Venzon & Moolgavkar 1988). A profile is a maximum over the nuisance
+parameters, taken on a grid (301 slopes, log-spaced from 1e-5 up to MAX_SLOPE; for two arms also 61
+curve positions) and refined from the best grid point: a local optimizer alone lands on flat or
+singular regions and returns values far below the maximum, which opens false ends.
 
-Identified or bracketed: an arm's LR50 is a number only where at least one LR has both failed and trained runs
-(mixed outcomes), >= 2 runs failed, and the edge lies inside the LRs tried (an LR where every run trained below one
-where every run failed: without it, runs whose seeds share a threshold make the fit's CI cover 0.69 where it
-claims 0.95, tests/test_failure.py). Complete separation (every run ok up to one LR, every run failed from the
-next) gives the bracket and nothing else (`bounds`: LR50 above the largest all-trained LR, below the smallest
-all-failed one), whatever the penalised fit returns: there its point estimate and CI are set by Firth's penalty,
-not by the data. A ratio of two LR50s is a number where both are identified; otherwise the interval of ratios the
-brackets allow, and a claim on it is decided on the brackets (`RatioFit.bracket_p`): each bracket end is an exact
-binomial statement (n of n runs trained at lo: P(fail at lo) >= 1/2 has probability <= 2^-n), so the chance that
-ends a statement needs are all wrong is at most the sum of their 2^-n.
+Identified or bracketed: an arm's LR50 is a number only where at least one LR has both failed and
+trained runs (mixed outcomes), >= 2 runs failed, and the edge lies inside the LRs tried (an LR where
+every run trained below one where every run failed: without it, runs whose seeds share a threshold
+make the fit's CI cover 0.69 where it claims 0.95, tests/test_failure.py). Complete separation
+(every run ok up to one LR, every run failed from the next) gives the bracket and nothing else
+(`bounds`: LR50 above the largest all-trained LR, below the smallest all-failed one), whatever the
+penalised fit returns: there its point estimate and CI are set by Firth's penalty, not by the data.
+A ratio of two LR50s is a number where both are identified; otherwise the interval of ratios the
+brackets allow, and a claim on it is decided on the brackets (`RatioFit.bracket_p`): each bracket
+end is an exact binomial statement (n of n runs trained at lo: P(fail at lo) >= 1/2 has probability
+<= 2^-n), so the chance that ends a statement needs are all wrong is at most the sum of their 2^-n.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ REACH = (
 
 
 def bounds(lrs, failed) -> tuple[float | None, float | None]:
-    """(the largest LR where every run trained, below the smallest where every run failed; that smallest LR):
-    LR50 lies between them whatever the curve's shape, so long as failure rises with the LR. None: no such LR."""
+    """(the largest LR where every run trained, below the smallest where every run failed; that
+    smallest LR): LR50 lies between them whatever the curve's shape, so long as failure rises with
+    the LR. None: no such LR."""
     by_lr: dict[float, list[bool]] = {}
     for lr, f in zip(lrs, failed, strict=True):
         by_lr.setdefault(float(lr), []).append(bool(f))
@@ -66,7 +69,8 @@ def bound_text(lo: float | None, hi: float | None) -> str:
 
 
 def edge_counts(lrs, failed) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """((failed, runs) at the lower bound's LR, (failed, runs) at the upper bound's LR) of bounds()."""
+    """((failed, runs) at the lower bound's LR, (failed, runs) at the upper bound's LR) of
+    bounds()."""
     lo, hi = bounds(lrs, failed)
     pairs = list(zip(map(float, lrs), map(bool, failed), strict=True))
 
@@ -78,7 +82,8 @@ def edge_counts(lrs, failed) -> tuple[tuple[int, int] | None, tuple[int, int] | 
 
 
 def mixed(lrs, failed) -> bool:
-    """Whether some LR has both failed and trained runs: what identifies an LR50 beyond a bracket."""
+    """Whether some LR has both failed and trained runs: what identifies an LR50 beyond a
+    bracket."""
     by_lr: dict[float, set[bool]] = {}
     for lr, f in zip(lrs, failed, strict=True):
         by_lr.setdefault(float(lr), set()).add(bool(f))
@@ -105,8 +110,9 @@ class FailureFit:
 
     @property
     def identified(self) -> bool:
-        """Mixed outcomes at some LR, >= 2 failures, and the edge inside the LRs tried (an all-trained LR below an
-        all-failed one): LR50 is a number the data set, not the penalty nor an extrapolation."""
+        """Mixed outcomes at some LR, >= 2 failures, and the edge inside the LRs tried (an
+        all-trained LR below an all-failed one): LR50 is a number the data set, not the penalty nor
+        an extrapolation."""
         return self.lr50 is not None and self.failed >= 2 and self.mixed and None not in self.bounds
 
     def bracket(self) -> str:
@@ -123,7 +129,8 @@ class FailureFit:
         return f"LR50 not bounded: {self.failed}/{self.n} failed"
 
     def describe(self) -> str:
-        """The fit in one phrase, with its n: a number where identified, else the bracket the data give."""
+        """The fit in one phrase, with its n: a number where identified, else the bracket the data
+        give."""
         if self.identified:
             return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
         if self.failed == 0:
@@ -144,8 +151,8 @@ def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
 
 
 def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Firth-penalized log-likelihood log L + 1/2 log det I(beta) of logit p = X beta, for one beta (p,) or many
-    (m, p) at once; -inf where the information is singular (never the maximum)."""
+    """Firth-penalized log-likelihood log L + 1/2 log det I(beta) of logit p = X beta, for one beta
+    (p,) or many (m, p) at once; -inf where the information is singular (never the maximum)."""
     B = np.atleast_2d(beta)
     eta = B @ X.T  # (m, n)
     ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
@@ -165,8 +172,8 @@ def _loglik(b0: float, b1: float, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _newton(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """beta maximizing the penalized likelihood: Newton steps on Firth's modified score, halved until the
-    penalized likelihood rises."""
+    """beta maximizing the penalized likelihood: Newton steps on Firth's modified score, halved
+    until the penalized likelihood rises."""
     b = np.zeros(X.shape[1])
     current = _penalized(b, X, y)
     for _ in range(100):
@@ -195,8 +202,8 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def _max_over_slope(beta_of, X: np.ndarray, y: np.ndarray) -> float:
-    """max over b in (0, MAX_SLOPE] of the penalized log-likelihood at beta_of(b) (an (m,) -> (m, p) map): the
-    best of a log-spaced grid, then refined between its neighbours."""
+    """max over b in (0, MAX_SLOPE] of the penalized log-likelihood at beta_of(b) (an (m,) -> (m, p)
+    map): the best of a log-spaced grid, then refined between its neighbours."""
     values = _penalized(beta_of(SLOPES), X, y)
     i = int(np.argmax(values))
     best = float(values[i])
@@ -221,8 +228,9 @@ def _profile_at(e0: float, x0: float, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _interval(estimate: float, excess, reach: float = REACH) -> tuple[float | None, float | None]:
-    """The ends of {t: excess(t) < 0} around `estimate` (excess < 0 there): each side scanned outward in 0.05-decade
-    steps up to `reach` decades, the first crossing refined by bisection; None where none is found."""
+    """The ends of {t: excess(t) < 0} around `estimate` (excess < 0 there): each side scanned
+    outward in 0.05-decade steps up to `reach` decades, the first crossing refined by bisection;
+    None where none is found."""
     ends = []
     for direction in (-1, 1):
         near, found = estimate, None
@@ -268,8 +276,8 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
 
 
 def p_fail_upper(lrs, failed, lr: float) -> float:
-    """The one-sided upper 95% profile bound of P(fail) at `lr` from one arm's runs (1.0 where the data do not bound
-    it below 1 within the search)."""
+    """The one-sided upper 95% profile bound of P(fail) at `lr` from one arm's runs (1.0 where the
+    data do not bound it below 1 within the search)."""
     lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
     if len(y) == 0:
         return 1.0
@@ -313,8 +321,8 @@ def p_fail_upper(lrs, failed, lr: float) -> float:
 
 @dataclass
 class RatioFit:
-    """Two arms' failure curves fitted together with one slope: logit P(fail) = b0 + b1 (log10 lr - r [arm A]), so
-    r = log10(LR50_A / LR50_B)."""
+    """Two arms' failure curves fitted together with one slope: logit P(fail) = b0 + b1 (log10 lr -
+    r [arm A]), so r = log10(LR50_A / LR50_B)."""
 
     ratio: float | None  # LR50_A / LR50_B, fitted; None: nothing to fit
     ci: tuple[float | None, float | None] | None  # 95% profile-likelihood CI; a None end: open
@@ -336,20 +344,23 @@ class RatioFit:
     def describe(self) -> str:
         if self.identified:
             return (
-                f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = {self.p:.2g}, "
+                f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = "
+                f"{self.p:.2g}, "
                 f"{self.n} runs, {self.failed} failed)"
             )
         test = f"likelihood-ratio p = {self.p:.2g}, " if self.p is not None else ""
         return (
-            f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bracketed: no estimate; {test}"
+            f"LR50 ratio {bound_text(*self.bounds)} (an arm's LR50 is only bracketed: no estimate; "
+            f"{test}"
             f"{self.n} runs, {self.failed} failed)"
         )
 
     def bracket_p(
         self, at_least: float | None = None, at_most: float | None = None
     ) -> float | None:
-        """p that the brackets wrongly show at_least <= ratio <= at_most (sum of 2^-n over the bracket ends the
-        statement needs; see the module docstring); None where the brackets do not show it."""
+        """p that the brackets wrongly show at_least <= ratio <= at_most (sum of 2^-n over the
+        bracket ends the statement needs; see the module docstring); None where the brackets do not
+        show it."""
         p = 0.0
         for want, bound, end, shown in (
             (at_least, self.bounds[0], self.ends[0], lambda b, w: b >= w),
@@ -363,13 +374,15 @@ class RatioFit:
         return min(1.0, p)
 
     def signed_root(self, r0: float) -> float:
-        """sign(r_hat - r0) sqrt(profile deviance at r0): ~N(0, 1) at the true r (one-sided tests of r)."""
+        """sign(r_hat - r0) sqrt(profile deviance at r0): ~N(0, 1) at the true r (one-sided tests of
+        r)."""
         dev = max(0.0, 2 * (self.best - self.profile(r0)))
         return math.copysign(math.sqrt(dev), math.log10(self.ratio) - r0)
 
     def within(self, factor: float) -> tuple[float, float]:
-        """(p of TOST that the ratio lies within [1/factor, factor], p that it lies outside): one-sided signed-root
-        tests at both ends of the margin (1.0 when the ratio is not identified)."""
+        """(p of TOST that the ratio lies within [1/factor, factor], p that it lies outside):
+        one-sided signed-root tests at both ends of the margin (1.0 when the ratio is not
+        identified)."""
         if not self.identified:
             return 1.0, 1.0
         m = math.log10(factor)
@@ -379,8 +392,9 @@ class RatioFit:
 
 
 def _profile_ratio(r: float, X: np.ndarray, y: np.ndarray, z_range: tuple[float, float]) -> float:
-    """Max over (b0, b1 > 0) of the penalized log-likelihood with the arm offset forced to c = -r b1: on a grid of
-    slopes x curve positions z50 (b0 = -b1 z50), then Nelder-Mead from the best grid point."""
+    """Max over (b0, b1 > 0) of the penalized log-likelihood with the arm offset forced to c = -r
+    b1: on a grid of slopes x curve positions z50 (b0 = -b1 z50), then Nelder-Mead from the best
+    grid point."""
     z50 = np.linspace(z_range[0], z_range[1], 61)
     b1 = SLOPES[::4]
     B1, Z = np.meshgrid(b1, z50, indexing="ij")

@@ -1,5 +1,5 @@
-"""The study protocol: which runs a study makes, stage by stage, and which seeds choose and which test
-(docs/DESIGN.md, "The study protocol").
+"""The study protocol: which runs a study makes, stage by stage, and which seeds choose and which
+test (docs/DESIGN.md, "The study protocol").
 
     grid     the study's LR grid on the selection seeds, for every arm
     bracket  per arm, the grid extended by `bracket.factor` (within min_lr..max_lr, at most `bracket.steps` LRs
@@ -14,8 +14,8 @@
              of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound,
              from the runs of the other seeds (so it never moves once the common seeds have run)
 
-Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same choices.
-"""
+Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same
+choices."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sid
 
 
 def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
-    """(selection seeds, test seeds): the protocol's; for runs made without one, the lowest 40% of the seeds (at
-    least one) choose and the rest test."""
+    """(selection seeds, test seeds): the protocol's; for runs made without one, the lowest 40% of
+    the seeds (at least one) choose and the rest test."""
     seeds = sorted(set(seeds), key=str)
     if protocol is not None:
         return [s for s in seeds if s in protocol.selection_seeds], [
@@ -43,7 +43,8 @@ def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
     return seeds[:k], seeds[k:]
 
 
-# --- what one arm's runs say, on a set of seeds ---------------------------------------------------------------
+# --- what one arm's runs say, on a set of seeds
+# ---------------------------------------------------------------
 
 
 def table(runs: list[Run], seeds) -> dict[float, list[Run]]:
@@ -65,8 +66,9 @@ def all_failed(rs: list[Run]) -> bool:
 
 
 def floor(runs: list[Run], seeds) -> float | None:
-    """The lowest LR at which every one of these seeds trained: below it a run that failed was too slow to learn
-    within its budget, not unstable, so the failure curve (the upper edge) starts here."""
+    """The lowest LR at which every one of these seeds trained: below it a run that failed was too
+    slow to learn within its budget, not unstable, so the failure curve (the upper edge) starts
+    here."""
     ok = [lr for lr, rs in table(runs, seeds).items() if trained(rs)]
     return min(ok) if ok else None
 
@@ -78,11 +80,12 @@ def upper(runs: list[Run], seeds) -> list[Run]:
 
 
 def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[float | None, str]:
-    """(the common safe LR of two arms, how it was chosen), from their runs on seeds other than `exclude` (the
-    common seeds: an LR is never chosen on the seeds that compare at it, and it does not move once they have run):
-    the largest LR of the grid, at or above both arms' floors, at which both arms' fitted P(fail) is below SAFE at
-    its upper one-sided 95% bound; where no grid LR meets that (few runs bound P(fail) loosely), the largest grid LR
-    at which every such run of both arms trained, said so. None where neither exists."""
+    """(the common safe LR of two arms, how it was chosen), from their runs on seeds other than
+    `exclude` (the common seeds: an LR is never chosen on the seeds that compare at it, and it does
+    not move once they have run): the largest LR of the grid, at or above both arms' floors, at
+    which both arms' fitted P(fail) is below SAFE at its upper one-sided 95% bound; where no grid LR
+    meets that (few runs bound P(fail) loosely), the largest grid LR at which every such run of both
+    arms trained, said so. None where neither exists."""
     a = [r for r in a if r.seed not in exclude]
     b = [r for r in b if r.seed not in exclude]
     ua, ub = upper(a, seeds), upper(b, seeds)
@@ -99,14 +102,16 @@ def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[floa
         if at and all(r.trained for r in at):
             bounds = [p_fail_upper([r.lr for r in u], [r.failed for r in u], lr) for u in (ua, ub)]
             return lr, (
-                f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every run of "
+                f"no grid LR has both P(fail) upper 95% bounds < {SAFE:g}; the largest where every "
+                "run of "
                 f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})"
             )
     return None, "no grid LR where every run of both arms trained"
 
 
 def select_lr(runs: list[Run], seeds) -> float | None:
-    """The LR with the lowest mean final val loss over these seeds, among the LRs where every one of them trained."""
+    """The LR with the lowest mean final val loss over these seeds, among the LRs where every one of
+    them trained."""
     scored = [
         (statistics.fmean(r.final for r in rs), lr)
         for lr, rs in table(runs, seeds).items()
@@ -116,8 +121,8 @@ def select_lr(runs: list[Run], seeds) -> float | None:
 
 
 def edge(runs: list[Run], seeds) -> tuple[float | None, float | None]:
-    """(the last LR where every seed trained, the first above it where every seed failed) below/above the best LR;
-    None where there is none."""
+    """(the last LR where every seed trained, the first above it where every seed failed)
+    below/above the best LR; None where there is none."""
     t = table(runs, seeds)
     best = select_lr(runs, seeds)
     first_fail = next(
@@ -132,8 +137,9 @@ def _round(lr: float) -> float:
 
 
 def bracket_lrs(runs: list[Run], seeds, grid: list[float], p: Protocol) -> list[float]:
-    """The next LR(s) beyond the tried ones this arm needs: below while its best LR is the lowest tried (or nothing
-    trained), above while its best is the highest tried or no LR above it failed for every seed."""
+    """The next LR(s) beyond the tried ones this arm needs: below while its best LR is the lowest
+    tried (or nothing trained), above while its best is the highest tried or no LR above it failed
+    for every seed."""
     t = table(runs, seeds)
     if not t:
         return []
@@ -159,7 +165,8 @@ def bracket_lrs(runs: list[Run], seeds, grid: list[float], p: Protocol) -> list[
 
 
 def refine_lrs(runs: list[Run], seeds, p: Protocol) -> list[float]:
-    """Geometric midpoints next to the best LR and across the failure edge where the spacing exceeds p.refine."""
+    """Geometric midpoints next to the best LR and across the failure edge where the spacing exceeds
+    p.refine."""
     t = table(runs, seeds)
     best = select_lr(runs, seeds)
     if not p.refine or best is None:
@@ -174,8 +181,9 @@ def refine_lrs(runs: list[Run], seeds, p: Protocol) -> list[float]:
 
 
 def edge_lrs(runs: list[Run], seeds) -> list[float]:
-    """The LRs where the failure curve rises: from the last where every seed trained to the first where every one
-    failed (to the highest tried when no LR failed for every seed but some runs failed)."""
+    """The LRs where the failure curve rises: from the last where every seed trained to the first
+    where every one failed (to the highest tried when no LR failed for every seed but some runs
+    failed)."""
     t = table(runs, seeds)
     ok, fail = edge(runs, seeds)
     if ok is None or not any(r.failed for rs in t.values() for r in rs):
@@ -183,12 +191,13 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
     return [lr for lr in t if ok <= lr and (fail is None or lr <= fail)]
 
 
-# --- the stages ------------------------------------------------------------------------------------------------
+# --- the stages
+# ------------------------------------------------------------------------------------------------
 
 
 def arms_of(study: dict) -> list[dict]:
-    """Every combination of the grid's values other than the LR and the seed that the study does not exclude:
-    {field: value}."""
+    """Every combination of the grid's values other than the LR and the seed that the study does not
+    exclude: {field: value}."""
     axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
     arms = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
     return [arm for arm in arms if not excluded(study, arm)]
@@ -199,7 +208,8 @@ def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
 
 
 def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
-    """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid names them."""
+    """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid
+    names them."""
     grid = {k: ([arm[k]] if k in arm else v) for k, v in study["grid"].items()}
     grid["optim.lr"], grid["train.seed"] = list(lrs), list(seeds)
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
@@ -209,8 +219,9 @@ STAGES = ("grid", "bracket", "refine", "edge", "test", "common")
 
 
 def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
-    """The arm pairs (as {field: value}) a claim compares: A has claim.a's values, B claim.b's; a field named on one
-    side only takes the same value on the other; the fields named on neither side are equal in A and B."""
+    """The arm pairs (as {field: value}) a claim compares: A has claim.a's values, B claim.b's; a
+    field named on one side only takes the same value on the other; the fields named on neither side
+    are equal in A and B."""
     sides = {"a": {**claim["b"], **claim["a"]}, "b": {**claim["a"], **claim["b"]}}
     arms = arms_of(study)
     fits = lambda arm, side: all(same(arm.get(k), v) for k, v in sides[side].items())  # noqa: E731
@@ -225,7 +236,8 @@ def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
 
 
 def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
-    """The common stage's run specs: each common_loss claim's pair at its common LR, on the common seeds."""
+    """The common stage's run specs: each common_loss claim's pair at its common LR, on the common
+    seeds."""
     p: Protocol = study["protocol"]
     out = []
     for claim in study.get("claims", []):
@@ -275,8 +287,9 @@ def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]
 def next_stage(
     study: dict, study_dir: Path, made: list[dict], extra=()
 ) -> tuple[str, list[dict]] | None:
-    """(the stage, its runs not yet made) for the first stage that still wants runs, given the finished runs in
-    study_dir; None when the study is complete. `made`: the run specs launched so far (none is asked for twice)."""
+    """(the stage, its runs not yet made) for the first stage that still wants runs, given the
+    finished runs in study_dir; None when the study is complete. `made`: the run specs launched so
+    far (none is asked for twice)."""
     runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
     for stage in STAGES:

@@ -1,7 +1,8 @@
-"""Reading run directories into runs and arms: a run is what train.py wrote (config.yaml, summary.json,
-metrics.jsonl); arms group runs by every config field that differs, except the learning rate and the seed. Each
-finished run is judged by the study's failure rule (studyfile.Rule): one function, `failure`, for live runs,
-reruns and archived runs alike; train.py's own label (`status`) stays for a single run's message."""
+"""Reading run directories into runs and arms: a run is what train.py wrote (config.yaml,
+summary.json, metrics.jsonl); arms group runs by every config field that differs, except the
+learning rate and the seed. Each finished run is judged by the study's failure rule
+(studyfile.Rule): one function, `failure`, for live runs, reruns and archived runs alike; train.py's
+own label (`status`) stays for a single run's message."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from training import monitor
 from training.config import Config, flat, to_dict
 from training.rundir import RunDir, series
 
-# not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured (the same
-# experiment whatever the detector's parameters: studies from before the detector changed still pair)
+# not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured
+# (the same experiment whatever the detector's parameters: studies from before the detector changed
+# still pair)
 IGNORED = {
     "optim.lr",
     "train.seed",
@@ -36,7 +38,8 @@ OUTCOMES = (
     *monitor.OUTCOMES,
     "failed",
 )  # failed: crashed without a summary (sweep.json has the error)
-# what a failed run's curve says it was (failure_kind); instability is the first three, a slow run is censored
+# what a failed run's curve says it was (failure_kind); instability is the first three, a slow run
+# is censored
 KINDS = ("collapsed", "blew up", "non-finite", "slow", "stalled", "no curve")
 INSTABILITY = ("collapsed", "blew up", "non-finite")
 
@@ -78,8 +81,8 @@ class Run:
 
     @property
     def init_loss(self) -> float | None:
-        """L0: the val loss logged at step 0, before the first update (runs from before it was logged: the first
-        train loss, a different kind of number; `init_kind` says which)."""
+        """L0: the val loss logged at step 0, before the first update (runs from before it was
+        logged: the first train loss, a different kind of number; `init_kind` says which)."""
         step0 = [
             r["val/loss"]
             for r in self.records
@@ -111,8 +114,8 @@ class Run:
 
     @property
     def failed(self) -> bool:
-        """Failed under the study's rule (or, before a rule judged it, train.py's failed labels): an outcome for
-        the failure curve, never a loss to average."""
+        """Failed under the study's rule (or, before a rule judged it, train.py's failed labels): an
+        outcome for the failure curve, never a loss to average."""
         if self.judged_by is None:
             return self.status in monitor.FAILED or self.status == "plateau"
         return self.why is not None
@@ -139,8 +142,9 @@ def same(x, y) -> bool:
 
 
 def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
-    """Why `run` failed under `rule` (one phrase), or None if it trained. Where the run has no curve (an archive
-    that kept only its final and best losses) the any-eval criteria read the final eval, and its best."""
+    """Why `run` failed under `rule` (one phrase), or None if it trained. Where the run has no curve
+    (an archive that kept only its final and best losses) the any-eval criteria read the final eval,
+    and its best."""
     if rule.labels:  # no study file: train.py's own verdict on the run
         return None if run.status in ("ok", "plateau") else f"train.py: {run.status}"
     s = run.summary
@@ -169,7 +173,8 @@ def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
 
 
 def slope(points: list[tuple[int, float]], steps: int) -> float | None:
-    """Least-squares slope of (step, loss) points in nats per 10% of a budget of `steps`; None below 2 steps."""
+    """Least-squares slope of (step, loss) points in nats per 10% of a budget of `steps`; None below
+    2 steps."""
     if len({s for s, _ in points}) < 2:
         return None
     ms = sum(s for s, _ in points) / len(points)
@@ -179,12 +184,13 @@ def slope(points: list[tuple[int, float]], steps: int) -> float | None:
 
 
 def failure_kind(run: Run, rule: Rule) -> str:
-    """What a failed run's recorded eval curve says it was (docs/METHODS.md, "Failure kinds"): non-finite; blew up
-    (an eval above its best so far by the blow-up margin, or above L0); slow (still falling at the end, the slope of
-    the last half's evals below -slow_slope nats per 10% of the budget, and already below the unigram entropy: it
-    learns what a unigram model cannot); collapsed (every eval of the last half at or above the unigram entropy
-    minus the learn margin: flat there, or falling back to it from above); stalled (flat below that level: it
-    failed a rule relative to other runs); no curve (an archive without one)."""
+    """What a failed run's recorded eval curve says it was (docs/METHODS.md, "Failure kinds"):
+    non-finite; blew up (an eval above its best so far by the blow-up margin, or above L0); slow
+    (still falling at the end, the slope of the last half's evals below -slow_slope nats per 10% of
+    the budget, and already below the unigram entropy: it learns what a unigram model cannot);
+    collapsed (every eval of the last half at or above the unigram entropy minus the learn margin:
+    flat there, or falling back to it from above); stalled (flat below that level: it failed a rule
+    relative to other runs); no curve (an archive without one)."""
     s = run.summary
     final = s.get("final_val_loss")
     if run.status == "diverged" or final is None or not math.isfinite(final):
@@ -229,8 +235,8 @@ def arm_bests(runs: list[Run]) -> dict[int, float | None]:
 
 
 def judge(runs: list[Run], rule: Rule) -> list[Run]:
-    """Judge every finished run by `rule` (Run.why, Run.judged_by); unfinished runs are neither trained nor
-    failed. Returns the runs."""
+    """Judge every finished run by `rule` (Run.why, Run.judged_by); unfinished runs are neither
+    trained nor failed. Returns the runs."""
     best = arm_bests(runs) if rule.arm_gap is not None else {}
     for r in runs:
         r.judged_by = rule.name
@@ -240,8 +246,8 @@ def judge(runs: list[Run], rule: Rule) -> list[Run]:
 
 
 def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
-    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder, judged by
-    `rule` (the default Rule where no study file gives one)."""
+    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder,
+    judged by `rule` (the default Rule where no study file gives one)."""
     dirs = []
     for p in paths:
         if RunDir(p).config.is_file():
@@ -258,8 +264,9 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
     for d in dirs:
         run = RunDir(d)
         summary = run.read_summary() or {"status": "failed"}  # crashed before writing its summary
-        # a field added after a run was made is missing from its config.yaml; new fields default to the old
-        # behaviour, so the run is read as having the default (runs from before and after compare)
+        # a field added after a run was made is missing from its config.yaml; new fields default to
+        # the old behaviour, so the run is read as having the default (runs from before and after
+        # compare)
         config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
         records = run.records()
         summary["status"] = judged(config, summary, records)
@@ -268,9 +275,10 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
 
 
 def judged(config: dict, summary: dict, records: list[dict]) -> str:
-    """A finished run's outcome under the current rules (training/monitor.py classify, as train.py judges it),
-    from its own val curve: a report never mixes runs judged by two versions of the rules. Runs without a
-    curve or a unigram entropy, and diverged ones, keep the status they ended with."""
+    """A finished run's outcome under the current rules (training/monitor.py classify, as train.py
+    judges it), from its own val curve: a report never mixes runs judged by two versions of the
+    rules. Runs without a curve or a unigram entropy, and diverged ones, keep the status they ended
+    with."""
     status = summary.get("status", "failed")
     evals = [
         (r["step"], r["val/loss"])

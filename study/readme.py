@@ -1,19 +1,22 @@
-"""Write the README's Results blocks and the index of docs/results from the committed study reports, never by hand.
+"""Write the README's Results blocks and the index of docs/results from the committed study reports,
+never by hand.
 
-Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replaced by what KIND says. A block
-between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of every report.json under FOLDER:
-the paper, the claim, agrees / disagrees / cannot tell, and the estimate, CI, n and Holm-adjusted p behind it;
-`<!-- trends: FOLDER -->` gets every trend of those reports along a numeric axis (width, depth): the estimate and
-CI at each value and the fitted slope with its CI (study/trend.py), with a link to the figure. A block
-`<!-- replication: A,B -->` puts two result folders of one study on two corpora side by side (claims, LR50s, LR
-sensitivity, the common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block
-`<!-- bynorm: A,B -->` gets one sentence per result folder: each of its claims that was tested under both block
-norms, grouped by what the arms differ in, with the verdict and numbers under RMSNorm and under LayerNorm blocks,
-and how many verdicts the block norm changed (and the LR-sensitivity slopes per doubling of width, where fitted). A
-block `<!-- found: FOLDER -->` gets the README's "What it found": sentences generated from the default study's claims
-and every report's verdict counts, then the table of FOLDER/questions.yaml (question | verdict | key number |
-study). A block between `<!-- bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's
-saved output (`--save PATH.md`: the command, the machine and its tables) as it was measured.
+Each block sits between `<!-- KIND: PATH -->` and `<!-- /KIND -->` and is replaced by what KIND
+says. A block between `<!-- claims: FOLDER -->` and `<!-- /claims -->` gets one line per claim of
+every report.json under FOLDER: the paper, the claim, agrees / disagrees / cannot tell, and the
+estimate, CI, n and Holm-adjusted p behind it; `<!-- trends: FOLDER -->` gets every trend of those
+reports along a numeric axis (width, depth): the estimate and CI at each value and the fitted slope
+with its CI (study/trend.py), with a link to the figure. A block `<!-- replication: A,B -->` puts
+two result folders of one study on two corpora side by side (claims, LR50s, LR sensitivity, the
+common-LR loss in bits per byte) with a sentence saying which findings hold on both. A block `<!--
+bynorm: A,B -->` gets one sentence per result folder: each of its claims that was tested under both
+block norms, grouped by what the arms differ in, with the verdict and numbers under RMSNorm and
+under LayerNorm blocks, and how many verdicts the block norm changed (and the LR-sensitivity slopes
+per doubling of width, where fitted). A block `<!-- found: FOLDER -->` gets the README's "What it
+found": sentences generated from the default study's claims and every report's verdict counts, then
+the table of FOLDER/questions.yaml (question | verdict | key number | study). A block between `<!--
+bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
+(`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
     python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/README.md
 """
@@ -39,20 +42,23 @@ BLOCK = re.compile(
 
 
 def ratio_text(r: dict) -> str:
-    """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from report.json."""
+    """'1.14 (95% CI 0.623..2.04, likelihood-ratio p = 0.64; 53 runs, 11 failed)' from
+    report.json."""
     if "text" in r:  # the report's own sentence (a number where identified, else the bound)
         return r["text"].removeprefix("LR50 ratio ")
     if r["ratio"] is None and r["ci"]:  # each arm one outcome: a bound only
         lo, hi = r["ci"]
         bound = f"below {g(hi)}" if hi is not None else f"above {g(lo)}"
         return (
-            f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = {r['p']:.2g}; "
+            f"{bound} (one arm failed at every LR, the other at none; likelihood-ratio p = "
+            f"{r['p']:.2g}; "
             f"{r['n']} runs)"
         )
     if r["ratio"] is None:
         return f"not estimable ({r['failed']} of {r['n']} runs failed)"
     return (
-        f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} runs, "
+        f"{g(r['ratio'])} (95% CI {interval(r['ci'])}, likelihood-ratio p = {r['p']:.2g}; {r['n']} "
+        "runs, "
         f"{r['failed']} failed)"
     )
 
@@ -73,8 +79,8 @@ def bracket_text(bounds) -> str:
 
 
 def _times(c: dict) -> tuple[list[float], list[tuple]]:
-    """(1/ratio of every rule that identifies a post/pre LR50 ratio, the brackets of those that do not), over the
-    study file's rules: the main one, its alternatives and instability alone."""
+    """(1/ratio of every rule that identifies a post/pre LR50 ratio, the brackets of those that do
+    not), over the study file's rules: the main one, its alternatives and instability alone."""
     fits = [c["lr50_ratio"], *c.get("rules", {}).values()]
     nums = [1 / f["ratio"] for f in fits if f.get("identified") and f.get("ratio")]
     brackets = [
@@ -86,8 +92,8 @@ def _times(c: dict) -> tuple[list[float], list[tuple]]:
 
 
 def placement_sentence(place: list[dict]) -> str:
-    """Post-LN's LR50 below Pre-LN's, the range over the pre-registered rules: identified ratios as numbers, the
-    others as brackets."""
+    """Post-LN's LR50 below Pre-LN's, the range over the pre-registered rules: identified ratios as
+    numbers, the others as brackets."""
     parts = []
     for c in place:
         nums, brackets = _times(c)
@@ -117,7 +123,8 @@ def placement_sentence(place: list[dict]) -> str:
         )
         parts.append(f"{_common(c)}: {text}, {c['agreement']} (Holm p = {c['p_holm']:.2g})")
     return (
-        "Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN trains at, "
+        "Where the norm sits decides stability: Post-LN fails at learning rates below those Pre-LN "
+        "trains at, "
         "by " + "; ".join(parts) + "."
     )
 
@@ -148,7 +155,8 @@ def _short(c: dict) -> str:
 
 
 def _common(c: dict) -> str:
-    """What a claim's two arms share (their fixed context): layernorm for layernorm/post vs layernorm/pre."""
+    """What a claim's two arms share (their fixed context): layernorm for layernorm/post vs
+    layernorm/pre."""
     b = c["B"].split("/")
     return "/".join(part for part in c["A"].split("/") if part in b) or c["A"]
 
@@ -170,8 +178,8 @@ WORDS = {
 
 
 def _norm_sentence(norm: list[dict], report: dict) -> str:
-    """What the norm claims say in plain words: what is the same (within the margins set before the runs), what
-    differs, and what these runs cannot tell, each with where (which placements)."""
+    """What the norm claims say in plain words: what is the same (within the margins set before the
+    runs), what differs, and what these runs cannot tell, each with where (which placements)."""
     m, r, sm = (
         report.get("margin", 0.02),
         report.get("ratio_margin", 2),
@@ -231,7 +239,8 @@ def _x(v: float) -> str:
 
 
 def _span(c: dict) -> str:
-    """A post/pre LR50 factor over the pre-registered rules: '3.8-25x (3 of 4 rules; 1 only brackets it)'."""
+    """A post/pre LR50 factor over the pre-registered rules: '3.8-25x (3 of 4 rules; 1 only brackets
+    it)'."""
     nums, brackets = _times(c)
     n = 1 + len(c.get("rules", {}))
     if nums:
@@ -264,7 +273,8 @@ def headline_placement(place: list[dict]) -> str:
     p = max(c["p_holm"] for c in place)
     names = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
     return (
-        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
+        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN "
+        "trains at, "
         "by "
         + " and ".join(f"{_span(c)} with {names.get(_common(c), _common(c))}" for c in place)
         + f" (Holm p <= {p:.2g}; ranges over the pre-registered failure rules)."
@@ -272,7 +282,8 @@ def headline_placement(place: list[dict]) -> str:
 
 
 def headline_norm(norm: list[dict], report: dict) -> str:
-    """One sentence: what RMSNorm vs LayerNorm's claims decided, with the common LR's distance from the best."""
+    """One sentence: what RMSNorm vs LayerNorm's claims decided, with the common LR's distance from
+    the best."""
     m, r = report.get("margin", 0.02), report.get("ratio_margin", 2)
     common = [c for c in norm if c["metric"] == "common_loss"]
     out = []
@@ -330,7 +341,8 @@ def headline_qk(report: dict) -> str | None:
     )
     rest = len(cs) - len(agree)
     return (
-        f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width settings"
+        f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width "
+        "settings"
         f"{size}, as Wortsman et al. 2023 (Sec. 3.1.1) report"
         + (
             f"; {rest} cannot tell, where runs separate and only brackets are known."
@@ -348,9 +360,9 @@ def _cell(cs: list[dict]) -> str:
 
 
 def found(results: Path, rel: str) -> str:
-    """The README's "What it found": three generated sentences (placement, norm, qk-norm), the verdict counts,
-    the default study's stability map, then the table of questions.yaml (question | verdict per sub-test |
-    effect and CI | study)."""
+    """The README's "What it found": three generated sentences (placement, norm, qk-norm), the
+    verdict counts, the default study's stability map, then the table of questions.yaml (question |
+    verdict per sub-test | effect and CI | study)."""
     from omegaconf import OmegaConf
 
     reports = {
@@ -383,7 +395,8 @@ def found(results: Path, rel: str) -> str:
     )
     if (results / "norm-placement-lr" / "stability_map.png").is_file():
         lines.append(
-            f"![The default study's stability map: every run's outcome by LR, each arm's failure curve]"
+            "![The default study's stability map: every run's outcome by LR, each arm's failure "
+            "curve]"
             f"({rel}/norm-placement-lr/stability_map.png)"
         )
     rows = ["| question | verdict | effect and 95% CI | study |", "|---|---|---|---|"]
@@ -416,7 +429,8 @@ EXPECT = {
 
 
 def _fields(label: str, keys: list[str]) -> dict:
-    """An arm label ('layernorm/dim=32/qk_norm=none') as {field: value}, in the report's arm_keys order."""
+    """An arm label ('layernorm/dim=32/qk_norm=none') as {field: value}, in the report's arm_keys
+    order."""
     return {k: part.split("=", 1)[-1] for k, part in zip(keys, label.split("/"), strict=True)}
 
 
@@ -432,9 +446,10 @@ def _expect(c: dict, report: dict) -> str:
 
 
 def by_norm_sentence(report: dict, link: str) -> str:
-    """One sentence on a study's claims that were tested under both block norms (model.norm an arm field): per
-    intervention (what the claim's arms differ in) and context, the verdict and numbers under each norm; first, how
-    many of the tests asked of both norms the block norm changed the verdict of."""
+    """One sentence on a study's claims that were tested under both block norms (model.norm an arm
+    field): per intervention (what the claim's arms differ in) and context, the verdict and numbers
+    under each norm; first, how many of the tests asked of both norms the block norm changed the
+    verdict of."""
     keys = report["arm_keys"]
     groups: dict = {}
     for c in report.get("claims", []):
@@ -497,11 +512,13 @@ def by_norm_sentence(report: dict, link: str) -> str:
     ]
     if moved:
         clauses.append(
-            f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the {len(sens)} "
+            f"with L* each arm's own best (Wortsman et al.'s definition) {len(moved)} of the "
+            f"{len(sens)} "
             "LR-sensitivity verdicts change ("
             + "; ".join(
                 f"{what}{' at ' + ctx if ctx else ''} under {norm}: {c['agreement']} -> "
-                f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p = "
+                f"{c['own_l_star']['agreement']} ({c['own_l_star']['estimate']:+.3f} nats, Holm p "
+                "= "
                 f"{c['own_l_star']['p_holm']:.2g})"
                 for what, ctx, norm, c in moved
             )
@@ -511,7 +528,8 @@ def by_norm_sentence(report: dict, link: str) -> str:
         lead = "no claim was tested under both block norms"
     else:
         lead = (
-            f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of {len(asked)} tests "
+            f"RMSNorm and LayerNorm blocks got the same verdict in {len(asked) - changed} of "
+            f"{len(asked)} tests "
             "asked of both"
             + (
                 " (a different verdict is not a shown difference between the norms: no test here "
@@ -528,7 +546,8 @@ def by_norm_sentence(report: dict, link: str) -> str:
 
 
 def by_norm(paths: list[Path], rels: list[str]) -> str:
-    """The body of a `<!-- bynorm: A,B -->` block: one sentence per result folder (its report.json)."""
+    """The body of a `<!-- bynorm: A,B -->` block: one sentence per result folder (its
+    report.json)."""
     out = []
     for path, rel in zip(paths, rels, strict=True):
         report = json.loads((path / "report.json").read_text())
@@ -538,9 +557,9 @@ def by_norm(paths: list[Path], rels: list[str]) -> str:
 
 
 def bits_per_nat(study_yaml: Path) -> float:
-    """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval set's target
-    tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval, so one constant per study;
-    runs that logged val/bpb agree with it)."""
+    """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval
+    set's target tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval,
+    so one constant per study; runs that logged val/bpb agree with it)."""
     import math
 
     import numpy as np
@@ -571,7 +590,8 @@ def bits_per_nat(study_yaml: Path) -> float:
 
 
 def _corpus(study_yaml: Path) -> str:
-    """The data.source a committed study ran on (its `overrides`, else its base config's, else the default)."""
+    """The data.source a committed study ran on (its `overrides`, else its base config's, else the
+    default)."""
     from study.studyfile import load_study
     from training.config import Config, load_config
 
@@ -583,9 +603,10 @@ def _corpus(study_yaml: Path) -> str:
 
 
 def replication(paths: str) -> str:
-    """Two reports of one study on two corpora side by side (`<!-- replication: A,B -->`): per placement, each
-    norm's LR50 (or its bound) and LR sensitivity, the loss at the common safe LR in bits per byte, each claim's
-    verdict; then one sentence: which findings hold on both corpora, which on one only."""
+    """Two reports of one study on two corpora side by side (`<!-- replication: A,B -->`): per
+    placement, each norm's LR50 (or its bound) and LR sensitivity, the loss at the common safe LR in
+    bits per byte, each claim's verdict; then one sentence: which findings hold on both corpora,
+    which on one only."""
     folders = [Path(p) for p in paths.split(",")]
     reports = [json.loads((f / "report.json").read_text()) for f in folders]
     factors = [bits_per_nat(f / "study.yaml") for f in folders]
@@ -662,7 +683,8 @@ def replication(paths: str) -> str:
         + ". Where neither corpus decides a claim, it is in neither list."
     )
     note = (
-        f"Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: {factors[0]:.4f} and "
+        "Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: "
+        f"{factors[0]:.4f} and "
         f"{factors[1]:.4f} bits per byte per nat), so the two corpora and their tokenizers compare."
     )
     return "\n".join([sentence, "", note, "", *rows, *arms]) + "\n"
@@ -674,7 +696,8 @@ def bench(path: Path) -> str:
 
 
 def claim_line(study: str, c: dict) -> str:
-    """One claim's result as the report decided it: paper, claim, verdict, with the estimate, CI, n and p."""
+    """One claim's result as the report decided it: paper, claim, verdict, with the estimate, CI, n
+    and p."""
     if c.get("A") is None:
         return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** (no arms match it)"
     if "lr50_ratio" in c:
@@ -688,8 +711,8 @@ def claim_line(study: str, c: dict) -> str:
 
 
 def claim_lines(report_json: Path) -> list[str]:
-    """A study's claims, one short line per claim of the study file (its verdict, number and n per arm pair), then
-    the ones it withdrew, with why."""
+    """A study's claims, one short line per claim of the study file (its verdict, number and n per
+    arm pair), then the ones it withdrew, with why."""
     r = json.loads(report_json.read_text())
     groups: dict[tuple, list[dict]] = {}
     for c in r.get("claims", []):
@@ -738,8 +761,8 @@ def trend_lines(report_json: Path) -> list[str]:
 
 
 def trends(results: Path, rel: str) -> str:
-    """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER -->` block;
-    `rel` is FOLDER as the page names it)."""
+    """Every study's trends, one line each, linking its figure (the body of a `<!-- trends: FOLDER
+    -->` block; `rel` is FOLDER as the page names it)."""
     lines = [
         f"- **{path.parent.name}** ([figure]({rel}/{path.parent.name}/"
         f"{'lr_sensitivity' if line.startswith('LR sensitivity') else 'trend'}.png)): {line}"
@@ -750,7 +773,8 @@ def trends(results: Path, rel: str) -> str:
 
 
 def about(folder: Path) -> str | None:
-    """What a study asks: the `about:` of the study file kept beside its results (equal to its config)."""
+    """What a study asks: the `about:` of the study file kept beside its results (equal to its
+    config)."""
     from omegaconf import OmegaConf
 
     path = folder / "study.yaml"
@@ -764,13 +788,14 @@ BY_NORM = (
 
 
 def index(results: Path) -> str:
-    """docs/results/README.md: one line per study (a folder with report.json): what it asks, its size and wall
-    time, and how its claims came out."""
+    """docs/results/README.md: one line per study (a folder with report.json): what it asks, its
+    size and wall time, and how its claims came out."""
     lines = [
         "# Results",
         "",
         "Every committed study, one line each (generated by scripts/readme_results.py from "
-        "each folder's report.json; the report.md beside it has the numbers, figures and every run).",
+        "each folder's report.json; the report.md beside it has the numbers, figures and every "
+        "run).",
         "",
     ]
     for path in sorted(results.glob("*/report.json")):
@@ -804,7 +829,8 @@ def index(results: Path) -> str:
             "",
             "## The instabilities, by block norm",
             "",
-            "Wortsman et al. 2023's small-scale instabilities asked under RMSNorm and under LayerNorm blocks, "
+            "Wortsman et al. 2023's small-scale instabilities asked under RMSNorm and under "
+            "LayerNorm blocks, "
             "one generated sentence per study (each test's n, CI and Holm p in its report).",
             "",
             by_norm(both, [p.name for p in both]).rstrip("\n"),
@@ -826,7 +852,8 @@ def update(readme: Path) -> int:
         )  # not resolved: links stay
         if not path.exists():  # page-relative
             raise ValueError(
-                f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not exist"
+                f"{readme}: the {m.group('kind')} block names {m.group('path')}, which does not "
+                "exist"
             )
         kind = m.group("kind")
         if kind == "bynorm":

@@ -1,4 +1,5 @@
-"""report.md, report.json and the figures of a study: study/result.py computes, this file only renders."""
+"""report.md, report.json and the figures of a study: study/result.py computes, this file only
+renders."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ def protocol_text(res: StudyResult) -> str:
     """How this report judged and compared, in one paragraph (METHODS.md has the whole)."""
     f = res.file
     how = (
-        f"Failure, fixed in the study file before the runs and applied alike to every run: {f.rule.describe()}. "
+        "Failure, fixed in the study file before the runs and applied alike to every run: "
+        f"{f.rule.describe()}. "
         if f.given
         else f"No study file was given: a run failed if it had {f.rule.describe()}. "
     )
     labels = (
-        "train.py's own labels (ok, plateau, collapsed, unstable, diverged) describe single runs and decide "
+        "train.py's own labels (ok, plateau, collapsed, unstable, diverged) describe single runs "
+        "and decide "
         "nothing here. "
         if f.given
         else ""
@@ -34,19 +37,31 @@ def protocol_text(res: StudyResult) -> str:
         + "A run that failed is an outcome, never a loss; "
         + labels
         + "Stability: per arm, P(fail | lr) from the "
-        "lowest LR where every selection seed trained up (a failure below it was too slow, not unstable), a "
-        "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR has both failed "
-        "and trained runs and >= 2 runs failed, else the bracket its runs give (complete separation: the fit's "
-        "number is the penalty's, not the data's); two arms' LR50 ratio is fitted with one slope (likelihood-"
-        "ratio p), and where an arm is only bracketed a `same` claim is decided on the brackets. Each failed run "
-        "has a kind read from its curve (collapsed, blew up, non-finite, slow, stalled); LR50 is given again for "
-        "instability alone (collapsed, blew up, non-finite; slow runs censored). LR sensitivity (Wortsman et al. "
-        "2023): the mean over the study's LR grid of min(L, L0) - L*, L* the arm's own best mean final loss, per "
-        "seed, 95% t CI below 8 seeds (the per-size L*, the best of any arm of the same size, beside it). Loss: "
+        "lowest LR where every selection seed trained up (a failure below it was too slow, not "
+        "unstable), a "
+        "logistic curve in log10 lr fitted with Firth's penalty; LR50 is a number where some LR "
+        "has both failed "
+        "and trained runs and >= 2 runs failed, else the bracket its runs give (complete "
+        "separation: the fit's "
+        "number is the penalty's, not the data's); two arms' LR50 ratio is fitted with one slope "
+        "(likelihood-"
+        "ratio p), and where an arm is only bracketed a `same` claim is decided on the brackets. "
+        "Each failed run "
+        "has a kind read from its curve (collapsed, blew up, non-finite, slow, stalled); LR50 is "
+        "given again for "
+        "instability alone (collapsed, blew up, non-finite; slow runs censored). LR sensitivity "
+        "(Wortsman et al. "
+        "2023): the mean over the study's LR grid of min(L, L0) - L*, L* the arm's own best mean "
+        "final loss, per "
+        "seed, 95% t CI below 8 seeds (the per-size L*, the best of any arm of the same size, "
+        "beside it). Loss: "
         "each arm's best LR chosen on the selection seeds and "
-        "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired by seed over "
-        "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable difference). The claims "
-        "are the study file's, each decided by one primary test, Holm-adjusted over all of them; every other "
+        "compared on the test seeds, and both arms at a common safe LR on the common seeds, paired "
+        "by seed over "
+        "the seeds where both trained (95% t CI, TOST at the margin, minimum detectable "
+        "difference). The claims "
+        "are the study file's, each decided by one primary test, Holm-adjusted over all of them; "
+        "every other "
         "table is exploratory."
     )
 
@@ -63,7 +78,8 @@ def lr50_cell(fit) -> str:
 
 
 def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
-    """The report's first screen: each claim's verdict and number in one table, then the stability map."""
+    """The report's first screen: each claim's verdict and number in one table, then the stability
+    map."""
     out = []
     tested = [c for c in res.claims if c.a is not None]
     if tested:
@@ -89,13 +105,15 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
                     else f"{p.mean:+.3f} ({interval(p.ci, '+.3f')}), n = {p.n}"
                 )
             out.append(
-                f"| {c.claim['says']} | {c.a} vs {c.b} | {c.claim['metric']} | **{c.agreement}** | {est} | "
+                f"| {c.claim['says']} | {c.a} vs {c.b} | {c.claim['metric']} | **{c.agreement}** | "
+                f"{est} | "
                 f"{fmt(c.p_holm, '.2g')} |"
             )
         out.append("")
     if any(f == "stability_map.png" for f, _ in made):
         out += [
-            "![stability map: every run's outcome by LR and each arm's failure curve](stability_map.png)",
+            "![stability map: every run's outcome by LR and each arm's failure "
+            "curve](stability_map.png)",
             "",
         ]
     return out
@@ -117,7 +135,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         *([res.file.about, ""] if res.file.about else []),
         (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
         + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
-        f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. Selection seeds "
+        f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. "
+        "Selection seeds "
         f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
         f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
         "",
@@ -131,7 +150,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             [
                 "## History of the study file",
                 "",
-                "The study file was changed after results of it (or of a pilot) were committed; the runs above are "
+                "The study file was changed after results of it (or of a pilot) were committed; "
+                "the runs above are "
                 "judged by the file as it is now:",
                 "",
             ]
@@ -142,8 +162,10 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         lines += [
             "## Claims (pre-registered)",
             "",
-            f"The study file's claims, each decided by its primary test alone, Holm-adjusted over the family of "
-            f"all {len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / `disagrees` "
+            "The study file's claims, each decided by its primary test alone, Holm-adjusted over "
+            "the family of "
+            f"all {len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / "
+            "`disagrees` "
             "need an adjusted p < 0.05; anything else is `cannot tell`.",
             "",
         ]
@@ -159,11 +181,13 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         "",
         "## Arms",
         "",
-        "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 (main rule) | "
+        "| arm | best LR (selection seeds) | final val loss there: selection / test seeds | LR50 "
+        "(main rule) | "
         "LR50 (instability alone) | "
         + "".join(f"LR50 ({name}) | " for name in alt)
         + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | train.py labels ok / plateau "
-        "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s |",
+        "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s "
+        "|",
         "|---|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|",
     ]
     for label, a in arms.items():
@@ -198,7 +222,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             + f"{sens_text} | {len(a.slow())} | {c['ok']} / {c['plateau']} / {c['collapsed']} / "
             f"{c['unstable']} / {c['diverged']} / {c['failed'] + c['interrupted']} | "
             f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
-            f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | {fmt(a.tokens_per_s(), ',.0f')} |"
+            f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | "
+            f"{fmt(a.tokens_per_s(), ',.0f')} |"
         )
     if alt:
         lines += [
@@ -214,19 +239,23 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             "",
             "## Arms compared (exploratory)",
             "",
-            "Pairs of arms that differ in one field, every such pair: not the study's claims, not corrected for "
+            "Pairs of arms that differ in one field, every such pair: not the study's claims, not "
+            "corrected for "
             "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
-            "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the test seeds "
+            "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the "
+            "test seeds "
             "where both trained (nested, paired).",
             "",
-            "| A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | TOST p | "
+            "| A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | "
+            "TOST p | "
             "MDE | left out |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in res.comparisons:
             r, p = c.ratio, c.loss.paired
             lines.append(
-                f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} | "
+                f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} "
+                "| "
                 f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
                 f"{p.verdict} | "
                 f"{fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | {'; '.join(c.loss.dropped) or '-'} |"
@@ -237,9 +266,12 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             "",
             "## Trends (exploratory)",
             "",
-            "Each comparison along a numeric axis of the arms, and each arm's LR sensitivity along it (mean "
-            "over seeds, 95% t CI): the estimate and its 95% CI at each value, and a random-effects weighted "
-            "fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI (study/trend.py); nothing "
+            "Each comparison along a numeric axis of the arms, and each arm's LR sensitivity along "
+            "it (mean "
+            "over seeds, 95% t CI): the estimate and its 95% CI at each value, and a "
+            "random-effects weighted "
+            "fit of them (DerSimonian-Laird) with the slope's Knapp-Hartung 95% CI "
+            "(study/trend.py); nothing "
             "beyond the values measured.",
             "",
         ] + [f"- {t.describe()}." for t in res.trends]
@@ -249,7 +281,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             "",
             "## Per-LR paired differences (exploratory)",
             "",
-            "Every LR both arms ran, over every seed where both runs trained; not corrected for multiplicity "
+            "Every LR both arms ran, over every seed where both runs trained; not corrected for "
+            "multiplicity "
             "and not nested (the LRs were chosen on these seeds): for orientation only.",
             "",
             "| A | B | differ in | lr | n | A - B | 95% CI | verdict | p |",
@@ -275,15 +308,18 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         s = r.summary
         verdict = "-" if not r.finished else ("trained" if r.trained else f"failed: {r.why}")
         lines.append(
-            f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | {fmt(s.get('best_val_loss'))} | "
-            f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} | "
+            f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | "
+            f"{fmt(s.get('best_val_loss'))} | "
+            f"{fmt(s.get('diverged_at'), 'd')} | {fmt(r.init_loss)} | "
+            f"{fmt(s.get('tokens_per_s'), ',.0f')} | "
             f"{verdict} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def kinds_table(res: StudyResult) -> list[str]:
-    """Failures by kind, per arm and LR (docs/METHODS.md, "Failure kinds"); nothing where no run failed."""
+    """Failures by kind, per arm and LR (docs/METHODS.md, "Failure kinds"); nothing where no run
+    failed."""
     rows = [
         (label, lr, row)
         for label, a in res.arms.items()
@@ -297,10 +333,14 @@ def kinds_table(res: StudyResult) -> list[str]:
         "",
         "## Failures by kind",
         "",
-        "Each failed run's kind, read from its eval curve by the study file's thresholds: collapsed (the last "
-        "half at or above the unigram entropy minus the learn margin), blew up, non-finite, slow (still falling "
-        f"faster than {res.file.rule.slow_slope:g} nats per 10% of the budget and below the unigram entropy: a "
-        "run still learning when the budget ended, censored for instability), stalled (flat below the unigram "
+        "Each failed run's kind, read from its eval curve by the study file's thresholds: "
+        "collapsed (the last "
+        "half at or above the unigram entropy minus the learn margin), blew up, non-finite, slow "
+        "(still falling "
+        f"faster than {res.file.rule.slow_slope:g} nats per 10% of the budget and below the "
+        "unigram entropy: a "
+        "run still learning when the budget ended, censored for instability), stalled (flat below "
+        "the unigram "
         "level, failed a relative rule). LRs where every run trained are left out.",
         "",
         "| arm | lr | runs | trained | " + " | ".join(kinds) + " |",
@@ -316,8 +356,9 @@ def kinds_table(res: StudyResult) -> list[str]:
 
 
 def rule_sensitivity(res: StudyResult) -> str:
-    """Whether a verdict would change with the rule: for each arm whose LR50 is identified under one rule and not
-    under another, or whose identified LR50s differ by more than their CIs allow, say so."""
+    """Whether a verdict would change with the rule: for each arm whose LR50 is identified under one
+    rule and not under another, or whose identified LR50s differ by more than their CIs allow, say
+    so."""
 
     def differ(a, b) -> bool:
         if a.identified != b.identified:
@@ -352,7 +393,8 @@ def failed_entries(paths: list[Path]) -> list[str]:
             for e in json.loads(index.read_text())["runs"]:
                 if e.get("status") == "failed":
                     rows.append(
-                        f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | | | | |"
+                        f"| {e['name']} | failed (exit {e['exit_code']}): {e.get('error', '')} | | "
+                        "| | | |"
                     )
     return rows
 
@@ -361,7 +403,8 @@ def fit_json(f) -> dict:
     return {
         "lr50": f.lr50 if f.identified else None,
         "ci": list(f.ci) if f.identified and f.ci else None,
-        "penalised_lr50": f.lr50,  # Firth's point even where the data do not identify it: never printed
+        # Firth's point even where the data do not identify it: never printed
+        "penalised_lr50": f.lr50,
         "bounds": list(f.bounds),
         "identified": f.identified,
         "failed": f.failed,
@@ -517,8 +560,9 @@ def as_json(res: StudyResult) -> dict:
 
 
 def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:
-    """report.md, report.json and the figures in `out`, from the runs under `paths`; ValueError when there are
-    none. The equivalence margin: `margin`, else the study file's `equivalence_margin`, else 0.02 nats."""
+    """report.md, report.json and the figures in `out`, from the runs under `paths`; ValueError when
+    there are none. The equivalence margin: `margin`, else the study file's `equivalence_margin`,
+    else 0.02 nats."""
     res = compute(paths, margin)
     out.mkdir(parents=True, exist_ok=True)
     made = figures(res, out)
@@ -551,9 +595,9 @@ SUMMARY = (
 
 
 def runs_json(res: StudyResult) -> list[dict]:
-    """Every run as the report read it, small enough to commit: the arm's fields, LR, seed and outcome thresholds,
-    the summary's outcome numbers and the val curve, so a later protocol can judge and decide again
-    (study/archive.py) without the run directories."""
+    """Every run as the report read it, small enough to commit: the arm's fields, LR, seed and
+    outcome thresholds, the summary's outcome numbers and the val curve, so a later protocol can
+    judge and decide again (study/archive.py) without the run directories."""
     return [
         {
             "name": r.name,

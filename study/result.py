@@ -1,6 +1,7 @@
-"""A study's result, computed once from its runs and its study file, before anything is written: arms with the LR
-each chose on the selection seeds and its failure curve, the comparisons between arms that differ in one field
-(LR50 ratio; nested loss difference), the claims, the exploratory per-LR table. study/report.py renders it."""
+"""A study's result, computed once from its runs and its study file, before anything is written:
+arms with the LR each chose on the selection seeds and its failure curve, the comparisons between
+arms that differ in one field (LR50 ratio; nested loss difference), the claims, the exploratory
+per-LR table. study/report.py renders it."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ class StudyResult:
 
 
 def wall_span(runs) -> float | None:
-    """Seconds during which at least one run was in flight: the union of the runs' [start (meta.json), start +
-    summary wall time] intervals, so a study run in stages at different times is not charged for the gap."""
+    """Seconds during which at least one run was in flight: the union of the runs' [start
+    (meta.json), start + summary wall time] intervals, so a study run in stages at different times
+    is not charged for the gap."""
     spans = []
     for r in runs:
         try:
@@ -101,7 +103,8 @@ def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Ar
 
 
 def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
-    """The result of the runs under `paths`; ValueError when there are none (or the study file is invalid)."""
+    """The result of the runs under `paths`; ValueError when there are none (or the study file is
+    invalid)."""
     from training.config import ConfigError
 
     try:
@@ -119,7 +122,8 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
 
 
 def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
-    """The result of these runs under this study file (its failure rule, claims, margins and protocol)."""
+    """The result of these runs under this study file (its failure rule, claims, margins and
+    protocol)."""
     judge(runs, file.rule)  # every run, live or archived, judged by the study file's rule
     keys, grouped = group_arms(runs)
     selection, test = split_seeds({r.seed for r in runs}, file.protocol)

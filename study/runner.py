@@ -104,9 +104,9 @@ def run_one(
     gpu: str | None,
     worker: Worker | None = None,
 ) -> dict:
-    """Train (or resume) one run, in `worker` or else in a process of its own; return its index entry. Every
-    launch is the same command with --resume, which starts a run that has no checkpoint yet and continues one
-    that has."""
+    """Train (or resume) one run, in `worker` or else in a process of its own; return its index
+    entry. Every launch is the same command with --resume, which starts a run that has no checkpoint
+    yet and continues one that has."""
     runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
     resumed = state(run_dir) == "resume"
     argv = [
@@ -156,9 +156,9 @@ def run_one(
 
 
 def stop_runs(timeout: float = 120.0) -> None:
-    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step; an idle worker just
-    ends) and wait for them, so that no run outlives the sweep; one that does not stop within the timeout is
-    killed."""
+    """Ask every run in flight to stop (SIGTERM: each saves a checkpoint at its next step; an idle
+    worker just ends) and wait for them, so that no run outlives the sweep; one that does not stop
+    within the timeout is killed."""
     procs = list(_procs)
     for p in procs:
         if p.poll() is None:
@@ -187,7 +187,8 @@ def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str 
 
 
 def prepare_once(study: dict, runs: list[dict]) -> None:
-    """Prepare the data and build the CPU kernels before the workers start, instead of in each of them."""
+    """Prepare the data and build the CPU kernels before the workers start, instead of in each of
+    them."""
     from data.prepare import prepare
 
     cfgs = [load_config(study["config"], r["overrides"]) for r in runs]
@@ -213,7 +214,8 @@ def _raise_interrupt(signum, frame):
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N), 0 <= K < N: this process runs every N-th run starting at the K-th (a job array's task)."""
+    """'K/N' -> (K, N), 0 <= K < N: this process runs every N-th run starting at the K-th (a job
+    array's task)."""
     try:
         k, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -247,7 +249,8 @@ def sbatch_script(
     gpus_per_run: int,
     extra: list[str],
 ) -> str:
-    """An sbatch job-array script: one array task per run, each a `sweep.py --shard i/N` on the shared folder."""
+    """An sbatch job-array script: one array task per run, each a `sweep.py --shard i/N` on the
+    shared folder."""
     return SBATCH.format(
         name=study["name"],
         n=n_runs,
@@ -264,7 +267,8 @@ def sbatch_script(
 
 
 def shown(path: Path) -> str:
-    """A path as a user would type it: relative to the current directory where it lies below it, else absolute."""
+    """A path as a user would type it: relative to the current directory where it lies below it,
+    else absolute."""
     path = Path(path).absolute()
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
@@ -277,9 +281,9 @@ def run_study(
     index_name: str = "sweep.json",
     process_per_run: bool = False,
 ) -> dict[str, int] | None:
-    """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the outcome counts
-    of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight checkpoint, are waited
-    for, and a rerun resumes them)."""
+    """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the
+    outcome counts of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight
+    checkpoint, are waited for, and a rerun resumes them)."""
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
     (study_dir / "runs").mkdir(exist_ok=True)
     n_workers, threads, gpus = workers_for(study, workers)
@@ -293,7 +297,8 @@ def run_study(
     )
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     print(
-        f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run "
+        f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
+        f"{len(todo)} to run "
         f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}",
         file=sys.stderr,
     )
@@ -312,8 +317,9 @@ def run_study(
         dynamic_ncols=True,
     )
     pool = ThreadPoolExecutor(n_workers)
-    # Ctrl-C and SIGTERM stop the sweep at a checkpoint; SIGINT's handler is installed here, not inherited: a
-    # process started in the background by a shell script inherits SIGINT ignored, and `kill -INT` did nothing
+    # Ctrl-C and SIGTERM stop the sweep at a checkpoint; SIGINT's handler is installed here, not
+    # inherited: a process started in the background by a shell script inherits SIGINT ignored, and
+    # `kill -INT` did nothing
     previous = {
         sig: signal.signal(sig, handler)
         for sig, handler in (

@@ -1,19 +1,20 @@
-"""LR sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities",
-Sec. 2): how much an arm's final loss depends on getting the learning rate right, over the study's LR grid G,
+"""LR sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
+instabilities", Sec. 2): how much an arm's final loss depends on getting the learning rate right,
+over the study's LR grid G,
 
     S = mean_{lr in G} [ min(L(lr), L0) - L* ],
 
-L(lr) the final val loss of the run at that LR (a run that failed counts at its final loss, capped at L0; a
-non-finite one at L0), L0 the loss at initialization, L* the arm's own best (the lowest mean over seeds at any grid
-LR: Wortsman et al.'s min over one algorithm's LRs). It is continuous and needs no failure rule. Lower is less
-sensitive. The same with L* the best of any arm of the same model size is reported beside it (per_size=True): it
-charges an arm its gap to another arm's best loss. Where an arm's best LR is an end of the grid its L* is not
-bracketed (a better LR may lie beyond), and the report says so.
-Per seed where the arm ran every grid LR; per arm the mean over seeds with a 95% t interval (n - 1 df) below
-BOOTSTRAP_FROM seeds (simulated coverage 0.93-0.96 at n = 3, 5 and 8, where a percentile bootstrap covers 0.75, 0.80
-and 0.88: tests/test_sensitivity.py), a seed bootstrap from there; two arms that share seeds are compared by their
-per-seed differences (study/paired.py).
-"""
+L(lr) the final val loss of the run at that LR (a run that failed counts at its final loss, capped
+at L0; a non-finite one at L0), L0 the loss at initialization, L* the arm's own best (the lowest
+mean over seeds at any grid LR: Wortsman et al.'s min over one algorithm's LRs). It is continuous
+and needs no failure rule. Lower is less sensitive. The same with L* the best of any arm of the same
+model size is reported beside it (per_size=True): it charges an arm its gap to another arm's best
+loss. Where an arm's best LR is an end of the grid its L* is not bracketed (a better LR may lie
+beyond), and the report says so. Per seed where the arm ran every grid LR; per arm the mean over
+seeds with a 95% t interval (n - 1 df) below BOOTSTRAP_FROM seeds (simulated coverage 0.93-0.96 at n
+= 3, 5 and 8, where a percentile bootstrap covers 0.75, 0.80 and 0.88: tests/test_sensitivity.py), a
+seed bootstrap from there; two arms that share seeds are compared by their per-seed differences
+(study/paired.py)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def per_seed(arm: Arm, lrs, l_star: float) -> dict:
 
 
 def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | None:
-    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for fewer than 3."""
+    """Percentile 95% CI of the mean by resampling the values (seeds) with replacement; None for
+    fewer than 3."""
     if len(values) < 3:
         return None
     rng = np.random.default_rng(seed)
@@ -93,7 +95,8 @@ def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float] | No
 
 
 def mean_interval(values: list[float]) -> tuple[float, float] | None:
-    """The per-arm 95% CI of a mean over seeds: t (n - 1 df) below BOOTSTRAP_FROM seeds, else the bootstrap."""
+    """The per-arm 95% CI of a mean over seeds: t (n - 1 df) below BOOTSTRAP_FROM seeds, else the
+    bootstrap."""
     if len(values) >= BOOTSTRAP_FROM:
         return bootstrap_ci(values)
     return mean_ci(values)[1]
@@ -115,8 +118,8 @@ def _means(a: Arm, lrs) -> dict[float, float]:
 
 
 def l_stars(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[tuple, float]:
-    """{(arm label,): L*}, each arm's own lowest mean final loss (over seeds, capped at L0) at any grid LR;
-    per_size=True: {model size: L*} over every arm of that size."""
+    """{(arm label,): L*}, each arm's own lowest mean final loss (over seeds, capped at L0) at any
+    grid LR; per_size=True: {model size: L*} over every arm of that size."""
     out: dict[tuple, float] = {}
     for label, a in arms.items():
         size = _peers(label, a, per_size)
@@ -126,7 +129,8 @@ def l_stars(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[tuple, fl
 
 
 def sensitivities(arms: dict[str, Arm], lrs, per_size: bool = False) -> dict[str, Sensitivity]:
-    """Every arm's LR sensitivity over `lrs` (the study file's grid), L* its own best (per_size: its size's)."""
+    """Every arm's LR sensitivity over `lrs` (the study file's grid), L* its own best (per_size: its
+    size's)."""
     lrs = tuple(sorted(lrs))
     stars = l_stars(arms, lrs, per_size)
     out = {}

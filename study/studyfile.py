@@ -1,10 +1,12 @@
-"""The study file, the first stage of a study (define -> run -> read -> analyse -> render): its schema (what it
-asks, the grid, the protocol's settings, the claims of the literature and the ones withdrawn), validated before
-anything runs, and the grid expanded into run specs (name, overrides), each run's config checked up front.
+"""The study file, the first stage of a study (define -> run -> read -> analyse -> render): its
+schema (what it asks, the grid, the protocol's settings, the claims of the literature and the ones
+withdrawn), validated before anything runs, and the grid expanded into run specs (name, overrides),
+each run's config checked up front.
 
 A study file lives in configs/studies/<name>.yaml: its file name, its `name:` and its results folder
-(docs/results/<name>/) are one name. Its `config:` is a training config: a path relative to the study file, or
-the name of a file in configs/train/ (so a copy of the study file kept beside its results still reads)."""
+(docs/results/<name>/) are one name. Its `config:` is a training config: a path relative to the
+study file, or the name of a file in configs/train/ (so a copy of the study file kept beside its
+results still reads)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ STUDY_KEYS = {
 
 
 def train_config(study_path: Path, name: str) -> str:
-    """The training config a study file names: relative to the study file, else in configs/train/."""
+    """The training config a study file names: relative to the study file, else in
+    configs/train/."""
     for base in (study_path.parent, TRAIN_CONFIGS):
         if (base / name).is_file():
             return str((base / name).resolve())
@@ -77,7 +80,8 @@ def load_study(path: Path) -> dict:
     unknown = set(study) - STUDY_KEYS
     if unknown:
         raise ConfigError(
-            f"unknown study key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(STUDY_KEYS))}"
+            f"unknown study key(s) {', '.join(sorted(unknown))}; valid: "
+            f"{', '.join(sorted(STUDY_KEYS))}"
         )
     if not study.get("grid"):
         raise ConfigError(f"{path}: a study needs a non-empty 'grid'")
@@ -123,7 +127,8 @@ def load_study(path: Path) -> dict:
         not isinstance(w, dict) or set(w) != {"paper", "says", "why"} for w in withdrawn
     ):
         raise ConfigError(
-            f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test as "
+            f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test "
+            "as "
             f"the paper states it, and why"
         )
     study["withdrawn"] = withdrawn
@@ -136,7 +141,8 @@ def load_study(path: Path) -> dict:
         not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}
     ):
         raise ConfigError(
-            f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick replaces)"
+            f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick "
+            "replaces)"
         )
     study["quick"] = quick
     study["name"] = study.get("name") or path.stem
@@ -147,11 +153,11 @@ def load_study(path: Path) -> dict:
 
 
 def _exclude(path: Path, section, grid: dict) -> list[dict]:
-    """The study file's `exclude:`, grid combinations that are not run: a list of {field: value} (grid fields other
-    than lr and seed, values of the grid), each dropping every combination that has all of its values. Arms whose
-    fields go together (DyT with its recipe's embedding scalar, RMSNorm without) are a grid minus exclusions; a
-    claim between such arms names every field they differ in (the fields a claim leaves out are equal in its two
-    arms)."""
+    """The study file's `exclude:`, grid combinations that are not run: a list of {field: value}
+    (grid fields other than lr and seed, values of the grid), each dropping every combination that
+    has all of its values. Arms whose fields go together (DyT with its recipe's embedding scalar,
+    RMSNorm without) are a grid minus exclusions; a claim between such arms names every field they
+    differ in (the fields a claim leaves out are equal in its two arms)."""
     if section is None:
         return []
     where = f"{path}: exclude"
@@ -165,7 +171,8 @@ def _exclude(path: Path, section, grid: dict) -> list[dict]:
         for key, value in entry.items():
             if key in ("optim.lr", "train.seed") or key not in grid or value not in grid[key]:
                 raise ConfigError(
-                    f"{where}: {key}={value!r} is not a value of the grid (arms are grid values other "
+                    f"{where}: {key}={value!r} is not a value of the grid (arms are grid values "
+                    "other "
                     f"than lr and seed)"
                 )
         out.append(entry)
@@ -192,7 +199,8 @@ class Protocol:
     refine: float = (
         2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
     )
-    common_seeds: tuple = ()  # the seeds that compare a common_loss claim's arms at their common safe LR
+    # the seeds that compare a common_loss claim's arms at their common safe LR
+    common_seeds: tuple = ()
 
 
 PROTOCOL_KEYS = {
@@ -214,8 +222,10 @@ def parse_protocol(section, where: str) -> Protocol:
         or not {"selection_seeds", "test_seeds"} <= set(section)
     ):
         raise ConfigError(
-            f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) and "
-            f"optionally failure_seeds, common_seeds, bracket {{{', '.join(sorted(BRACKET_KEYS))}}}, "
+            f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) "
+            "and "
+            "optionally failure_seeds, common_seeds, bracket "
+            f"{{{', '.join(sorted(BRACKET_KEYS))}}}, "
             f"refine"
         )
     seeds = {}
@@ -257,15 +267,16 @@ def parse_protocol(section, where: str) -> Protocol:
 
 @dataclass(frozen=True)
 class Rule:
-    """When a study run fails, fixed in the study file before the runs (the same code judges live runs, reruns and
-    archives): a non-finite loss always; and each criterion that is set:
+    """When a study run fails, fixed in the study file before the runs (the same code judges live
+    runs, reruns and archives): a non-finite loss always; and each criterion that is set:
       learn_margin   no eval got this many nats below the unigram entropy within the run's budget (whatever its
                      last slope: a run still falling at the end of its budget failed at that budget)
       blowup_margin  an eval rose this many nats above the best eval before it
       above_l0       an eval rose above L0, the loss before the first step
       arm_gap        its final loss is this many nats above the best final loss of any run of its arm
-    and how a failed run's kind is read from its curve (study/read.py failure_kind): slow_slope, nats per 10% of
-    the budget (the least-squares slope of the evals in the run's last half) below which a run is still falling."""
+    and how a failed run's kind is read from its curve (study/read.py failure_kind): slow_slope,
+    nats per 10% of the budget (the least-squares slope of the evals in the run's last half) below
+    which a run is still falling."""
 
     name: str = "main"
     learn_margin: float | None = 0.25
@@ -317,8 +328,9 @@ def parse_rule(section, where: str, name: str) -> Rule:
 
 
 def parse_failure(section, where: str) -> tuple[Rule, tuple[Rule, ...]]:
-    """The study file's `failure:` section: the main rule's criteria and its `alternatives` (a list of rules, each
-    with a name), reported beside it; without the section, Rule() and DEFAULT_ALTERNATIVES."""
+    """The study file's `failure:` section: the main rule's criteria and its `alternatives` (a list
+    of rules, each with a name), reported beside it; without the section, Rule() and
+    DEFAULT_ALTERNATIVES."""
     if section is None:
         return Rule(), DEFAULT_ALTERNATIVES
     if not isinstance(section, dict):
@@ -350,8 +362,9 @@ CLAIM_EXPECTS = ("higher", "lower", "same")
 
 
 def _claim(path: Path, i: int, claim, grid: dict) -> dict:
-    """A claim of the literature, to be checked by the report: arm(s) a vs arm(s) b on a metric, expecting a
-    higher, lower or the same value; a and b name grid values, fields left out range over the grid."""
+    """A claim of the literature, to be checked by the report: arm(s) a vs arm(s) b on a metric,
+    expecting a higher, lower or the same value; a and b name grid values, fields left out range
+    over the grid."""
     where = f"{path}: claims[{i}]"
     if not isinstance(claim, dict) or set(claim) != {"paper", "says", "a", "b", "metric", "expect"}:
         raise ConfigError(f"{where} needs exactly: paper, says, a, b, metric, expect")
@@ -379,9 +392,10 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
 
 
 def expected_time(study: dict, runs: list[dict]) -> str | None:
-    """The study file's `expected: {device, mfu, gpus}` turned into an estimate from the model's FLOPs: training
-    FLOPs of every run (training/flops.py, 6N + 12LdT per token x batch x seq_len x steps; evals not counted) over
-    `gpus` devices at `mfu` of the device's dense peak. None without an `expected` section."""
+    """The study file's `expected: {device, mfu, gpus}` turned into an estimate from the model's
+    FLOPs: training FLOPs of every run (training/flops.py, 6N + 12LdT per token x batch x seq_len x
+    steps; evals not counted) over `gpus` devices at `mfu` of the device's dense peak. None without
+    an `expected` section."""
     from training.flops import flops_per_token, peak_flops
 
     exp = study.get("expected")
@@ -400,14 +414,16 @@ def expected_time(study: dict, runs: list[dict]) -> str | None:
     gpus, mfu = int(exp.get("gpus", 8)), float(exp.get("mfu", 0.4))
     hours = total / (peak * mfu * gpus) / 3600
     return (
-        f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x {exp['device']} "
+        f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x "
+        f"{exp['device']} "
         f"at {mfu:.0%} MFU ({total / len(runs) / (peak * mfu) / 3600:.2f} GPU-h per run)"
     )
 
 
 def quick_study(study: dict) -> dict:
-    """The study's `quick` version (its grid, overrides and config replace the study's), named <name>-quick:
-    a seconds-long smoke run of the same axes. Claims are kept (their values must be in the quick grid)."""
+    """The study's `quick` version (its grid, overrides and config replace the study's), named
+    <name>-quick: a seconds-long smoke run of the same axes. Claims are kept (their values must be
+    in the quick grid)."""
     quick = study["quick"]
     if quick is None:
         raise ConfigError(f"study {study['name']!r} has no quick section")
@@ -445,8 +461,8 @@ def _slug(key: str, value) -> str:
 
 
 def expand(study: dict, extra: list[str] = ()) -> list[dict]:
-    """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config validated up
-    front."""
+    """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config
+    validated up front."""
     base = flatten(study.get("overrides") or {}) + list(extra)
     runs = []
     keys = list(study["grid"])
@@ -462,8 +478,8 @@ def expand(study: dict, extra: list[str] = ()) -> list[dict]:
 
 @dataclass
 class StudyFile:
-    """What a report needs of the study file, read once: what it asks, its margin and why, its claims, its
-    protocol. Runs compared without a study file get the defaults."""
+    """What a report needs of the study file, read once: what it asks, its margin and why, its
+    claims, its protocol. Runs compared without a study file get the defaults."""
 
     name: str
     about: str = ""
@@ -484,7 +500,8 @@ class StudyFile:
 
 
 def study_file(paths: list[Path]) -> StudyFile:
-    """The first study.yaml among `paths` (a study directory keeps a copy of its file), else the defaults."""
+    """The first study.yaml among `paths` (a study directory keeps a copy of its file), else the
+    defaults."""
     for p in paths:
         if (p / "study.yaml").is_file():
             return read_study_file(p / "study.yaml")

@@ -1,5 +1,6 @@
-"""Numbers as every page of a study writes them (report.md, decision.md, the README's generated blocks): one
-formatter for a value, one for a confidence interval, so the same number reads the same everywhere."""
+"""Numbers as every page of a study writes them (report.md, decision.md, the README's generated
+blocks): one formatter for a value, one for a confidence interval, so the same number reads the same
+everywhere."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def g(x) -> str:
 
 
 def interval(ci, spec: str = ".3g") -> str:
-    """'lo..hi' of a 95% CI; an end the data leave unbounded (None) is 'open'; no CI at all is 'no CI'."""
+    """'lo..hi' of a 95% CI; an end the data leave unbounded (None) is 'open'; no CI at all is 'no
+    CI'."""
     if not ci:
         return "no CI"
     return "..".join("open" if end is None else format(end, spec) for end in ci)

@@ -1,21 +1,23 @@
-"""How a comparison moves along a numeric axis of the arms (width, depth, ...): for each group of arm pairs that
-differ in one field (the norm, say) and agree on everything else but the axis, the LR50 ratio and the nested loss
-difference at each value of the axis, and a fitted slope with its 95% CI. And how one arm's LR sensitivity moves
-along it (Wortsman et al. 2023, Fig. 1 right, Fig. 7-8): for each group of arms that agree on everything but the
-axis, the mean over seeds of its LR sensitivity (study/sensitivity.py) with its t interval (df n - 1) at each value.
+"""How a comparison moves along a numeric axis of the arms (width, depth, ...): for each group of
+arm pairs that differ in one field (the norm, say) and agree on everything else but the axis, the
+LR50 ratio and the nested loss difference at each value of the axis, and a fitted slope with its 95%
+CI. And how one arm's LR sensitivity moves along it (Wortsman et al. 2023, Fig. 1 right, Fig. 7-8):
+for each group of arms that agree on everything but the axis, the mean over seeds of its LR
+sensitivity (study/sensitivity.py) with its t interval (df n - 1) at each value.
 
-The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of the LR50 ratio,
-or the loss difference in nats) with the standard error read off its own 95% CI by the quantile that made it
-(half-width / t_{n-1} for a paired loss difference of n seeds, / z for a profile-likelihood LR50 ratio), against
-log2 of the axis (per doubling; an axis is a scale, every value positive: numeric_axes). The points' scatter about the
-weighted line beyond their own CIs is a between-point variance tau^2 (method of moments: Q_E - (k - 2) over its
-expectation's slope, at least 0), and each point is weighted by 1 / (se^2 + tau^2): where the points agree with a
-line (tau^2 = 0) this is the fixed-effect fit, where they do not, one precise point can no longer carry the slope.
-The slope's CI is Knapp-Hartung's: its variance 1 / sum w (x - x_w)^2 scaled by the weighted residual mean square
-(at least 1) and a t quantile with k - 2 degrees of freedom, so a slope from 3 points is as uncertain as 3 points
-are; 2 points give a slope without a CI. Points without a two-sided CI (an open end, one seed, an LR50 that is only
-bounded) are left out and counted. Nothing is said beyond the largest value measured.
-"""
+The slope is a random-effects meta-regression (DerSimonian-Laird): each point's estimate (log10 of
+the LR50 ratio, or the loss difference in nats) with the standard error read off its own 95% CI by
+the quantile that made it (half-width / t_{n-1} for a paired loss difference of n seeds, / z for a
+profile-likelihood LR50 ratio), against log2 of the axis (per doubling; an axis is a scale, every
+value positive: numeric_axes). The points' scatter about the weighted line beyond their own CIs is a
+between-point variance tau^2 (method of moments: Q_E - (k - 2) over its expectation's slope, at
+least 0), and each point is weighted by 1 / (se^2 + tau^2): where the points agree with a line
+(tau^2 = 0) this is the fixed-effect fit, where they do not, one precise point can no longer carry
+the slope. The slope's CI is Knapp-Hartung's: its variance 1 / sum w (x - x_w)^2 scaled by the
+weighted residual mean square (at least 1) and a t quantile with k - 2 degrees of freedom, so a
+slope from 3 points is as uncertain as 3 points are; 2 points give a slope without a CI. Points
+without a two-sided CI (an open end, one seed, an LR50 that is only bounded) are left out and
+counted. Nothing is said beyond the largest value measured."""
 
 from __future__ import annotations
 
@@ -72,16 +74,19 @@ class Trend:
             else "no CI from 2 points"
         )
         return (
-            f"{head}; slope {self.slope:+.3f} {per} ({ci}, from {self.used} of {len(self.points)} points; "
-            f"{self.axis} {min(p[0] for p in self.points):g}..{max(p[0] for p in self.points):g} only)"
+            f"{head}; slope {self.slope:+.3f} {per} ({ci}, from {self.used} of {len(self.points)} "
+            "points; "
+            f"{self.axis} {min(p[0] for p in self.points):g}..{max(p[0] for p in self.points):g} "
+            "only)"
         )
 
 
 def _weighted(
     points: list[tuple[float, float | None, tuple | None]], log2: bool, tau2: float = 0.0, dfs=()
 ):
-    """The points with a two-sided CI as (x, estimate, se), x on the fit's scale, their weights 1 / (se^2 + tau2),
-    and the weighted centre (x_w, y_w) the fitted line passes through (None when no point has a CI)."""
+    """The points with a two-sided CI as (x, estimate, se), x on the fit's scale, their weights 1 /
+    (se^2 + tau2), and the weighted centre (x_w, y_w) the fitted line passes through (None when no
+    point has a CI)."""
     dfs = list(dfs) or [None] * len(points)
     usable = [
         (math.log2(x) if log2 else x, e, (ci[1] - ci[0]) / (2 * quantile(df)))
@@ -115,9 +120,9 @@ def _line(usable, w, centre) -> tuple[float, float]:
 
 
 def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()) -> float:
-    """Between-point variance about the line (DerSimonian-Laird for a meta-regression on one covariate):
-    max(0, (Q_E - (k - 2)) / (sum w - tr((X'WX)^-1 X'W^2X))), Q_E the fixed-effect fit's weighted residual sum of
-    squares; 0 with fewer than 3 points (no residual degree of freedom)."""
+    """Between-point variance about the line (DerSimonian-Laird for a meta-regression on one
+    covariate): max(0, (Q_E - (k - 2)) / (sum w - tr((X'WX)^-1 X'W^2X))), Q_E the fixed-effect fit's
+    weighted residual sum of squares; 0 with fewer than 3 points (no residual degree of freedom)."""
     usable, w, centre = _weighted(points, log2, 0.0, dfs)
     k = len(usable)
     if k < 3 or len({x for x, _, _ in usable}) < 2:
@@ -139,7 +144,8 @@ def tau2(points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs
 
 
 def fitted(t: Trend, x: float) -> float:
-    """The fitted line's value at axis value x (it passes through the weighted centre of the points)."""
+    """The fitted line's value at axis value x (it passes through the weighted centre of the
+    points)."""
     _, _, (xw, yw) = _weighted(t.points, t.log2, tau2(t.points, t.log2, t.dfs), t.dfs)
     return yw + t.slope * ((math.log2(x) if t.log2 else x) - xw)
 
@@ -147,7 +153,8 @@ def fitted(t: Trend, x: float) -> float:
 def fit(
     points: list[tuple[float, float | None, tuple | None]], log2: bool, dfs=()
 ) -> tuple[float | None, tuple | None, int]:
-    """(slope, its Knapp-Hartung 95% CI (None from 2 points), points used) of the estimates against the axis."""
+    """(slope, its Knapp-Hartung 95% CI (None from 2 points), points used) of the estimates against
+    the axis."""
     usable, w, centre = _weighted(points, log2, tau2(points, log2, dfs), dfs)
     k = len(usable)
     if len({x for x, _, _ in usable}) < 2:
@@ -164,9 +171,10 @@ def fit(
 
 
 def numeric_axes(res) -> list[str]:
-    """The arm fields that are a scale: every value a positive number (not a boolean), at least two values. A field
-    with a 0 among its values (z-loss 0 / 1e-4, warm-up 0 / 100 steps, weight decay 0 / 1e-4 / 3e-2) switches
-    something on or off: its comparisons are the arms' own, a slope per unit of it would mean nothing."""
+    """The arm fields that are a scale: every value a positive number (not a boolean), at least two
+    values. A field with a 0 among its values (z-loss 0 / 1e-4, warm-up 0 / 100 steps, weight decay
+    0 / 1e-4 / 3e-2) switches something on or off: its comparisons are the arms' own, a slope per
+    unit of it would mean nothing."""
     out = []
     for key in res.keys:
         values = {a.runs[0].config.get(key) for a in res.arms.values()}
@@ -178,8 +186,9 @@ def numeric_axes(res) -> list[str]:
 
 
 def sensitivity_trends(res, axis: str) -> list[Trend]:
-    """Each group of arms that agree on every field but `axis` (at least two values of it): the arm's LR
-    sensitivity at each value, mean over seeds with its t interval, and the fitted slope."""
+    """Each group of arms that agree on every field but `axis` (at least two values of it): the
+    arm's LR sensitivity at each value, mean over seeds with its t interval, and the fitted
+    slope."""
     from study.paired import mean_ci
 
     groups: dict = {}
@@ -218,8 +227,8 @@ def sensitivity_trends(res, axis: str) -> list[Trend]:
 
 
 def trends(res) -> list[Trend]:
-    """Every trend of res.comparisons, and of the arms' LR sensitivity, along every numeric axis (study/result.py
-    StudyResult)."""
+    """Every trend of res.comparisons, and of the arms' LR sensitivity, along every numeric axis
+    (study/result.py StudyResult)."""
     out = []
     for axis in numeric_axes(res):
         out += sensitivity_trends(res, axis)

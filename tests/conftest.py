@@ -1,4 +1,5 @@
-"""Shared fixtures and helpers. Test helpers live here once (import them: `from conftest import tiny_args`).
+"""Shared fixtures and helpers. Test helpers live here once (import them: `from conftest import
+tiny_args`).
 
 NORMLAB_TEST_THREADS=N runs every test with N torch threads in-process, N threads per tiny training
 run (train.threads) and OMP_NUM_THREADS=N for the subprocesses that do not set their own; unset, N
@@ -20,8 +21,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "configs" / "train" / "tiny.yaml")
-# subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout an editable
-# install points at (two checkouts side by side would otherwise test each other's code)
+# subprocesses (train.py, scripts, torchrun) import this checkout's packages, not whichever checkout
+# an editable install points at (two checkouts side by side would otherwise test each other's code)
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
@@ -49,7 +50,8 @@ def _threads():
 
 
 def tiny_args(**kw):
-    """A small ModelArgs (2 layers, d = 32, grouped-query attention) for model-level tests; kw override it."""
+    """A small ModelArgs (2 layers, d = 32, grouped-query attention) for model-level tests; kw
+    override it."""
     from model import ModelArgs
 
     return ModelArgs(
@@ -100,7 +102,8 @@ def prepared(corpus_file, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pydocs_1024(tmp_path_factory):
-    """The embedded corpus (pydocs) prepared at vocab 1024, as the DyT and default studies use it (~5 s, once)."""
+    """The embedded corpus (pydocs) prepared at vocab 1024, as the DyT and default studies use it
+    (~5 s, once)."""
     from data.prepare import prepare
 
     return prepare("pydocs", vocab_size=1024, root=tmp_path_factory.mktemp("pydocs"), verbose=False)
@@ -122,8 +125,8 @@ def data_args(prepared):
 
 @pytest.fixture
 def run_tiny(tmp_path, data_args):
-    """run_tiny(*args) -> exit code: train.py in-process on configs/train/tiny.yaml and the session's corpus, writing
-    under tmp_path (so a run named N is tmp_path / N)."""
+    """run_tiny(*args) -> exit code: train.py in-process on configs/train/tiny.yaml and the
+    session's corpus, writing under tmp_path (so a run named N is tmp_path / N)."""
     import train
 
     def run(*args: str) -> int:
@@ -152,8 +155,9 @@ def write_run(
     placement: str = "pre",
     overrides: tuple = (),
 ):
-    """A finished run directory made by hand (config, summary, a 3-step metrics file), no training: for the
-    study and report tests. final=None for a run without a final loss; `overrides` set more config fields."""
+    """A finished run directory made by hand (config, summary, a 3-step metrics file), no training:
+    for the study and report tests. final=None for a run without a final loss; `overrides` set more
+    config fields."""
     import json
 
     from training.config import load_config, to_yaml

@@ -1,5 +1,5 @@
-"""The study axes' switches: pRMSNorm, the norms' precision, the reordered (OLMo 2) and DeepNorm placements,
-linear biases and a mean-shifted embedding, each against an independent computation."""
+"""The study axes' switches: pRMSNorm, the norms' precision, the reordered (OLMo 2) and DeepNorm
+placements, linear biases and a mean-shifted embedding, each against an independent computation."""
 
 import math
 
@@ -153,7 +153,8 @@ def test_bad_norm_precision_lists_the_valid_ones():
 
 def test_autocast_precision_in_float16_overflows_the_backward_of_rsqrt_for_small_inputs():
     """d rsqrt(m) = -r^3 / 2 with r = rsqrt(m): in float16 r^3 overflows once the input RMS is below
-    65504^(-1/3) = 0.025 (the embedding's init std is 0.02), whatever the loss scale; the float32 policy does not."""
+    65504^(-1/3) = 0.025 (the embedding's init std is 0.02), whatever the loss scale; the float32
+    policy does not."""
     x = (torch.randn(4, 64) * 0.02).requires_grad_()
     for precision, finite in (("float32", True), ("autocast", False)):
         norm = build_norm("rmsnorm", 64, precision=precision)

@@ -1,5 +1,6 @@
-"""The bad-input catalog: every class of bad config, command line, data source and study file ends in one line
-on stderr that names the field or file and what is allowed, a non-zero exit, no traceback, nothing written."""
+"""The bad-input catalog: every class of bad config, command line, data source and study file ends
+in one line on stderr that names the field or file and what is allowed, a non-zero exit, no
+traceback, nothing written."""
 
 import os
 

@@ -1,4 +1,5 @@
-"""The benchmark scripts run end to end at toy sizes and print their tables (no timing is asserted)."""
+"""The benchmark scripts run end to end at toy sizes and print their tables (no timing is
+asserted)."""
 
 import os
 import subprocess
@@ -29,8 +30,8 @@ def _script(name: str, *args: str, env: dict | None = None) -> str:
 
 
 def test_bench_train_compares_the_same_model_through_each_librarys_loss():
-    # tiny.yaml: dim 32, GQA 4/2 heads; bench_train exits if any variant, transformers' Llama trained
-    # through labels / shift_labels included, starts from a different loss than the others
+    # tiny.yaml: dim 32, GQA 4/2 heads; bench_train exits if any variant, transformers' Llama
+    # trained through labels / shift_labels included, starts from a different loss than the others
     out = _script("bench_train", "--config", TINY, "--rounds", "1", "--no-compile")
     for row in (
         "| ours rmsnorm (fused) |",
@@ -83,7 +84,8 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
         "| floor | copy + elementwise backward |",
     ):
         assert row in out
-    # the saved file: the command and the machine (what the ratios depend on), then exactly the printed tables
+    # the saved file: the command and the machine (what the ratios depend on), then exactly the
+    # printed tables
     head, _, body = saved.read_text().partition("\n\nMachine: ")
     assert head.startswith(
         f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/bench_norms.py {' '.join(args)} --save "
@@ -95,8 +97,9 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
 
 
 def test_bench_step_alternates_variants_and_splits_the_step_by_phase_and_op_family():
-    """bench_step on the quick study's tiny model: every named variant has a row (ms, GFLOP/s, share of the
-    measured peak, speed ratio), and a breakdown's phase and family shares each add up to the whole step."""
+    """bench_step on the quick study's tiny model: every named variant has a row (ms, GFLOP/s, share
+    of the measured peak, speed ratio), and a breakdown's phase and family shares each add up to the
+    whole step."""
     out = _script(
         "bench_step",
         "--study",

@@ -71,8 +71,9 @@ def test_interrupted_prepare_is_not_mistaken_for_finished(corpus_file, tmp_path,
 
 
 def test_vocab_below_the_character_count_trains_with_byte_fallback(tmp_path):
-    # 120 distinct characters (Greek, Cyrillic, CJK) need more single-character pieces than a 320-piece
-    # vocabulary has room for next to the 259 byte and special pieces: the rarest go through byte fallback
+    # 120 distinct characters (Greek, Cyrillic, CJK) need more single-character pieces than a
+    # 320-piece vocabulary has room for next to the 259 byte and special pieces: the rarest go
+    # through byte fallback
     rng = np.random.default_rng(0)
     codes = [*range(0x61, 0x7B), *range(0x3B1, 0x3C9), *range(0x430, 0x450), *range(0x4E00, 0x4E2A)]
     alphabet = [chr(c) for c in codes]
@@ -174,9 +175,9 @@ def test_two_ranks_draw_disjoint_halves_of_the_global_batch(prepared):
     "windows,world,batch", [(5, 2, 2), (3, 4, 1), (3, 4, 2), (9, 4, 2), (8, 4, 2), (1, 2, 4)]
 )
 def test_every_rank_gets_as_many_eval_batches_and_each_window_counts_once(windows, world, batch):
-    """A sharded forward is a collective: a rank with fewer eval batches would leave the others waiting (5 windows
-    on 2 ranks with micro 2 gave 2 and 1 batches; 3 windows on 4 ranks gave one rank none). Padding batches
-    repeat a real window and count 0."""
+    """A sharded forward is a collective: a rank with fewer eval batches would leave the others
+    waiting (5 windows on 2 ranks with micro 2 gave 2 and 1 batches; 3 windows on 4 ranks gave one
+    rank none). Padding batches repeat a real window and count 0."""
     tokens = np.arange(windows * 16 + 1, dtype=np.uint16)
     per_rank = [
         list(eval_batches(tokens, 16, batch, 0, rank=r, world_size=world)) for r in range(world)
@@ -259,8 +260,9 @@ def test_pystdlib_is_the_standard_librarys_source_one_unique_document_per_file()
 
 
 def test_token_bytes_sum_to_the_texts_utf8_length(prepared):
-    """Bits per byte divides by the bytes the tokens encode: summed over an encoding, exactly the text's UTF-8
-    length (byte-fallback pieces are 1 byte each, as the rare characters show; no dummy prefix is added)."""
+    """Bits per byte divides by the bytes the tokens encode: summed over an encoding, exactly the
+    text's UTF-8 length (byte-fallback pieces are 1 byte each, as the rare characters show; no dummy
+    prefix is added)."""
     tok = Tokenizer(prepared / "tokenizer.model")
     nbytes = tok.token_bytes()
     assert nbytes.shape == (tok.vocab_size,) and nbytes[tok.eos_id] == 0
@@ -274,8 +276,9 @@ def test_token_bytes_sum_to_the_texts_utf8_length(prepared):
 
 
 def test_bits_per_byte_on_a_constructed_tokenizer_known_by_hand():
-    """A model that predicts every one of V = 64 tokens alike (loss ln 64 per token) over tokens that each stand
-    for 2 bytes of text: bpb = log2(64) / 2 = 3 bits per byte, exactly; and the formula on its own."""
+    """A model that predicts every one of V = 64 tokens alike (loss ln 64 per token) over tokens
+    that each stand for 2 bytes of text: bpb = log2(64) / 2 = 3 bits per byte, exactly; and the
+    formula on its own."""
     from training import distributed
     from training.config import load_config
     from training.evaluate import bits_per_byte, evaluate
@@ -302,8 +305,9 @@ def test_bits_per_byte_on_a_constructed_tokenizer_known_by_hand():
 
 
 def test_a_hub_source_at_a_revision_streams_and_is_capped_offline(tmp_path):
-    """The hf: form with a pinned revision and a token budget, on a local dataset saved in the hub's layout (a
-    folder of parquet data files, loaded offline): streamed until the budget's bytes, the train split cut at it."""
+    """The hf: form with a pinned revision and a token budget, on a local dataset saved in the hub's
+    layout (a folder of parquet data files, loaded offline): streamed until the budget's bytes, the
+    train split cut at it."""
     import datasets
 
     folder = tmp_path / "stories" / "data"

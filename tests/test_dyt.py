@@ -1,6 +1,7 @@
-"""DyT on the DyT study's model (configs/studies/dyt.yaml) and the embedded corpus: with the paper's init scales
-transposed to d = 64 it trains; with the recipe's absolute std 0.02 it reaches the dead-gradient state (issue 35).
-A constructed model with a dead trunk shows how train.py reports that state."""
+"""DyT on the DyT study's model (configs/studies/dyt.yaml) and the embedded corpus: with the paper's
+init scales transposed to d = 64 it trains; with the recipe's absolute std 0.02 it reaches the
+dead-gradient state (issue 35). A constructed model with a dead trunk shows how train.py reports
+that state."""
 
 import json
 import os
@@ -26,12 +27,13 @@ def _stats(run_dir, step: int) -> dict:
 def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradients_die(
     tmp_path, capsys, pydocs_1024
 ):
-    """The DyT study's model (d = 64, 4 layers, alpha0 0.8 / 0.2 / 0.2, no bias, the sqrt(d) scalar, vocab 1024,
-    16 x 64 tokens a step) at lr 3e-3 on the study's 300-step schedule, seed 0. Measured (scripts/dyt_saturation.py):
-    absolute 0.02 init: the stream's RMS 0.16 -> 35 by step 30 -> 143 by step 50, every unit of the final DyT
-    saturated from step ~40 and every gradient below the final norm exactly 0 from then on, val 5.94-5.96 (unigram
-    5.81); width init (std 0.16): no unit saturated, val 5.74 at step 50 and 5.15 at step 100 (the line the study's
-    failure rule draws is 5.81 - 0.25 = 5.56). Far from either edge: ~40 s on one thread."""
+    """The DyT study's model (d = 64, 4 layers, alpha0 0.8 / 0.2 / 0.2, no bias, the sqrt(d) scalar,
+    vocab 1024, 16 x 64 tokens a step) at lr 3e-3 on the study's 300-step schedule, seed 0. Measured
+    (scripts/dyt_saturation.py): absolute 0.02 init: the stream's RMS 0.16 -> 35 by step 30 -> 143
+    by step 50, every unit of the final DyT saturated from step ~40 and every gradient below the
+    final norm exactly 0 from then on, val 5.94-5.96 (unigram 5.81); width init (std 0.16): no unit
+    saturated, val 5.74 at step 50 and 5.15 at step 100 (the line the study's failure rule draws is
+    5.81 - 0.25 = 5.56). Far from either edge: ~40 s on one thread."""
     study = load_study(STUDY)
     common = [
         "--config",
@@ -98,10 +100,11 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
 
 
 def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys, run_tiny):
-    """A constructed dead trunk: a final DyT with alpha0 1e9 on a stream shifted to +1 (the embedding's mean) has
-    every unit saturated at +1 for every token, so no gradient passes it from step 1 on while the head learns the
-    unigram distribution of a constant feature. summary.json says when, the status is collapsed (it was falling
-    toward the unigram level: a plateau by its slope alone), the last line says why."""
+    """A constructed dead trunk: a final DyT with alpha0 1e9 on a stream shifted to +1 (the
+    embedding's mean) has every unit saturated at +1 for every token, so no gradient passes it from
+    step 1 on while the head learns the unigram distribution of a constant feature. summary.json
+    says when, the status is collapsed (it was falling toward the unigram level: a plateau by its
+    slope alone), the last line says why."""
     assert (
         run_tiny(
             "--name",
@@ -125,11 +128,12 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     assert all(r["dyt/saturated/final"] == 1.0 and r["grad/norm/head"] > 0 for r in records)
     err = capsys.readouterr().err
     assert (
-        "collapsed: dead gradients (every gradient below the final norm 0 from step 1); final val loss"
-        in err
+        "collapsed: dead gradients (every gradient below the final norm 0 from step 1); final val "
+        "loss" in err
     )
-    # DyT's default alpha0 0.5 on the unshifted embedding: gradients flow throughout, nothing is said (with the +1
-    # shift and alpha0 0.5 the stream grows until every final unit saturates: dead from step 15 of 20)
+    # DyT's default alpha0 0.5 on the unshifted embedding: gradients flow throughout, nothing is
+    # said (with the +1 shift and alpha0 0.5 the stream grows until every final unit saturates: dead
+    # from step 15 of 20)
     alive = ["--name", "alive", "model.norm=dyt", "optim.lr=1e-2", "train.sample_tokens=0"]
     assert run_tiny(*alive) == EXIT_OK
     assert (
@@ -140,8 +144,9 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
 
 @pytest.mark.slow
 def test_the_saturation_script_prints_its_table(pydocs_1024):
-    """scripts/dyt_saturation.py, two measured steps of each init: a row per init and step, the absolute init's
-    stream at the recipe's scale (0.16 at step 0) and the width init's at the paper's (1.3)."""
+    """scripts/dyt_saturation.py, two measured steps of each init: a row per init and step, the
+    absolute init's stream at the recipe's scale (0.16 at step 0) and the width init's at the
+    paper's (1.3)."""
     r = subprocess.run(
         [
             sys.executable,

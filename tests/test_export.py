@@ -1,4 +1,5 @@
-"""scripts/export_hf.py: a run exported for transformers loads back with the same logits and tokens."""
+"""scripts/export_hf.py: a run exported for transformers loads back with the same logits and
+tokens."""
 
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""study/lr50.py: the failure curve P(fail | lr) and LR50 with its 95% CI, on simulated studies with a known
-edge (coverage), on separated grids and on the cases without an edge."""
+"""study/lr50.py: the failure curve P(fail | lr) and LR50 with its 95% CI, on simulated studies with
+a known edge (coverage), on separated grids and on the cases without an edge."""
 
 import math
 
@@ -27,20 +27,23 @@ def _simulate(rng, lr50: float, slope: float, seeds: int = 5, centre: float | No
 
 
 def _beyond_the_top(rng, slope: float, seeds: int = 5):
-    """The edge 0.9 decades above the grid's centre, past its top (0.6): few or no failures (Pre-LN's case)."""
+    """The edge 0.9 decades above the grid's centre, past its top (0.6): few or no failures
+    (Pre-LN's case)."""
     return _simulate(rng, 0.01 * 10**0.9, slope, seeds, centre=0.01)
 
 
 def _per_seed_thresholds(rng, slope: float, seeds: int = 5):
-    """Each seed has its own threshold LR (log-normal around 0.01, the spread of a logistic of this slope) and
-    fails at every LR above it: a seed that fails at one LR fails above it (not independent draws)."""
+    """Each seed has its own threshold LR (log-normal around 0.01, the spread of a logistic of this
+    slope) and fails at every LR above it: a seed that fails at one LR fails above it (not
+    independent draws)."""
     t = 0.01 * 10 ** rng.normal(0, 1.8 / slope, seeds)
     lrs = np.tile(0.01 * 10**OFFSETS, seeds)
     return lrs, lrs > np.repeat(t, len(OFFSETS))
 
 
 def _covers(fit, truth: float) -> bool:
-    """Whether what the report states contains the truth: the CI where LR50 is identified, else the bound."""
+    """Whether what the report states contains the truth: the CI where LR50 is identified, else the
+    bound."""
     lo, hi = fit.ci if fit.identified else fit.bounds
     if fit.failed == 0:
         lo, hi = fit.top, None
@@ -60,11 +63,11 @@ DESIGNS = {
 def test_what_a_report_states_covers_a_known_lr50_in_90_percent_of_simulated_studies_or_more(
     design, slope
 ):
-    """80 simulated arms per design and slope (5 LRs x 2 around 0.01, 5 seeds): the CI where the arm's LR50 is
-    identified, the bound the data give where it is not, contains the true LR50 in >= 90% of them. Measured on
-    these 80: centred 0.99 / 0.975 / 0.925, edge beyond the grid's top 0.99 / 1.0 / 1.0, per-seed thresholds
-    1.0 / 0.925 / 0.96 at slopes 2 / 4 / 8 (on 200 arms: 0.99 / 0.98 / 0.93, 0.99 / 1.0 / 1.0, 0.98 / 0.93 /
-    0.925)."""
+    """80 simulated arms per design and slope (5 LRs x 2 around 0.01, 5 seeds): the CI where the
+    arm's LR50 is identified, the bound the data give where it is not, contains the true LR50 in >=
+    90% of them. Measured on these 80: centred 0.99 / 0.975 / 0.925, edge beyond the grid's top 0.99
+    / 1.0 / 1.0, per-seed thresholds 1.0 / 0.925 / 0.96 at slopes 2 / 4 / 8 (on 200 arms: 0.99 /
+    0.98 / 0.93, 0.99 / 1.0 / 1.0, 0.98 / 0.93 / 0.925)."""
     simulate, truth = DESIGNS[design]
     rng = np.random.default_rng(int(slope) + len(design))
     covered = [
@@ -95,9 +98,10 @@ RMS_PRE = (
 
 
 def test_one_failure_at_the_top_leaves_the_upper_end_open_and_is_a_bound():
-    """The report printed rmsnorm/pre's LR50 as 2.59 (0.249..8.19): a bounded minimizer returned the profile far
-    below its maximum (-166 where a grid gives ~ -2.4), which closed the interval at 8.19. The profile taken on a
-    grid and refined leaves it open, and with one failure the report states a bound, not a number."""
+    """The report printed rmsnorm/pre's LR50 as 2.59 (0.249..8.19): a bounded minimizer returned the
+    profile far below its maximum (-166 where a grid gives ~ -2.4), which closed the interval at
+    8.19. The profile taken on a grid and refined leaves it open, and with one failure the report
+    states a bound, not a number."""
     fit = fit_failure_curve(*RMS_PRE)
     assert fit.ci[1] is None
     assert not fit.identified and fit.bounds == (0.316, None)
@@ -118,8 +122,9 @@ def test_the_profile_is_the_maximum_a_brute_force_scan_finds():
 
 
 def test_complete_separation_is_a_bracket_whatever_the_penalised_fit_returns():
-    """0/5 then 5/5: Firth's fit is finite (the bracket's geometric midpoint, its CI set by the penalty), but the
-    data say only that LR50 lies in the bracket: not identified, described as the bracket with its counts."""
+    """0/5 then 5/5: Firth's fit is finite (the bracket's geometric midpoint, its CI set by the
+    penalty), but the data say only that LR50 lies in the bracket: not identified, described as the
+    bracket with its counts."""
     lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
     fit = fit_failure_curve(lrs, [False] * 10 + [True] * 10)
     assert fit.lr50 == pytest.approx(math.sqrt(3e-3 * 1e-2), rel=1e-3)  # the penalty's midpoint
@@ -148,8 +153,8 @@ def test_no_edge_no_lr50():
 
 
 def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
-    """Newton on Firth's modified score converges where the penalized log-likelihood's gradient (by central
-    differences, computed from the objective alone) vanishes."""
+    """Newton on Firth's modified score converges where the penalized log-likelihood's gradient (by
+    central differences, computed from the objective alone) vanishes."""
     rng = np.random.default_rng(0)
     lrs, failed = _simulate(rng, 0.01, 4.0)
     x, y = np.log10(lrs) - np.log10(lrs).mean(), failed.astype(float)
@@ -167,8 +172,9 @@ def test_the_fit_is_the_maximum_of_the_penalized_likelihood():
 
 @pytest.mark.slow
 def test_the_lr50_ratio_ci_covers_a_known_ratio_in_90_to_99_percent_of_simulated_pairs():
-    """40 simulated pairs of arms (LR50 0.02 and 0.01, slope 4, the grid above, 5 seeds each): the joint
-    profile CI of LR50_A / LR50_B contains 2 in 90-99% of them (measured: 38 of these 40; 94 of 100 pairs)."""
+    """40 simulated pairs of arms (LR50 0.02 and 0.01, slope 4, the grid above, 5 seeds each): the
+    joint profile CI of LR50_A / LR50_B contains 2 in 90-99% of them (measured: 38 of these 40; 94
+    of 100 pairs)."""
     rng = np.random.default_rng(1)
     covered = fitted = 0
     for _ in range(40):
@@ -183,8 +189,9 @@ def test_the_lr50_ratio_ci_covers_a_known_ratio_in_90_to_99_percent_of_simulated
 
 def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
-    # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2, both separated: the brackets allow ratios
-    # 0.1..1 (3e-3 / 3e-2 .. 1e-2 / 1e-2) and say so; the likelihood-ratio test still orders the arms
+    # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2, both separated: the brackets allow
+    # ratios 0.1..1 (3e-3 / 3e-2 .. 1e-2 / 1e-2) and say so; the likelihood-ratio test still orders
+    # the arms
     fit = lr50_ratio(lrs, [False] * 10 + [True] * 10, lrs, [False] * 15 + [True] * 5)
     assert (
         not fit.identified
@@ -206,7 +213,8 @@ def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
         [False] * 10 + [True] + [False] * 4 + [True] * 5,
     )
     assert fit.identified and 0.1 < fit.ratio < 1 and fit.ci[0] < fit.ratio < fit.ci[1]
-    # A never fails: its LR50 lies above its largest LR (0.03) and B's below 0.03: the ratio is a bound, > 1
+    # A never fails: its LR50 lies above its largest LR (0.03) and B's below 0.03: the ratio is a
+    # bound, > 1
     fit = lr50_ratio(lrs, [False] * 20, lrs, [False] * 15 + [True] * 5)
     assert not fit.identified and fit.describe().startswith(
         "LR50 ratio > 1"
@@ -221,9 +229,10 @@ def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
 
 
 def test_the_equivalence_of_two_lr50s_within_a_factor():
-    """TOST on the log ratio by the profile's signed root: two arms with the same mixed edge (per-seed thresholds
-    between grid LRs) are within x4 of each other (p < 0.05) and not outside it; an edge a decade apart is outside
-    x2. Separated arms are not identified: TOST is not run on them (p 1)."""
+    """TOST on the log ratio by the profile's signed root: two arms with the same mixed edge
+    (per-seed thresholds between grid LRs) are within x4 of each other (p < 0.05) and not outside
+    it; an edge a decade apart is outside x2. Separated arms are not identified: TOST is not run on
+    them (p 1)."""
     lrs = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 8)
     thresholds = np.repeat(
         10 ** np.linspace(-2.6, -1.9, 8), 7

@@ -42,9 +42,10 @@ def _pair(ref_cls, fast_cls, shape, dtype, bias=False, affine=True, seed=0):
 
 
 def _as_accurate_as_the_reference(fast, ref, x, g):
-    """The fused kernel's float32 outputs and gradients are as close to float64 math as torch's ops running the
-    formula are (within 2x, or float32 noise: 2e-6 relative). A bound against the truth, not against the other
-    float32 result: both round, and how they round depends on the CPU's vector width and FMA."""
+    """The fused kernel's float32 outputs and gradients are as close to float64 math as torch's ops
+    running the formula are (within 2x, or float32 noise: 2e-6 relative). A bound against the truth,
+    not against the other float32 result: both round, and how they round depends on the CPU's vector
+    width and FMA."""
     truth = _run(copy.deepcopy(ref).double(), x.double(), g.double())
     for f, r, t in zip(_run(fast, x, g), _run(ref, x, g), truth, strict=True):
         assert f.dtype == r.dtype and f.shape == r.shape
@@ -78,8 +79,8 @@ def test_float32_matches_reference_within_rounding(ref_cls, fast_cls, bias, xsha
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
 def test_large_inputs_take_the_streaming_store_path_and_still_match(ref_cls, fast_cls):
-    # >= 32 MiB of float32 gradient: dx is written with non-temporal stores (norms_cpu.cpp, kStreamBytes);
-    # an odd width exercises the unaligned head and tail of every row
+    # >= 32 MiB of float32 gradient: dx is written with non-temporal stores (norms_cpu.cpp,
+    # kStreamBytes); an odd width exercises the unaligned head and tail of every row
     ref, fast = _pair(ref_cls, fast_cls, 1025, torch.float32)
     gen = torch.Generator().manual_seed(2)
     x, g = torch.randn(8195, 1025, generator=gen) * 3 + 1, torch.randn(8195, 1025, generator=gen)
@@ -101,8 +102,9 @@ def test_non_contiguous_input_and_no_affine(ref_cls, fast_cls):
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 def test_bfloat16_is_as_accurate_as_the_reference(ref_cls, fast_cls, weight_dtype):
-    """bfloat16 input (with a bfloat16 gain, or a float32 gain as under autocast): outputs and gradients
-    are as close to float64 math as the reference's are (both are limited by bfloat16 rounding)."""
+    """bfloat16 input (with a bfloat16 gain, or a float32 gain as under autocast): outputs and
+    gradients are as close to float64 math as the reference's are (both are limited by bfloat16
+    rounding)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2048, 96, generator=gen) * 3 + 1
     g = torch.randn(2048, 96, generator=gen)
@@ -175,7 +177,8 @@ def test_input_whose_last_dims_are_not_normalized_shape_is_refused(
 
 
 def test_kernels_check_their_arguments():
-    """A wrong-sized weight, bias, statistics or gradient is a RuntimeError, never an out-of-bounds read."""
+    """A wrong-sized weight, bias, statistics or gradient is a RuntimeError, never an out-of-bounds
+    read."""
     x, w = torch.randn(4, 8), torch.ones(8)
     ops = torch.ops.normlab
     y, rstd, mean = ops.norm_fwd(x, w, None, 1e-5, True)
@@ -217,8 +220,9 @@ def test_zero_size_inputs_behave_as_the_reference(ref_cls, fast_cls, xshape, sha
 
 
 def test_the_loops_follow_torchs_instruction_set():
-    """A native build runs its one -march=native copy of the loops; the portable one runs the copy for torch's
-    own CPU capability (so ATEN_CPU_CAPABILITY=avx2 runs the AVX2 loops, as torch runs its AVX2 kernels)."""
+    """A native build runs its one -march=native copy of the loops; the portable one runs the copy
+    for torch's own CPU capability (so ATEN_CPU_CAPABILITY=avx2 runs the AVX2 loops, as torch runs
+    its AVX2 kernels)."""
     assert fast_norms.kernel_available()
     loops = torch.ops.normlab.norm_loops()
     if not os.environ.get("NORMLAB_PORTABLE"):
@@ -231,8 +235,9 @@ def test_the_loops_follow_torchs_instruction_set():
 @pytest.mark.slow
 @pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
 def test_every_instruction_set_of_the_portable_build_is_as_accurate(capability):
-    """The portable build's three copies of the loops (x86-64 baseline, AVX2, AVX-512), each run in a process that
-    tells torch to use that instruction set: fp32 and bf16, RMSNorm and LayerNorm, against float64 math."""
+    """The portable build's three copies of the loops (x86-64 baseline, AVX2, AVX-512), each run in
+    a process that tells torch to use that instruction set: fp32 and bf16, RMSNorm and LayerNorm,
+    against float64 math."""
     if capability != "default" and not _cpu_has(capability):
         pytest.skip(f"this CPU has no {capability}")
     code = (
@@ -244,14 +249,16 @@ def test_every_instruction_set_of_the_portable_build_is_as_accurate(capability):
         "g = torch.Generator().manual_seed(0)\n"
         "for ref, cls in ((RMSNorm, FusedRMSNorm), (LayerNorm, FusedLayerNorm)):\n"
         "  for dt in (torch.float32, torch.bfloat16):\n"
-        "    x = torch.randn(37, 3, 77, generator=g) * 3 + 1; dy = torch.randn(37, 3, 77, generator=g)\n"
+        "    x = torch.randn(37, 3, 77, generator=g) * 3 + 1; dy = torch.randn(37, 3, 77, "
+        "generator=g)\n"
         "    m = cls(77); m.weight.data.uniform_(0.5, 1.5, generator=g)\n"
         "    t = ref(77).double(); t.load_state_dict(m.state_dict())\n"
         "    xd = x.double().requires_grad_(); t(xd).backward(dy.double())\n"
         "    m = m.to(dt); xf = x.to(dt).requires_grad_(); y = m(xf); y.backward(dy.to(dt))\n"
         "    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()\n"
         "    bound = 2e-6 if dt == torch.float32 else 1e-2\n"
-        "    errs = (rel(y, t(x.double())), rel(xf.grad, xd.grad), rel(m.weight.grad, t.weight.grad))\n"
+        "    errs = (rel(y, t(x.double())), rel(xf.grad, xd.grad), rel(m.weight.grad, "
+        "t.weight.grad))\n"
         "    assert max(errs) < bound, (cls, dt, errs)\n"
     )
     env = {**os.environ, "NORMLAB_PORTABLE": "1", "ATEN_CPU_CAPABILITY": capability}
@@ -282,8 +289,9 @@ def _cpu_has(capability: str) -> bool:
 
 @pytest.mark.parametrize("cls", [FusedRMSNorm, FusedLayerNorm])
 def test_compiles_without_a_graph_break_and_matches_eager(cls):
-    """torch.compile traces the fused norm (torch.ops.normlab.norm, its autograd in C++) with no graph break:
-    AOTAutograd turns it into the norm_fwd / norm_bwd kernels, through their fake (shape-only) versions."""
+    """torch.compile traces the fused norm (torch.ops.normlab.norm, its autograd in C++) with no
+    graph break: AOTAutograd turns it into the norm_fwd / norm_bwd kernels, through their fake
+    (shape-only) versions."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -307,8 +315,9 @@ def test_compiles_without_a_graph_break_and_matches_eager(cls):
 
 
 def test_kernel_available_is_a_compile_constant_without_importing_dynamo():
-    """`import fused` (so `import train`) no longer pays for torch._dynamo; kernel_available carries exactly the
-    mark torch.compiler.assume_constant_result would give it (if torch changes that mark, this fails)."""
+    """`import fused` (so `import train`) no longer pays for torch._dynamo; kernel_available carries
+    exactly the mark torch.compiler.assume_constant_result would give it (if torch changes that
+    mark, this fails)."""
     import fused
 
     code = "import sys, fused, train; sys.exit('torch._dynamo' in sys.modules)"

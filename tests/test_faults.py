@@ -31,7 +31,8 @@ def curve(run_dir):
     ]
 
 
-# -- --resume on every launch ------------------------------------------------------------------------------------
+# -- --resume on every launch
+# ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     args = [
@@ -52,7 +53,8 @@ def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
         == 0
     )
     assert curve(tmp_path / "p") == curve(tmp_path / "ref")
-    # a run directory with logs but no checkpoint yet (killed before its first checkpoint): starts over
+    # a run directory with logs but no checkpoint yet (killed before its first checkpoint): starts
+    # over
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "tr')
     assert run_tiny(*args[:1], "q", *args[2:]) == 0
@@ -65,16 +67,18 @@ def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     assert len(err) == 1 and "differs from the saved" in err[0] and "optim.lr" in err[0]
 
 
-# -- kill -9 anywhere ----------------------------------------------------------------------------------------------
+# -- kill -9 anywhere
+# ----------------------------------------------------------------------------------------------
 POINTS = ["start", "config", "step", "log", "eval", "checkpoint", "checkpoint_swap", "summary"]
 
 
 @pytest.mark.slow
 def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, corpus_file):
-    """SIGKILL at 12 moments: random times in start-up (imports, data preparation, kernel loading) and every
-    named point of a run (config written, steps, metrics records, evals, mid-checkpoint, between the checkpoint
-    renames, before the summary), each followed by the same command, as a preemptible scheduler does. The final
-    metrics.jsonl equals an uninterrupted run's bit for bit, with every step exactly once."""
+    """SIGKILL at 12 moments: random times in start-up (imports, data preparation, kernel loading)
+    and every named point of a run (config written, steps, metrics records, evals, mid-checkpoint,
+    between the checkpoint renames, before the summary), each followed by the same command, as a
+    preemptible scheduler does. The final metrics.jsonl equals an uninterrupted run's bit for bit,
+    with every step exactly once."""
     common = [
         sys.executable,
         "train.py",
@@ -109,7 +113,8 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     ]  # prepares anew
     rng = random.Random(0)
     t = lambda: ("time", round(rng.uniform(0.3, 1.9), 2))  # noqa: E731  (start-up takes ~1.9 s here)
-    # in run order, so that no launch can finish before its kill: each point is reached in every launch
+    # in run order, so that no launch can finish before its kill: each point is reached in every
+    # launch
     plan = [
         ("point", "config:1"),
         t(),
@@ -149,12 +154,14 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     )  # none missing, none duplicated
     assert curve(tmp_path / "f") == curve(tmp_path / "ref")
     print(
-        f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing losses, "
+        f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing "
+        "losses, "
         f"0 missing or duplicated steps"
     )
 
 
-# -- storage faults ------------------------------------------------------------------------------------------------
+# -- storage faults
+# ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_unreadable_latest_checkpoint_falls_back_to_previous(tmp_path, capsys, run_tiny):
     base = ["train.steps=8", "train.checkpoint_every=2", "train.eval_every=4"]
@@ -273,7 +280,8 @@ def test_interrupted_checkpoint_write_keeps_both_checkpoints(tmp_path, monkeypat
     )
 
 
-# -- concurrent use ------------------------------------------------------------------------------------------------
+# -- concurrent use
+# ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_processes_with_the_same_name_never_interleave(tmp_path, data_args):
     cmd = [
@@ -338,7 +346,8 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
 
 
-# -- sweeps --------------------------------------------------------------------------------------------------------
+# -- sweeps
+# --------------------------------------------------------------------------------------------------------
 SWEEP_STEPS = (
     400  # ~2 s a run: both are still in flight when the test strikes after their first checkpoints
 )
@@ -387,7 +396,8 @@ def _wait_for(predicate, seconds=120):
 def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_file):
     cmd = _sweep_cmd(tmp_path, corpus_file)
     study_dir = tmp_path / "out" / "s"
-    # started as a background job of a script is (SIGINT ignored, inherited): the sweep must still stop on kill -INT
+    # started as a background job of a script is (SIGINT ignored, inherited): the sweep must still
+    # stop on kill -INT
     sweep = subprocess.Popen(
         cmd,
         cwd=train.REPO,

@@ -1,4 +1,5 @@
-"""FLOPs per token against torch's own FLOP counter on a real forward + backward, and the MFU arithmetic."""
+"""FLOPs per token against torch's own FLOP counter on a real forward + backward, and the MFU
+arithmetic."""
 
 import pytest
 import torch
@@ -12,8 +13,9 @@ from training.flops import flops_per_token, matmul_params, mfu, peak_flops
     "kw", [dict(), dict(n_kv_heads=2), dict(ffn="relu"), dict(tie_embeddings=True)]
 )
 def test_flops_per_token_is_what_torch_counts_for_a_training_step(kw):
-    """6 N: torch counts the model's matmuls of a forward + backward (its CPU attention kernel is not counted);
-    12 L d T: torch counts attention written as matmuls, forward + backward, over the same shapes."""
+    """6 N: torch counts the model's matmuls of a forward + backward (its CPU attention kernel is
+    not counted); 12 L d T: torch counts attention written as matmuls, forward + backward, over the
+    same shapes."""
     args = ModelArgs(dim=64, n_layers=3, n_heads=4, vocab_size=512, max_seq_len=32, **kw)
     model = Llama(args)
     B, T = 2, 32
@@ -39,7 +41,8 @@ def test_mfu_of_a_known_device_and_none_elsewhere():
     peak = peak_flops("NVIDIA H200", "bfloat16")
     assert peak == 989e12 and mfu(1e6, 1e9, peak) == pytest.approx(1e15 / 989e12)
     assert peak_flops("cpu", "float32") is None and mfu(1e6, 1e9, None) is None
-    # the PCIe and NVL parts have lower peaks than the SXM part whose name they contain (MFU was understated)
+    # the PCIe and NVL parts have lower peaks than the SXM part whose name they contain (MFU was
+    # understated)
     assert (
         peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12
         and peak_flops("NVIDIA H100 NVL", "float32") == 418e12

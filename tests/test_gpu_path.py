@@ -1,4 +1,5 @@
-"""The GPU path's choices, checked on CPU: SDPA inputs that keep a fused kernel, TF32, MFU, the GPU script."""
+"""The GPU path's choices, checked on CPU: SDPA inputs that keep a fused kernel, TF32, MFU, the GPU
+script."""
 
 import subprocess
 import sys
@@ -25,7 +26,8 @@ def test_gqa_repeats_kv_heads_only_for_float32_on_cuda():
     assert expand_kv(_On("cuda", torch.float32))  # enable_gqa would force the math kernel
     assert not expand_kv(_On("cuda", torch.bfloat16))  # flash attention implements enable_gqa
     assert not expand_kv(_On("cpu", torch.float32))
-    # under autocast SDPA runs in the autocast dtype, whatever q's dtype (RoPE's float32 tables promote q)
+    # under autocast SDPA runs in the autocast dtype, whatever q's dtype (RoPE's float32 tables
+    # promote q)
     assert not runs_in_float32("cuda", torch.float32, True, torch.bfloat16)
     assert runs_in_float32("cuda", torch.float32, True, torch.float32) and runs_in_float32(
         "cuda", torch.float32, False, torch.bfloat16
@@ -46,8 +48,8 @@ def test_tf32_is_switched_on_through_the_api_inductor_reads():
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
         use_tf32()
-        # torch.get_float32_matmul_precision() must still answer (inductor's max-autotune asks it): the
-        # per-backend fp32_precision API made it raise ('mix of the legacy and new APIs')
+        # torch.get_float32_matmul_precision() must still answer (inductor's max-autotune asks it):
+        # the per-backend fp32_precision API made it raise ('mix of the legacy and new APIs')
         assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
     finally:
         torch.set_float32_matmul_precision(before[0])

@@ -123,7 +123,8 @@ def test_from_hf_refuses_what_it_cannot_express(change, reason):
 
 
 def test_transformers_4x_config_form():
-    """transformers 4.x keeps rope_theta apart and rope_scaling None by default ('type' in older files)."""
+    """transformers 4.x keeps rope_theta apart and rope_scaling None by default ('type' in older
+    files)."""
     from types import SimpleNamespace
 
     from model.hf import args_from_hf
@@ -150,7 +151,8 @@ def test_transformers_4x_config_form():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_models_run(dtype):
-    """The RoPE tables stay float32 when the model is cast (torch.complex rejects bfloat16 / float16)."""
+    """The RoPE tables stay float32 when the model is cast (torch.complex rejects bfloat16 /
+    float16)."""
     torch.manual_seed(2)
     theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_SMALL)).eval()
     idx = torch.randint(0, 97, (2, 32))
@@ -176,8 +178,9 @@ def test_real_valued_rope_equals_the_complex_rotation():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_rope_is_the_pairwise_formula_bit_for_bit_forward_and_backward(dtype):
-    """apply_rope works on whole heads (x cos + swap(x) sin); the pairwise formula (a cos - b sin, a sin + b cos,
-    stacked back) gives the same bits, outputs and input gradients, on a strided slice as in the model."""
+    """apply_rope works on whole heads (x cos + swap(x) sin); the pairwise formula (a cos - b sin, a
+    sin + b cos, stacked back) gives the same bits, outputs and input gradients, on a strided slice
+    as in the model."""
     from model.layers import apply_rope, rope_tables
 
     def pairwise(x, rope):

@@ -41,10 +41,10 @@ def test_residual_scaling_and_embedding_std():
 
 @pytest.mark.parametrize("dim", [64, 256])
 def test_width_init_scale_draws_c_over_sqrt_d_everywhere_the_std_defaults_to_init_std(dim):
-    """init_scale=width: init_std = 0.02 is the std at d = 4096, so at d every default std is c / sqrt(d) with
-    c = 0.02 x sqrt(4096) = 1.28 (0.16 at d = 64, 0.08 at d = 256): the embedding, every matrix, the head; the
-    residual projections divided by sqrt(2 n_layers) on top. A std from n draws has relative sd 1 / sqrt(2n): <= 1.6%
-    here (n >= 2048), so 5% is > 3 sd."""
+    """init_scale=width: init_std = 0.02 is the std at d = 4096, so at d every default std is c /
+    sqrt(d) with c = 0.02 x sqrt(4096) = 1.28 (0.16 at d = 64, 0.08 at d = 256): the embedding,
+    every matrix, the head; the residual projections divided by sqrt(2 n_layers) on top. A std from
+    n draws has relative sd 1 / sqrt(2n): <= 1.6% here (n >= 2048), so 5% is > 3 sd."""
     c = 0.02 * math.sqrt(4096)
     base = dict(dim=dim, n_layers=4, n_heads=4, vocab_size=512, max_seq_len=16, init_scale="width")
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
-"""Failure kinds from constructed eval curves, instability alone, and claims on separated arms decided on the
-brackets (docs/METHODS.md): constructed runs, no training."""
+"""Failure kinds from constructed eval curves, instability alone, and claims on separated arms
+decided on the brackets (docs/METHODS.md): constructed runs, no training."""
 
 import pytest
 
@@ -67,7 +67,8 @@ def test_a_flat_run_below_the_unigram_level_failed_by_its_arms_gap_is_stalled_an
 
 
 def _arm(label, edges, seeds=5):
-    """An arm over lrs 1e-3..1: seeds fail at every LR from edges[seed] up (separated when all edges agree)."""
+    """An arm over lrs 1e-3..1: seeds fail at every LR from edges[seed] up (separated when all edges
+    agree)."""
     lrs = [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1, 3.16e-1, 1.0]
     runs = []
     for s in range(seeds):
@@ -93,8 +94,9 @@ def _decide(a, b, expect):
 
 
 def test_two_identical_separated_arms_are_cannot_tell_not_the_same():
-    """0/5 then 5/5 at the same LRs in both arms: Firth's joint fit puts the ratio at 1 with a CI inside x2, but the
-    data only say it lies in 0.316..3.16; the `same` claim is decided on the brackets: cannot tell."""
+    """0/5 then 5/5 at the same LRs in both arms: Firth's joint fit puts the ratio at 1 with a CI
+    inside x2, but the data only say it lies in 0.316..3.16; the `same` claim is decided on the
+    brackets: cannot tell."""
     a, b = _arm("rmsnorm", [0.1] * 5), _arm("layernorm", [0.1] * 5)
     assert not a.failure().identified and a.failure().bounds == (3.16e-2, 0.1)
     c = _decide(a, b, "same")

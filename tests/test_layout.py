@@ -1,5 +1,5 @@
-"""The layout keeps its labels: study/'s module map names every module once, the training defaults have one
-source, and every study file is named as its study and its results folder."""
+"""The layout keeps its labels: study/'s module map names every module once, the training defaults
+have one source, and every study file is named as its study and its results folder."""
 
 import re
 from pathlib import Path
@@ -29,8 +29,8 @@ def test_the_study_map_names_every_module_once():
 
 
 def test_default_yaml_states_exactly_the_dataclass_defaults():
-    """configs/train/default.yaml lists every field with the dataclasses' value: `python train.py` and
-    load_config(None) build the same run."""
+    """configs/train/default.yaml lists every field with the dataclasses' value: `python train.py`
+    and load_config(None) build the same run."""
     yaml = flat(OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "train" / "default.yaml")))
     defaults = flat(to_dict(Config()))
     assert set(yaml) == set(defaults) - DERIVED, (
@@ -52,8 +52,9 @@ def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
     assert s["about"] and "\n" not in s["about"]
 
 
-# Study files redesigned since their committed results were made: the copy beside the results is the design that
-# made them until the study is rerun (then its entry goes, and the copies must agree again).
+# Study files redesigned since their committed results were made: the copy beside the results is the
+# design that made them until the study is rerun (then its entry goes, and the copies must agree
+# again).
 AWAITING_RERUN: dict[str, str] = {}  # none at present
 
 

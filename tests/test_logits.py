@@ -1,7 +1,7 @@
-"""The instabilities' interventions (Wortsman et al. 2023) against hand-written references: qk-norm as its own
-choice (and the old boolean spelling), attention and output logit soft-capping (float64 math), attention entropy,
-the z-loss term logged apart, coupled vs independent weight decay and muParam (simple)'s per-group LRs (one AdamW
-step computed by hand in float64)."""
+"""The instabilities' interventions (Wortsman et al. 2023) against hand-written references: qk-norm
+as its own choice (and the old boolean spelling), attention and output logit soft-capping (float64
+math), attention entropy, the z-loss term logged apart, coupled vs independent weight decay and
+muParam (simple)'s per-group LRs (one AdamW step computed by hand in float64)."""
 
 import json
 import math
@@ -19,12 +19,14 @@ from training.config import ConfigError, OptimConfig, load_config, to_yaml
 from training.optim import build_optimizer, lr_at, param_groups, set_lr
 
 
-# -- qk-norm ----------------------------------------------------------------------------------------------------------
+# -- qk-norm
+# ----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("block", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("qk", ["none", "rmsnorm", "layernorm"])
 def test_qk_norm_is_its_own_choice_whatever_the_block_norm(block, qk):
-    """qk-LayerNorm under RMSNorm blocks and the other way round: the qk-norm's kind and eps are its own, a gain per
-    head dim and no bias; the queries attention sees are that norm of each head (then RoPE), in float64."""
+    """qk-LayerNorm under RMSNorm blocks and the other way round: the qk-norm's kind and eps are its
+    own, a gain per head dim and no bias; the queries attention sees are that norm of each head
+    (then RoPE), in float64."""
     torch.manual_seed(0)
     model = Llama(
         tiny_args(norm=block, qk_norm=qk, qk_norm_eps=1e-3, norm_eps=1e-6, norm_impl="reference")
@@ -60,8 +62,9 @@ def test_qk_norm_eps_defaults_to_the_norm_eps():
 
 
 def test_the_old_boolean_qk_norm_is_refused_with_the_valid_names(tmp_path):
-    """`qk_norm: true` (the block norm per head, before qk_norm was a choice) is no longer read: it raises with
-    the names that replace it (qknorm-control's `true` under RMSNorm blocks is `rmsnorm`)."""
+    """`qk_norm: true` (the block norm per head, before qk_norm was a choice) is no longer read: it
+    raises with the names that replace it (qknorm-control's `true` under RMSNorm blocks is
+    `rmsnorm`)."""
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(load_config(None)).replace("qk_norm: none", "qk_norm: true"))
     with pytest.raises(
@@ -79,10 +82,11 @@ def test_a_bad_qk_norm_or_softcap_is_one_line():
         load_config(None, ["model.qk_norm_eps=0"])
 
 
-# -- soft-capping -----------------------------------------------------------------------------------------------------
+# -- soft-capping
+# -----------------------------------------------------------------------------------------------------
 def _reference_attention(q, k, v, cap: float) -> torch.Tensor:
-    """Causal attention written out per query in float64: z_ij = q_i.k_j / sqrt(d), cap tanh(z / cap), softmax over
-    j <= i, sum_j a_ij v_j; kv head g serves query heads g * H / kv ...."""
+    """Causal attention written out per query in float64: z_ij = q_i.k_j / sqrt(d), cap tanh(z /
+    cap), softmax over j <= i, sum_j a_ij v_j; kv head g serves query heads g * H / kv ...."""
     q, k, v = q.double(), k.double(), v.double()
     B, H, T, hd = q.shape
     out = torch.zeros(B, H, T, hd, dtype=torch.float64)
@@ -100,7 +104,8 @@ def _reference_attention(q, k, v, cap: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("cap", [0.0, 2.0, 30.0])
 def test_explicit_attention_with_a_softcap_matches_a_float64_reference(cap):
-    """Logits up to ~15 in magnitude: a cap of 2 changes them a lot, 30 a little, 0 not at; float32 within 1e-5."""
+    """Logits up to ~15 in magnitude: a cap of 2 changes them a lot, 30 a little, 0 not at; float32
+    within 1e-5."""
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 6, 8) * 2, torch.randn(2, 2, 6, 8) * 2, torch.randn(2, 2, 6, 8)
     y = explicit_attention(q, k, v, cap)
@@ -123,8 +128,8 @@ def test_explicit_attention_equals_sdpa_with_the_cap_off():
 
 
 def test_a_model_with_a_cap_far_above_its_logits_equals_the_sdpa_model():
-    """The forward dispatch: attn_softcap > 0 runs the explicit path; a cap of 1e6 changes logits of size ~1 by
-    ~1e-12, so the two models' outputs agree to float32 noise."""
+    """The forward dispatch: attn_softcap > 0 runs the explicit path; a cap of 1e6 changes logits of
+    size ~1 by ~1e-12, so the two models' outputs agree to float32 noise."""
     torch.manual_seed(0)
     a = Llama(tiny_args())
     torch.manual_seed(0)
@@ -137,8 +142,8 @@ def test_a_model_with_a_cap_far_above_its_logits_equals_the_sdpa_model():
 
 
 def test_output_softcap_matches_a_float64_reference():
-    """logits = c tanh(raw / c) with raw the head's output, and the loss is the cross-entropy of the capped logits:
-    logsumexp - the target's logit, per position, in float64."""
+    """logits = c tanh(raw / c) with raw the head's output, and the loss is the cross-entropy of the
+    capped logits: logsumexp - the target's logit, per position, in float64."""
     cap = 0.5
     torch.manual_seed(0)
     raw_model = Llama(tiny_args(init_std=0.5)).double()  # logits of size ~5: the cap of 0.5 bites
@@ -163,9 +168,11 @@ def test_the_output_softcap_runs_in_float32_under_bfloat16_autocast():
     assert logits.dtype == torch.float32 and torch.isfinite(loss)
 
 
-# -- attention entropy ------------------------------------------------------------------------------------------------
+# -- attention entropy
+# ------------------------------------------------------------------------------------------------
 def _reference_entropy(q, k, cap: float) -> float:
-    """Mean over batch, heads and query positions of -sum_j a_ij log a_ij, a_i the causal softmax, in float64."""
+    """Mean over batch, heads and query positions of -sum_j a_ij log a_ij, a_i the causal softmax,
+    in float64."""
     q, k = q.double(), k.double()
     B, H, T, hd = q.shape
     total = 0.0
@@ -182,9 +189,9 @@ def _reference_entropy(q, k, cap: float) -> float:
 
 @pytest.mark.parametrize("cap", [0.0, 3.0])
 def test_attention_entropy_matches_a_float64_reference(monkeypatch, cap):
-    """Constructed q and k: heads from near-uniform (small q) to near one-hot (a large q), entropy in nats; the
-    chunked pass (MAX_SCORES forcing one sequence at a time) gives the same numbers; logit_max stays the uncapped
-    max |q.k| / sqrt(d)."""
+    """Constructed q and k: heads from near-uniform (small q) to near one-hot (a large q), entropy
+    in nats; the chunked pass (MAX_SCORES forcing one sequence at a time) gives the same numbers;
+    logit_max stays the uncapped max |q.k| / sqrt(d)."""
     torch.manual_seed(0)
     q = torch.randn(3, 4, 7, 8) * torch.tensor([0.01, 1.0, 3.0, 30.0]).view(1, 4, 1, 1)
     k = torch.randn(3, 2, 7, 8)
@@ -207,8 +214,9 @@ def test_attention_entropy_matches_a_float64_reference(monkeypatch, cap):
 
 
 def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
-    """attn/entropy/layer_{i} is the entropy of layer i's attention on this step's input (qk_stats of attention.qk),
-    averaged over forward passes; with a softcap, of the capped logits the layer uses."""
+    """attn/entropy/layer_{i} is the entropy of layer i's attention on this step's input (qk_stats
+    of attention.qk), averaged over forward passes; with a softcap, of the capped logits the layer
+    uses."""
     torch.manual_seed(0)
     model = Llama(tiny_args(attn_softcap=2.0, init_std=0.2))
     x = torch.randint(0, 64, (2, 3, 16))
@@ -231,10 +239,11 @@ def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
         assert 0 < got[f"attn/entropy/layer_{i}"] < math.log(16)
 
 
-# -- weight decay and parametrization ---------------------------------------------------------------------------------
+# -- weight decay and parametrization
+# ---------------------------------------------------------------------------------
 def _one_step(cfg: OptimConfig, lr: float, model=None):
-    """A float64 tiny model with known parameters and gradients, one AdamW step at scheduled LR `lr`: (before,
-    after, grads, model)."""
+    """A float64 tiny model with known parameters and gradients, one AdamW step at scheduled LR
+    `lr`: (before, after, grads, model)."""
     torch.manual_seed(0)
     model = model or Llama(tiny_args(norm_impl="reference")).double()
     for p in model.parameters():
@@ -252,7 +261,8 @@ def _one_step(cfg: OptimConfig, lr: float, model=None):
 
 
 def _adamw_first_step(p, g, lr: float, decay: float, eps: float) -> torch.Tensor:
-    """AdamW's first step by hand: m_hat = g, v_hat = g^2 (bias-corrected), p (1 - decay) - lr g / (|g| + eps)."""
+    """AdamW's first step by hand: m_hat = g, v_hat = g^2 (bias-corrected), p (1 - decay) - lr g /
+    (|g| + eps)."""
     return p * (1 - decay) - lr * g / (g.abs() + eps)
 
 
@@ -260,9 +270,9 @@ def _adamw_first_step(p, g, lr: float, decay: float, eps: float) -> torch.Tensor
 @pytest.mark.parametrize("peak", [1e-3, 1e-2])
 @pytest.mark.parametrize("at", [1.0, 0.25])  # the scheduled LR as a share of the peak
 def test_one_adamw_step_equals_the_hand_computed_update(mode, peak, at):
-    """Coupled: the decay of the step is wd * lr(t) (torch's AdamW). Independent: wd * lr(t) / peak, so at the peak
-    it is wd whatever the peak LR, and a quarter of it at a quarter of the peak. Matrices decay; the embedding and
-    the norm gains do not."""
+    """Coupled: the decay of the step is wd * lr(t) (torch's AdamW). Independent: wd * lr(t) / peak,
+    so at the peak it is wd whatever the peak LR, and a quarter of it at a quarter of the peak.
+    Matrices decay; the embedding and the norm gains do not."""
     wd = 0.1 if mode == "coupled" else 1e-4
     cfg = OptimConfig(lr=peak, weight_decay=wd, weight_decay_mode=mode)
     lr = peak * at
@@ -299,8 +309,8 @@ def test_independent_decay_at_the_peak_does_not_depend_on_the_lr():
 
 
 def test_the_standard_parametrization_keeps_its_two_groups():
-    """sp: [decayed matrices, everything else] with lr_scale 1 and the configured decay, as before (old optimizer
-    states load into it, and every run stays bit-identical)."""
+    """sp: [decayed matrices, everything else] with lr_scale 1 and the configured decay, as before
+    (old optimizer states load into it, and every run stays bit-identical)."""
     model = Llama(tiny_args())
     decay, no_decay = param_groups(model, OptimConfig())
     matrices = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
@@ -310,9 +320,10 @@ def test_the_standard_parametrization_keeps_its_two_groups():
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_mup_simple_scales_every_linear_layers_lr_by_base_over_width(tie):
-    """Width 128 over a base of 32: every linear layer's weight (q, k, v, o, w1, w2, w3, an untied head) gets LR
-    x 0.25; the embedding (a tied head is the embedding), the norm gains keep the scheduled LR. One step of a
-    matrix is the hand-computed one at lr / 4, independent decay still wd * lr(t) / peak."""
+    """Width 128 over a base of 32: every linear layer's weight (q, k, v, o, w1, w2, w3, an untied
+    head) gets LR x 0.25; the embedding (a tied head is the embedding), the norm gains keep the
+    scheduled LR. One step of a matrix is the hand-computed one at lr / 4, independent decay still
+    wd * lr(t) / peak."""
     args = tiny_args(dim=128, n_heads=4, tie_embeddings=tie, norm_impl="reference")
     cfg = OptimConfig(
         lr=1e-2,
@@ -365,7 +376,8 @@ def test_bad_optimizer_choices_are_one_line():
 
 
 def test_the_schedule_share_is_what_independent_decay_follows():
-    """lr_at / peak is the s_t of Wortsman et al.'s update: warmup from 1/warmup to 1, then down to min_lr_ratio."""
+    """lr_at / peak is the s_t of Wortsman et al.'s update: warmup from 1/warmup to 1, then down to
+    min_lr_ratio."""
     cfg = OptimConfig(lr=3e-3, warmup_steps=4, min_lr_ratio=0.1)
     shares = [lr_at(s, cfg, 20) / cfg.lr for s in range(20)]
     assert (
@@ -375,11 +387,12 @@ def test_the_schedule_share_is_what_independent_decay_follows():
     )
 
 
-# -- z-loss and the run's records -------------------------------------------------------------------------------------
+# -- z-loss and the run's records
+# -------------------------------------------------------------------------------------
 def test_z_loss_is_logged_apart_from_the_cross_entropy():
-    """train/log_z2 = the mean over micro-batches of mean log(Z)^2 (float64 reference from the step's logits),
-    train/z_loss = its coefficient times that (the term added to the objective), train/loss the cross-entropy
-    alone; without z-loss neither is logged."""
+    """train/log_z2 = the mean over micro-batches of mean log(Z)^2 (float64 reference from the
+    step's logits), train/z_loss = its coefficient times that (the term added to the objective),
+    train/loss the cross-entropy alone; without z-loss neither is logged."""
     from training.step import StepParts, autocast_for, train_step
 
     torch.manual_seed(0)
@@ -417,9 +430,9 @@ def test_z_loss_is_logged_apart_from_the_cross_entropy():
 
 
 def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
-    """train.py with qk-LayerNorm under RMSNorm blocks, both caps, z-loss, independent decay and mup_simple: it
-    learns, meta.json names the explicit attention path, the z terms are logged at every step and the attention
-    entropy at every probe step."""
+    """train.py with qk-LayerNorm under RMSNorm blocks, both caps, z-loss, independent decay and
+    mup_simple: it learns, meta.json names the explicit attention path, the z terms are logged at
+    every step and the attention entropy at every probe step."""
     assert (
         run_tiny(
             "--name",
@@ -452,11 +465,13 @@ def test_a_run_with_every_intervention_records_them(tmp_path, run_tiny):
     assert summary["final_val_loss"] < records[0]["val/loss"]
 
 
-# -- the study report's log Z figure ----------------------------------------------------------------------------------
+# -- the study report's log Z figure
+# ----------------------------------------------------------------------------------
 def _logz_run(
     root, name: str, z_loss: float, lr: float, seed: int, log_z: list, norm: str = "rmsnorm"
 ):
-    """A finished run directory made by hand: its config (z-loss, norm, LR, seed) and logits/log_z records."""
+    """A finished run directory made by hand: its config (z-loss, norm, LR, seed) and logits/log_z
+    records."""
     from conftest import TINY
 
     cfg = load_config(
@@ -494,8 +509,8 @@ def _logz_run(
 
 @pytest.mark.parametrize("axis", ["z_loss", "norm"])
 def test_the_log_z_figure_is_drawn_where_the_arms_differ_in_z_loss_or_decay(tmp_path, axis):
-    """Arms that differ in train.z_loss, runs that logged logits/log_z: log_z.png is drawn and the report shows it;
-    arms that differ only in their norm: no such figure."""
+    """Arms that differ in train.z_loss, runs that logged logits/log_z: log_z.png is drawn and the
+    report shows it; arms that differ only in their norm: no such figure."""
     from study.report import write_report
 
     for seed in (0, 1):

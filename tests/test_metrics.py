@@ -1,4 +1,5 @@
-"""Stability probes against direct computations, the spike detector, and hooks that leave no trace."""
+"""Stability probes against direct computations, the spike detector, and hooks that leave no
+trace."""
 
 import math
 import random
@@ -46,7 +47,8 @@ def test_grad_norms_add_up_to_the_clip_grad_norm_value():
 
 
 def _rope_complex(x, theta=10000.0):
-    """Meta's original RoPE: pairs as complex numbers times e^{i t theta_j} (an independent reference)."""
+    """Meta's original RoPE: pairs as complex numbers times e^{i t theta_j} (an independent
+    reference)."""
     B, T, H, hd = x.shape
     freqs = 1.0 / theta ** (torch.arange(0, hd, 2).double() / hd)
     rot = torch.polar(
@@ -100,9 +102,9 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
 
 
 def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monkeypatch):
-    """Past MAX_SCORES scores per sequence the probe takes query rows in blocks (it held whole seq_len^2 score
-    matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run at 20 GB); the same maximum and
-    attention entropy."""
+    """Past MAX_SCORES scores per sequence the probe takes query rows in blocks (it held whole
+    seq_len^2 score matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run
+    at 20 GB); the same maximum and attention entropy."""
     from training import metrics
 
     torch.manual_seed(0)
@@ -179,7 +181,8 @@ def test_update_ratio_per_matrix_and_gains_apart():
 
 
 def test_gains_are_told_from_matrices_by_module_not_shape():
-    """A gain over a 2-d normalized_shape is initialised to 1 and never decayed; a Linear's weight always is."""
+    """A gain over a 2-d normalized_shape is initialised to 1 and never decayed; a Linear's weight
+    always is."""
     from model.llama import parameter_kinds
     from model.norms import RMSNorm
     from training.config import OptimConfig
@@ -224,8 +227,8 @@ def _falling(n: int, noise: float, seed: int) -> list[float]:
 
 
 def test_no_spikes_on_smooth_or_noisy_falling_curves():
-    """False alarms: 200 curves (noise 0.2% to 10% per step, 500 steps, 98,600 judged steps) give at most a few;
-    measured 1 (k = 5, window 5)."""
+    """False alarms: 200 curves (noise 0.2% to 10% per step, 500 steps, 98,600 judged steps) give at
+    most a few; measured 1 (k = 5, window 5)."""
     alarms = judged = 0
     for seed in range(50):
         for noise in (0.002, 0.01, 0.05, 0.1):
@@ -236,9 +239,9 @@ def test_no_spikes_on_smooth_or_noisy_falling_curves():
 
 
 def test_injected_spikes_are_found_from_the_first_steps_and_on_a_falling_curve():
-    """Hits: spikes x1.3-x3 at steps 8, 12, 25 (where the curve falls fastest, before any 50-step window could
-    fill), 200 and 400: measured 482 of 500 found (the misses: step 8 on the noisiest curves, judged from step
-    7), and 1 other step flagged."""
+    """Hits: spikes x1.3-x3 at steps 8, 12, 25 (where the curve falls fastest, before any 50-step
+    window could fill), 200 and 400: measured 482 of 500 found (the misses: step 8 on the noisiest
+    curves, judged from step 7), and 1 other step flagged."""
     hits = extra = 0
     for seed in range(50):
         for noise in (0.01, 0.05):
@@ -253,8 +256,9 @@ def test_injected_spikes_are_found_from_the_first_steps_and_on_a_falling_curve()
 
 
 def test_the_old_trailing_window_missed_what_this_one_finds():
-    """The no-norm arm's kind of early spike (the loss above 7 before step 30 on a falling curve): the score is
-    > 0 here; a 50-step trailing window judged nothing before step 50, and after it the trend's std hid it."""
+    """The no-norm arm's kind of early spike (the loss above 7 before step 30 on a falling curve):
+    the score is > 0 here; a 50-step trailing window judged nothing before step 50, and after it the
+    trend's std hid it."""
     curve = _falling(300, 0.01, 0)
     curve[20] = 7.5
     assert spike_score(curve, 5, 5) == pytest.approx(
@@ -280,16 +284,17 @@ def test_outcome_classification_on_the_whole_val_curve():
     assert judge([6.0, 3.5, 5.9]) == "unstable"  # learned, then ended 2.4 nats above its best
     assert judge([6.0, 4.0, 8.5]) == "unstable"  # ended above L0
     assert judge([6.0, 4.0, nan]) == "diverged" and judge([]) == "diverged"
-    # the old rule judged the final value only: a run that learned and blew back up to the unigram loss was a
-    # "plateau"; it is unstable now, and a plateau means it never learned
+    # the old rule judged the final value only: a run that learned and blew back up to the unigram
+    # loss was a "plateau"; it is unstable now, and a plateau means it never learned
     assert judge([6.0, 3.3, 6.3]) == "unstable"
 
 
 def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
-    """Post-norm at a high LR sits at the unigram loss (5.88 +- 0.005, the audit's plateaus): collapsed. A low-LR run
-    still falling toward the threshold (the audit's 5.633 vs a line at ~5.63): plateau, whatever side of the line
-    its noise puts the last value, as long as it has not crossed it. The line is 5.88 - 0.25 = 5.63; a run is
-    still falling if at its last evals' slope it would cross it within as many steps again (500)."""
+    """Post-norm at a high LR sits at the unigram loss (5.88 +- 0.005, the audit's plateaus):
+    collapsed. A low-LR run still falling toward the threshold (the audit's 5.633 vs a line at
+    ~5.63): plateau, whatever side of the line its noise puts the last value, as long as it has not
+    crossed it. The line is 5.88 - 0.25 = 5.63; a run is still falling if at its last evals' slope
+    it would cross it within as many steps again (500)."""
     steps = [100, 200, 300, 400, 500]
     judge = lambda curve: classify(curve, 5.88, 0.25, 8.3, 0.5, steps, flat_horizon=1.0)  # noqa: E731
     assert judge([5.90, 5.884, 5.879, 5.885, 5.880]) == "collapsed"  # slope ~0 over the last evals
@@ -298,13 +303,16 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     assert (
         judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"
     )  # a slope of -4.5e-5 / step is flat
-    # the default study's post-norm runs stuck at the unigram level but creeping down (-1.25e-4 / step: 0.06 nats in
-    # 500 more steps, 0.25 short of the line): collapsed; the flat-slope rule (1e-4 / step) called them plateaus
+    # the default study's post-norm runs stuck at the unigram level but creeping down (-1.25e-4 /
+    # step: 0.06 nats in 500 more steps, 0.25 short of the line): collapsed; the flat-slope rule
+    # (1e-4 / step) called them plateaus
     assert judge([5.914, 5.927, 5.904, 5.884, 5.879]) == "collapsed"
-    # Pre-LN at lr 1 leaving the unigram level late (-7.3e-4 / step reaches the line within 500 steps): plateau
+    # Pre-LN at lr 1 leaving the unigram level late (-7.3e-4 / step reaches the line within 500
+    # steps): plateau
     assert judge([6.461, 6.096, 6.012, 5.879, 5.867]) == "plateau"
-    # 20 steps of the tiny config: far above the unigram level (4.58 vs 3.38) and falling 0.04 / step: too short,
-    # not stuck, though at that slope it would not reach the line within 20 more steps
+    # 20 steps of the tiny config: far above the unigram level (4.58 vs 3.38) and falling 0.04 /
+    # step: too short, not stuck, though at that slope it would not reach the line within 20 more
+    # steps
     assert classify([4.96, 4.58], 3.38, 0.25, 6.9, 0.5, [10, 20]) == "plateau"
     assert (
         classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"
@@ -312,12 +320,13 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
 
 
 def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
-    """DyT's units saturate for good: float32 tanh(z) rounds to exactly 1.0 once 1 - tanh(z) ~ 2 e^(-2z) is below half
-    an ulp of 1 (2^-25), i.e. from z = 13 ln 2 = 9.0109 on, and 1 - tanh^2 is then exactly 0. Checked on torch's own
-    kernels (a vectorized 8192-element grid and a one-element tensor) through DyT's forward, for x and alpha: zero
-    gradient from a z* in [9.0, 9.1] on (here 9.0110; a correctly rounded tanh gives 13 ln 2 to float32 spacing), at
-    most one ulp's 2^-23 just below it. So the count's threshold, DYT_SATURATION = 9, is at most 0.1 below the point
-    where the gradient vanishes, and every unit beyond 9.1 passes none."""
+    """DyT's units saturate for good: float32 tanh(z) rounds to exactly 1.0 once 1 - tanh(z) ~ 2
+    e^(-2z) is below half an ulp of 1 (2^-25), i.e. from z = 13 ln 2 = 9.0109 on, and 1 - tanh^2 is
+    then exactly 0. Checked on torch's own kernels (a vectorized 8192-element grid and a one-element
+    tensor) through DyT's forward, for x and alpha: zero gradient from a z* in [9.0, 9.1] on (here
+    9.0110; a correctly rounded tanh gives 13 ln 2 to float32 spacing), at most one ulp's 2^-23 just
+    below it. So the count's threshold, DYT_SATURATION = 9, is at most 0.1 below the point where the
+    gradient vanishes, and every unit beyond 9.1 passes none."""
     from model.norms import DyT
 
     assert DYT_SATURATION == 9.0 and 13 * math.log(2) == pytest.approx(9.0109, abs=1e-4)
@@ -406,9 +415,10 @@ def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_nor
 
 
 def test_trunk_gradient_max_is_exactly_zero_when_no_gradient_passes_the_final_norm():
-    """A final DyT whose every unit is saturated (alpha 1e9 on a stream of RMS ~0.02) passes no gradient: the
-    largest |gradient| below it is exactly 0.0 while the head and the final gain still learn. With a normal alpha
-    the metric is the largest |gradient| of every parameter but those three."""
+    """A final DyT whose every unit is saturated (alpha 1e9 on a stream of RMS ~0.02) passes no
+    gradient: the largest |gradient| below it is exactly 0.0 while the head and the final gain still
+    learn. With a normal alpha the metric is the largest |gradient| of every parameter but those
+    three."""
     x, y = torch.randint(0, 50, (2, 3, 12), generator=torch.Generator().manual_seed(0))
     for alpha, dead in ((1e9, True), (0.5, False)):
         torch.manual_seed(5)

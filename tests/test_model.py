@@ -48,12 +48,13 @@ def test_initial_loss_is_near_uniform(norm, placement):
 def test_overfits_one_batch(norm, placement):
     """Every norm in every placement can memorize one batch of random targets.
 
-    Set where the property is not marginal, so it holds on any CPU's rounding: at lr 1e-2 (d = 32) AdamW is on
-    the edge for this task and the last value is chaotic (pRMSNorm in peri ended at 1.69 on one machine and 3.52
-    on another). At lr 5e-3 and d = 64 every pair but DyT-post ends below 1.7e-3 over its last 75 steps, on both
-    AVX-512 and AVX2 code paths (threads 1 and 2): the bound 0.02 leaves a factor > 10. DyT in the post
-    placement (tanh of the summed stream) learns slowly and noisily: its best loss reached 0.32-0.54 by step 300
-    on those paths; the bound is half the initial loss (2.08), a factor ~4."""
+    Set where the property is not marginal, so it holds on any CPU's rounding: at lr 1e-2 (d = 32)
+    AdamW is on the edge for this task and the last value is chaotic (pRMSNorm in peri ended at 1.69
+    on one machine and 3.52 on another). At lr 5e-3 and d = 64 every pair but DyT-post ends below
+    1.7e-3 over its last 75 steps, on both AVX-512 and AVX2 code paths (threads 1 and 2): the bound
+    0.02 leaves a factor > 10. DyT in the post placement (tanh of the summed stream) learns slowly
+    and noisily: its best loss reached 0.32-0.54 by step 300 on those paths; the bound is half the
+    initial loss (2.08), a factor ~4."""
     torch.manual_seed(0)
     model = Llama(tiny(norm=norm, placement=placement, dim=64))
     x = torch.randint(0, 64, (4, 16))

@@ -67,9 +67,8 @@ def test_layernorm_matches_torch(xshape, ndim, bias, dtype, tol):
 def test_bfloat16_gradients_match_float64(name):
     """bfloat16 gradients (input and gain) stay within bfloat16 rounding of float64 math.
 
-    torch.nn.LayerNorm on bfloat16 (torch 2.13 CPU) gets the gain gradient wrong by several percent at
-    this many rows; computing in float32 (our policy) keeps every gradient within ~0.4%.
-    """
+    torch.nn.LayerNorm on bfloat16 (torch 2.13 CPU) gets the gain gradient wrong by several percent
+    at this many rows; computing in float32 (our policy) keeps every gradient within ~0.4%."""
     gen = torch.Generator().manual_seed(2)
     x64 = torch.randn(4096, 256, generator=gen, dtype=torch.float64) * 3 + 1
     g64 = torch.randn(4096, 256, generator=gen, dtype=torch.float64)
@@ -133,9 +132,9 @@ def test_unknown_norm_lists_valid_names():
 @pytest.mark.parametrize("name", sorted(NORMS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(name, dtype):
-    """Whatever the registry holds: the fused implementation is a fused class or the reference class itself,
-    the output keeps the input's shape and dtype, gradients reach every parameter, and init / decay know its
-    parameters."""
+    """Whatever the registry holds: the fused implementation is a fused class or the reference class
+    itself, the output keeps the input's shape and dtype, gradients reach every parameter, and init
+    / decay know its parameters."""
     from model.llama import parameter_kinds
 
     torch.manual_seed(0)
@@ -191,9 +190,10 @@ def test_swap_norms_on_torch_transformer():
 
 
 def test_dyt_as_the_papers_llama_recipe_configures_it():
-    """Zhu et al. 2025's LLaMA code (other_tasks/LLaMA/fms_fsdp/models/llama.py): DyT without a bias, alpha0 per
-    location (7B: 0.8 before attention, 0.2 before the feed-forward and in the final norm), and a learnable scalar
-    times the embedding, initialized to sqrt(d). The defaults keep normlab's DyT (0.5 everywhere, with b)."""
+    """Zhu et al. 2025's LLaMA code (other_tasks/LLaMA/fms_fsdp/models/llama.py): DyT without a
+    bias, alpha0 per location (7B: 0.8 before attention, 0.2 before the feed-forward and in the
+    final norm), and a learnable scalar times the embedding, initialized to sqrt(d). The defaults
+    keep normlab's DyT (0.5 everywhere, with b)."""
     from model import Llama, ModelArgs
     from model.llama import parameter_kinds
 
@@ -222,8 +222,8 @@ def test_dyt_as_the_papers_llama_recipe_configures_it():
 
 
 def test_prmsnorm_fraction_sets_how_many_features_estimate_the_rms():
-    """k = ceil(p d): the paper's p = 6.25% gives k = 4 at d = 64 (its models have d >= 512, k >= 32); p = 0.5
-    gives k = 32 here. Checked against float64 math."""
+    """k = ceil(p d): the paper's p = 6.25% gives k = 4 at d = 64 (its models have d >= 512, k >=
+    32); p = 0.5 gives k = 32 here. Checked against float64 math."""
     torch.manual_seed(0)
     x = torch.randn(3, 5, 64, dtype=torch.float64)
     for fraction, k in ((0.0625, 4), (0.5, 32), (1.0, 64)):
@@ -237,8 +237,9 @@ def test_prmsnorm_fraction_sets_how_many_features_estimate_the_rms():
 
 
 def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
-    """Each norm declares its options (its Options dataclass); a model passes only the entry of the norm it
-    builds, so options of other norms (a study comparing norms sets one of them) change nothing."""
+    """Each norm declares its options (its Options dataclass); a model passes only the entry of the
+    norm it builds, so options of other norms (a study comparing norms sets one of them) change
+    nothing."""
     assert parse_options("layernorm", {"bias": True}).at("ffn") == {"bias": True}
     assert parse_options("dyt", {"alpha_ffn": 0.2}).at("ffn") == {"alpha0": 0.2, "bias": True}
     assert parse_options("dyt", {"alpha_ffn": 0.2}).at("attention") == {"alpha0": 0.5, "bias": True}
@@ -272,7 +273,8 @@ def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
 
 
 def test_each_implementation_is_a_registry_of_classes_chosen_by_name():
-    """reference: the formulas; fused: the fused classes where a norm has one, else the reference class."""
+    """reference: the formulas; fused: the fused classes where a norm has one, else the reference
+    class."""
     assert NORM_IMPLS["reference"] == NORMS
     assert {n: c.__name__ for n, c in NORM_IMPLS["fused"].items() if c is not NORMS[n]} == {
         "rmsnorm": "FusedRMSNorm",

@@ -1,5 +1,5 @@
-"""The fused cross-entropy and SwiGLU kernels against float64 truth and the torch-op references, and the
-model built with either implementation."""
+"""The fused cross-entropy and SwiGLU kernels against float64 truth and the torch-op references, and
+the model built with either implementation."""
 
 import json
 import os
@@ -43,8 +43,9 @@ BUILD = dict(
 
 
 def test_a_kernel_build_is_named_by_everything_it_depends_on():
-    """torch caches a build by name and rebuilds it in place when anything differs: the name is a hash of the
-    sources' bytes, the flags, the compiler, torch and (native builds) the CPU, so one differing is another build."""
+    """torch caches a build by name and rebuilds it in place when anything differs: the name is a
+    hash of the sources' bytes, the flags, the compiler, torch and (native builds) the CPU, so one
+    differing is another build."""
     from fused import build_name, source_files
 
     files = source_files()
@@ -110,10 +111,10 @@ def test_the_compiler_is_named_by_cxx_and_its_version(monkeypatch):
 def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_the_sources(
     tmp_path, monkeypatch
 ):
-    """In a build directory of this test's own (TORCH_EXTENSIONS_DIR, read by torch at each call): torch's `lock`
-    left by a killed process is gone when load() runs (torch would wait on it forever), and load() compiles the
-    build directory's copy of the sources, written once (unchanged files keep their mtime: ninja recompiles
-    nothing for another checkout's paths)."""
+    """In a build directory of this test's own (TORCH_EXTENSIONS_DIR, read by torch at each call):
+    torch's `lock` left by a killed process is gone when load() runs (torch would wait on it
+    forever), and load() compiles the build directory's copy of the sources, written once (unchanged
+    files keep their mtime: ninja recompiles nothing for another checkout's paths)."""
     import torch.utils.cpp_extension as cpp
     from torch.utils.file_baton import FileBaton
 
@@ -147,8 +148,8 @@ def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_th
 
 
 def test_the_compile_line_prints_only_when_a_build_is_compiled(tmp_path, monkeypatch, capsys):
-    """The kernel line ("compiling ..., about a minute") is printed when the build's library is not in the cache
-    (torch compiles then), and not when it is (a load in well under a second)."""
+    """The kernel line ("compiling ..., about a minute") is printed when the build's library is not
+    in the cache (torch compiles then), and not when it is (a load in well under a second)."""
     import torch.utils.cpp_extension as cpp
 
     import fused
@@ -171,8 +172,8 @@ def test_the_compile_line_prints_only_when_a_build_is_compiled(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_a_default_run_builds_no_kernels(tmp_path, data_args):
-    """train.py without model.norm_impl / ops_impl runs the reference classes: an empty kernel cache stays empty,
-    no kernel line is printed, and meta.json says the reference ran."""
+    """train.py without model.norm_impl / ops_impl runs the reference classes: an empty kernel cache
+    stays empty, no kernel line is printed, and meta.json says the reference ran."""
     ext = tmp_path / "ext"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
     cmd = [
@@ -206,10 +207,11 @@ def test_a_default_run_builds_no_kernels(tmp_path, data_args):
 
 @pytest.mark.slow
 def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it(tmp_path):
-    """Two copies of the package in other folders (a clone beside a working copy), in the suite's own
-    TORCH_EXTENSIONS_DIR (the build every other test loads: a fresh directory would only add a minute's compile):
-    the first copy builds, or loads that build; the second, finding torch's `lock` left by a killed process, loads
-    the same build without waiting for the lock and without recompiling or relinking anything."""
+    """Two copies of the package in other folders (a clone beside a working copy), in the suite's
+    own TORCH_EXTENSIONS_DIR (the build every other test loads: a fresh directory would only add a
+    minute's compile): the first copy builds, or loads that build; the second, finding torch's
+    `lock` left by a killed process, loads the same build without waiting for the lock and without
+    recompiling or relinking anything."""
     from torch.utils.cpp_extension import _get_build_directory
 
     def load(copy: Path) -> str:
@@ -242,8 +244,9 @@ def test_checkouts_of_one_commit_share_a_build_and_a_stale_lock_does_not_hang_it
 
 
 def test_kernel_builds_are_native_where_the_cpu_is_known():
-    """-march=native where the CPU's flags can be read (build_name keys such a build by them: a node with other
-    instructions never loads it from a shared home), portable where they cannot or NORMLAB_PORTABLE is set."""
+    """-march=native where the CPU's flags can be read (build_name keys such a build by them: a node
+    with other instructions never loads it from a shared home), portable where they cannot or
+    NORMLAB_PORTABLE is set."""
     from fused import build_target, cpu_features
 
     assert build_target("avx avx2 fma sse4_2", portable=False) == ["-march=native"]

@@ -1,4 +1,5 @@
-"""The study's paired statistics against scipy's own tests and constructed data with known answers."""
+"""The study's paired statistics against scipy's own tests and constructed data with known
+answers."""
 
 import math
 
@@ -51,8 +52,9 @@ def test_tost_p_value_is_the_larger_one_sided_p():
 
 
 def test_minimum_detectable_difference_has_80_percent_power():
-    """At d = MDE the paired t test rejects 80% of the time: power from scipy's noncentral t, computed here
-    independently of study/paired.py. The normal-style shortcut (t_0.975 + t_0.8) sd / sqrt(n) was 16% low at n = 2."""
+    """At d = MDE the paired t test rejects 80% of the time: power from scipy's noncentral t,
+    computed here independently of study/paired.py. The normal-style shortcut (t_0.975 + t_0.8) sd /
+    sqrt(n) was 16% low at n = 2."""
     diffs = [0.02, -0.01, 0.03, 0.0, 0.01, -0.02]
     for d in (diffs, diffs[:2], diffs[:3]):
         p = paired(*_arms(d), margin=0.02)
@@ -86,7 +88,8 @@ def test_seeds_needed_is_the_first_n_with_80_percent_power():
 
 
 def test_holm_adjusts_in_the_input_order_and_stays_monotone():
-    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02,
+    # 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == []
 

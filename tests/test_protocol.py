@@ -1,6 +1,7 @@
-"""study/protocol.py: the stages a study runs, driven by constructed outcomes (no training): the grid brackets
-each arm's best LR and failure edge, refines next to both, adds failure seeds across the edge and test seeds at
-the best LR chosen on the selection seeds only; and the study file's protocol section is validated."""
+"""study/protocol.py: the stages a study runs, driven by constructed outcomes (no training): the
+grid brackets each arm's best LR and failure edge, refines next to both, adds failure seeds across
+the edge and test seeds at the best LR chosen on the selection seeds only; and the study file's
+protocol section is validated."""
 
 import math
 from dataclasses import dataclass
@@ -40,14 +41,16 @@ class FakeRun:
 
 
 def outcome(lr: float, seed: int, best: float, edge: float) -> FakeRun:
-    """A U-shaped loss in log10 lr around `best`; every run above `edge` collapses; seed 1 a bit worse."""
+    """A U-shaped loss in log10 lr around `best`; every run above `edge` collapses; seed 1 a bit
+    worse."""
     if lr > edge:
         return FakeRun(lr, seed, "collapsed", 5.9)
     return FakeRun(lr, seed, "ok", 3.5 + (math.log10(lr / best)) ** 2 + 0.01 * seed)
 
 
 def drive(study, best: float, edge: float):
-    """Run the stages for one arm until the protocol asks for nothing more: [(stage, lrs, seeds)]."""
+    """Run the stages for one arm until the protocol asks for nothing more: [(stage, lrs,
+    seeds)]."""
     p = study["protocol"]
     runs, made = [], []
     arm = protocol.arms_of(study)[0]
@@ -79,7 +82,8 @@ def drive(study, best: float, edge: float):
 def study(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(
-        f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm], lr: [1.0e-3, 3.0e-3, 1.0e-2]}}\n"
+        f"config: {CONFIGS / 'tiny.yaml'}\ngrid: "
+        f"{{norm: [rmsnorm], lr: [1.0e-3, 3.0e-3, 1.0e-2]}}\n"
         "protocol: {selection_seeds: [0, 1], test_seeds: [2, 3, 4], bracket: {factor: 3.1623, "
         "min_lr: 1.0e-4, max_lr: 1.0, steps: 3}, refine: 2.0}\n"
     )
@@ -87,10 +91,10 @@ def study(tmp_path):
 
 
 def test_the_stages_bracket_refine_and_test_where_the_outcomes_say(study):
-    """Best LR 0.05 and failure above 0.2: the grid 1e-3..1e-2 has its best at the top edge and no failure, so the
-    bracket extends up (0.0316, 0.1, 0.316: the last collapses), refine adds midpoints next to the best LR
-    and across the edge, failure seeds go to every LR from the last all-trained to the first all-failed, and the
-    test seeds to the best LR."""
+    """Best LR 0.05 and failure above 0.2: the grid 1e-3..1e-2 has its best at the top edge and no
+    failure, so the bracket extends up (0.0316, 0.1, 0.316: the last collapses), refine adds
+    midpoints next to the best LR and across the edge, failure seeds go to every LR from the last
+    all-trained to the first all-failed, and the test seeds to the best LR."""
     stages = list(drive(study, best=0.05, edge=0.2))
     names = [s for s, _, _ in stages]
     assert names[0] == "grid" and stages[0][1] == [1e-3, 3e-3, 1e-2] and stages[0][2] == [0, 1]
@@ -107,8 +111,9 @@ def test_the_stages_bracket_refine_and_test_where_the_outcomes_say(study):
 
 
 def test_the_bracket_goes_down_and_stops_at_its_bounds(study):
-    """Best LR below the grid: extended down until the best has a worse neighbour below; never below min_lr, never
-    more than `steps` LRs beyond the grid; with no failure up to max_lr the edge stays open (no edge stage)."""
+    """Best LR below the grid: extended down until the best has a worse neighbour below; never below
+    min_lr, never more than `steps` LRs beyond the grid; with no failure up to max_lr the edge stays
+    open (no edge stage)."""
     stages = list(drive(study, best=4e-4, edge=10.0))
     down = [lr for s, lrs, _ in stages if s == "bracket" for lr in lrs if lr < 1e-3]
     up = [lr for s, lrs, _ in stages if s == "bracket" for lr in lrs if lr > 1e-2]

@@ -1,7 +1,7 @@
-"""Every command in the README's and docs' code blocks: the fast ones run verbatim on the embedded corpus, in a fresh
-copy of the repository, so a documented command cannot rot; the slow ones are listed here by name, with why. Shown
-output (a ```text block of `$ command` and the lines it prints) is checked against what the command prints, with
-numbers free to differ."""
+"""Every command in the README's and docs' code blocks: the fast ones run verbatim on the embedded
+corpus, in a fresh copy of the repository, so a documented command cannot rot; the slow ones are
+listed here by name, with why. Shown output (a ```text block of `$ command` and the lines it prints)
+is checked against what the command prints, with numbers free to differ."""
 
 import json
 import os
@@ -23,7 +23,8 @@ MULTINODE = (
     "torchrun --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 --master_addr $MASTER_ADDR "
     "--master_port 29500 train.py train.parallel=fsdp"
 )
-# Not run here (each is minutes long, or is this test suite itself); everything else in a code block is.
+# Not run here (each is minutes long, or is this test suite itself); everything else in a code block
+# is.
 SLOW = {
     "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~1.5 min)",
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
@@ -49,10 +50,12 @@ SLOW = {
     "committed result; tests/test_bench.py runs it small",
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
     "rewrites the committed result; tests/test_bench.py runs it small",
-    "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' current --save "
+    "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
+    "current --save "
     "docs/results/bench/step.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py "
     "runs it small",
-    "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 model.n_heads=12 "
+    "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
+    "model.n_heads=12 "
     "model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 --save docs/results/bench/train-d768.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs bench_train small",
 }
 
@@ -76,7 +79,8 @@ def readme_commands(pages=PAGES) -> list[str]:
 
 
 def shown_outputs() -> dict[str, list[str]]:
-    """{command: the lines shown under it} from the pages' ```text blocks that start with `$ command`."""
+    """{command: the lines shown under it} from the pages' ```text blocks that start with `$
+    command`."""
     shown = {}
     for block in code_blocks("text"):
         lines = block.rstrip("\n").splitlines()
@@ -86,7 +90,8 @@ def shown_outputs() -> dict[str, list[str]]:
 
 
 def shape(line: str) -> str:
-    """A shown line as a pattern: numbers (with separators and exponents) may differ, everything else may not."""
+    """A shown line as a pattern: numbers (with separators and exponents) may differ, everything
+    else may not."""
     parts = re.split(r"\d[\d,.]*(?:e[-+]?\d+)?", line)
     return r"\d[\d,.]*(?:e[-+]?\d+)?".join(re.escape(p) for p in parts)
 
@@ -118,7 +123,8 @@ def test_shape_lets_numbers_differ_and_nothing_else():
 
 @pytest.fixture(scope="module")
 def fresh_clone(tmp_path_factory) -> Path:
-    """The repository's tracked files, as a new user's checkout has them (no runs, no prepared data)."""
+    """The repository's tracked files, as a new user's checkout has them (no runs, no prepared
+    data)."""
     files = subprocess.run(
         ["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True
     ).stdout

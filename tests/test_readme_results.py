@@ -1,4 +1,5 @@
-"""study/readme.py (scripts/readme_results.py) writes the README's generated blocks from the reports."""
+"""study/readme.py (scripts/readme_results.py) writes the README's generated blocks from the
+reports."""
 
 import json
 import subprocess
@@ -155,8 +156,8 @@ def test_a_bench_block_is_the_saved_benchmark_output(tmp_path):
 
 
 def test_a_trends_block_states_each_fitted_slope_with_its_ci_and_links_the_figure(tmp_path):
-    """The slope and its CI come from the report.json's numbers (study/trend.py fitted them); a trend without a
-    slope says why; the index lists the same lines under its study."""
+    """The slope and its CI come from the report.json's numbers (study/trend.py fitted them); a
+    trend without a slope says why; the index lists the same lines under its study."""
     trend = {
         "what": "loss difference",
         "pair": "layernorm - rmsnorm at placement=post",
@@ -236,9 +237,10 @@ def _claim(metric, a, b, agreement, expect="same", **numbers):
 
 
 def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
-    """Constructed report.json files: the placement sentence states each norm's LR50 ratio (a bound where only a
-    bound is identified); the norm sentence says per placement what its claims' verdicts say, in plain words; the
-    count covers every report; the table has one row per question with its verdicts and numbers."""
+    """Constructed report.json files: the placement sentence states each norm's LR50 ratio (a bound
+    where only a bound is identified); the norm sentence says per placement what its claims'
+    verdicts say, in plain words; the count covers every report; the table has one row per question
+    with its verdicts and numbers."""
     place_ln = _claim(
         "lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", bounds=[None, 0.03]
     )
@@ -290,17 +292,21 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     text = readme.read_text()
-    # the ratio as the range over the rules that identify it, brackets where they do not; never a penalised point
+    # the ratio as the range over the rules that identify it, brackets where they do not; never a
+    # penalised point
     assert (
-        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN trains at, "
-        "by more than 33x (brackets only) with LayerNorm and 20-100x (2 of 3 rules; 1 only brackets it) with "
+        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN "
+        "trains at, "
+        "by more than 33x (brackets only) with LayerNorm and 20-100x (2 of 3 rules; 1 only "
+        "brackets it) with "
         "RMSNorm (Holm p <= 0.04; ranges over the pre-registered failure rules)."
     ) in text
     assert (
         "14" not in text.split("**The norm")[0]
     )  # 1 / 0.07, the instability fit's penalised point
     assert (
-        "**The norm**: the loss at a common safe LR: post: agrees; pre: disagrees; equal LR50: cannot tell."
+        "**The norm**: the loss at a common safe LR: post: agrees; pre: disagrees; equal LR50: "
+        "cannot tell."
     ) in text
     assert (
         "2 studies, 10 claims of the literature (6 agrees, 2 cannot tell, 1 disagrees, 1 withdrawn)"
@@ -312,26 +318,30 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     (
         tmp_path / "results" / "other" / "study.yaml"
     ).write_text(  # the other study ran on a second corpus
-        f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: {{lr: [0.1]}}\n"
+        f"name: other\nabout: x\nconfig: {TINY}\noverrides: {{data: {{source: pystdlib}}}}\ngrid: "
+        f"{{lr: [0.1]}}\n"
     )
     (tmp_path / "results" / "replication.md").write_text("x\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     assert "trained for minutes on 2 corpora (pydocs, pystdlib): what these" in readme.read_text()
     assert (
-        "| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets only), Holm p = "
+        "| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets "
+        "only), Holm p = "
         "0.04; rmsnorm: "
     ) in text
     assert (
-        "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | [other](results/other/"
+        "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | "
+        "[other](results/other/"
         "report.md) |" in text
     )
 
 
 def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path):
-    """A constructed report.json (arms norm x dim x qk_norm): the claims tested under both block norms are grouped
-    by what their arms differ in and where; a context where the norms' verdicts differ is spelled out per norm and
-    counted; a claim between the norms themselves is not an intervention and is left out; only LR-sensitivity
-    slopes with a CI are stated, with the widths measured."""
+    """A constructed report.json (arms norm x dim x qk_norm): the claims tested under both block
+    norms are grouped by what their arms differ in and where; a context where the norms' verdicts
+    differ is spelled out per norm and counted; a claim between the norms themselves is not an
+    intervention and is left out; only LR-sensitivity slopes with a CI are stated, with the widths
+    measured."""
     keys = ["model.norm", "model.dim", "model.qk_norm"]
     claims = [
         _claim(
@@ -389,15 +399,22 @@ def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path)
     assert _run(readme).returncode == 0, _run(readme).stderr
     text = readme.read_text().splitlines()[2]
     assert text == (
-        "[att](results/att/report.md) (P): RMSNorm and LayerNorm blocks got the same verdict in 1 of 2 tests asked "
-        "of both (a different verdict is not a shown difference between the norms: no test here compares them): "
-        "qk_norm=layernorm (vs none), a higher LR50: agrees at dim=32 (layernorm: LR50 ratio 4 (2..8), "
-        "Holm p = 0.04; rmsnorm: LR50 ratio 8 (4..16), Holm p = 0.04); qk_norm=layernorm (vs none), a lower LR "
-        "sensitivity: at dim=32, agrees under layernorm (-0.200 nats (-0.010..+0.030), n = 12, Holm p = 0.04), "
-        "cannot tell under rmsnorm (-0.100 nats (-0.010..+0.030), n = 12, Holm p = 0.04); LR sensitivity per "
+        "[att](results/att/report.md) (P): RMSNorm and LayerNorm blocks got the same verdict in 1 "
+        "of 2 tests asked "
+        "of both (a different verdict is not a shown difference between the norms: no test here "
+        "compares them): "
+        "qk_norm=layernorm (vs none), a higher LR50: agrees at dim=32 (layernorm: LR50 ratio 4 "
+        "(2..8), "
+        "Holm p = 0.04; rmsnorm: LR50 ratio 8 (4..16), Holm p = 0.04); qk_norm=layernorm (vs "
+        "none), a lower LR "
+        "sensitivity: at dim=32, agrees under layernorm (-0.200 nats (-0.010..+0.030), n = 12, "
+        "Holm p = 0.04), "
+        "cannot tell under rmsnorm (-0.100 nats (-0.010..+0.030), n = 12, Holm p = 0.04); LR "
+        "sensitivity per "
         "doubling of dim (32..96 only): norm=rmsnorm, qk_norm=none: +0.120 nats (+0.010..+0.230)."
     )
-    # decided again with each arm's own L*: a verdict that moves is named with its new estimate and Holm p
+    # decided again with each arm's own L*: a verdict that moves is named with its new estimate and
+    # Holm p
     claims[2]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.05, "p_holm": 0.3}
     claims[3]["own_l_star"] = {"agreement": "cannot tell", "estimate": -0.02, "p_holm": 0.5}
     (tmp_path / "results" / "att" / "report.json").write_text(json.dumps(report))
@@ -406,17 +423,20 @@ def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path)
         readme.read_text()
         .splitlines()[2]
         .endswith(
-            "; with L* each arm's own best (Wortsman et al.'s definition) 1 of the 2 LR-sensitivity verdicts change "
-            "(qk_norm=layernorm (vs none) at dim=32 under layernorm: agrees -> cannot tell (-0.050 nats, Holm p = "
+            "; with L* each arm's own best (Wortsman et al.'s definition) 1 of the 2 "
+            "LR-sensitivity verdicts change "
+            "(qk_norm=layernorm (vs none) at dim=32 under layernorm: agrees -> cannot tell (-0.050 "
+            "nats, Holm p = "
             "0.3))."
         )
     )
 
 
 def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_path, corpus_file):
-    """Two constructed report.json files of one study on two corpora (two local text files): the common-LR loss
-    difference is converted to bits per byte by each study's eval-set factor (tokens / bytes / ln 2, computed here
-    by hand from the prepared data), and the sentence sorts the claims into both / one only."""
+    """Two constructed report.json files of one study on two corpora (two local text files): the
+    common-LR loss difference is converted to bits per byte by each study's eval-set factor (tokens
+    / bytes / ln 2, computed here by hand from the prepared data), and the sentence sorts the claims
+    into both / one only."""
     import math
 
     from data.prepare import prepare
@@ -500,8 +520,8 @@ def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_
         / math.log(2)
     )
     assert (
-        f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr 0.01"
-        in text
+        f"**cannot tell**: {0.05 * k:+.4f} bpb ({0.04 * k:+.4f}..{0.06 * k:+.4f}), n = 12 at lr "
+        "0.01" in text
     )
     assert text.splitlines()[2].startswith(
         "Holds on both corpora: rmsnorm/post vs layernorm/post (LR50: agrees). "
@@ -511,9 +531,9 @@ def test_a_replication_block_puts_two_corpora_side_by_side_in_bits_per_byte(tmp_
 
 
 def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
-    """Every LR50 or ratio in the committed reports that is not identified (report.json `identified: false`) has a
-    penalised point from Firth's fit; the README's generated "What it found" prints none of them, as an LR50, a
-    ratio or its inverse, and gives such a claim as its brackets."""
+    """Every LR50 or ratio in the committed reports that is not identified (report.json `identified:
+    false`) has a penalised point from Firth's fit; the README's generated "What it found" prints
+    none of them, as an LR50, a ratio or its inverse, and gives such a claim as its brackets."""
     readme = (REPO / "README.md").read_text()
     found = readme.split("<!-- found: docs/results -->")[1].split("<!-- /found -->")[0]
     unidentified = []
@@ -557,8 +577,9 @@ def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
 
 
 def test_the_readme_answers_in_a_few_short_generated_sentences():
-    """The generated "What it found" is short: <= 250 words outside its table, no sentence over 60 words, the
-    stability map shown, and every verdict cell of a multi-test row names its sub-test."""
+    """The generated "What it found" is short: <= 250 words outside its table, no sentence over 60
+    words, the stability map shown, and every verdict cell of a multi-test row names its
+    sub-test."""
     import re
 
     found = (

@@ -26,9 +26,10 @@ DRAWS = {
 @pytest.mark.parametrize("n", [3, 5, 8])
 @pytest.mark.parametrize("dist", DRAWS)
 def test_the_per_arm_interval_covers_the_mean_at_few_seeds(n, dist):
-    """2000 simulated arms of n seeds (per-seed sensitivities normal, or log-normal: skewed as losses are): the
-    interval the report prints covers the true mean in >= 93% (measured 0.93-0.96); the percentile bootstrap it
-    replaced covers 0.75 / 0.79-0.81 / 0.88 at n = 3 / 5 / 8, which this test would catch."""
+    """2000 simulated arms of n seeds (per-seed sensitivities normal, or log-normal: skewed as
+    losses are): the interval the report prints covers the true mean in >= 93% (measured 0.93-0.96);
+    the percentile bootstrap it replaced covers 0.75 / 0.79-0.81 / 0.88 at n = 3 / 5 / 8, which this
+    test would catch."""
     draw, truth = DRAWS[dist]
     assert n < BOOTSTRAP_FROM
     assert _coverage(mean_interval, n, draw, truth) >= 0.93

@@ -1,4 +1,5 @@
-"""Distributed (2-process gloo) checks on CPU: the feature-sharded RMSNorm and LayerNorm equal the unsharded ones."""
+"""Distributed (2-process gloo) checks on CPU: the feature-sharded RMSNorm and LayerNorm equal the
+unsharded ones."""
 
 import json
 import os
@@ -107,9 +108,10 @@ def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path
 
 @pytest.mark.slow
 def test_tensor_parallel_matches_one_process_for_every_placement(tmp_path):
-    """tp = 2 with sequence-parallel norms and qk-norm, all five placements, both norms, fused kernels on (they
-    step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post), and with both logit soft-caps: first-step
-    gradient norms within 1e-5 relative, losses and parameters after 4 SGD steps within float32 noise."""
+    """tp = 2 with sequence-parallel norms and qk-norm, all five placements, both norms, fused
+    kernels on (they step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post), and
+    with both logit soft-caps: first-step gradient norms within 1e-5 relative, losses and parameters
+    after 4 SGD steps within float32 noise."""
     torchrun("tp_check.py", str(tmp_path / "tp.json"))
     out = json.loads((tmp_path / "tp.json").read_text())
     assert (
@@ -128,8 +130,9 @@ def _records(run_dir: Path) -> dict[int, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, data_args, parallel):
-    """torchrun train.py train.parallel=fsdp|tp on 2 processes, stopped at step 4 (a DCP checkpoint), resumed by
-    one process: losses and the per-layer metrics equal a one-process run's (float32 noise)."""
+    """torchrun train.py train.parallel=fsdp|tp on 2 processes, stopped at step 4 (a DCP
+    checkpoint), resumed by one process: losses and the per-layer metrics equal a one-process run's
+    (float32 noise)."""
     import train
 
     common = [
@@ -170,8 +173,9 @@ def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, d
 
 @pytest.mark.slow
 def test_the_readme_multinode_recipe_runs_as_two_nodes_on_loopback(tmp_path, data_args):
-    """The README's torchrun --nnodes 2 line, verbatim plus the tiny config, started twice as node 0 and node 1
-    on 127.0.0.1: one FSDP run over the two 'machines' whose losses equal one process's."""
+    """The README's torchrun --nnodes 2 line, verbatim plus the tiny config, started twice as node 0
+    and node 1 on 127.0.0.1: one FSDP run over the two 'machines' whose losses equal one
+    process's."""
     from test_readme import MULTINODE, readme_commands
 
     import train
@@ -225,7 +229,8 @@ def _free_port() -> int:
 def _torchrun_train(
     nproc: int, *args: str, env: dict | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
-    """train.py under torchrun on this machine, one thread per process (gloo); env adds variables."""
+    """train.py under torchrun on this machine, one thread per process (gloo); env adds
+    variables."""
     return subprocess.run(
         [
             sys.executable,
@@ -250,10 +255,11 @@ def _torchrun_train(
 
 @pytest.mark.slow
 def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_path, data_args):
-    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with qk-LayerNorm
-    under RMSNorm blocks, z-loss (its terms logged), clipping, the stability probe (attention entropy included),
-    sampling at the end (30 steps at lr 1e-2 learn) and eval over the whole val split: losses, grad norms, per-layer
-    metrics and every eval equal one process's within float32 noise, and the run exits 0."""
+    """The 2-D mesh users run: 4 processes, FSDP over 2 data shares x tensor parallel over 2, with
+    qk-LayerNorm under RMSNorm blocks, z-loss (its terms logged), clipping, the stability probe
+    (attention entropy included), sampling at the end (30 steps at lr 1e-2 learn) and eval over the
+    whole val split: losses, grad norms, per-layer metrics and every eval equal one process's within
+    float32 noise, and the run exits 0."""
     import train
 
     common = [
@@ -282,10 +288,11 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
     assert any(
         four[s]["grad/clipped"] for s in range(1, 31)
     )  # clipping was on and acted (grad norm 1.22 at step 5)
-    # Over the first steps the two runs agree to float32 rounding (measured <= 6e-7 relative through step 4).
-    # Later, rounding differences (reduction orders of sharded matmuls) are amplified by AdamW, which normalizes
-    # tiny gradients, and by clipping near its threshold: by step 20 the losses differ by ~1e-5 and one layer's
-    # grad norm by 4e-4 relative. A bug (a missing reduction, a wrong shard) shows at step 1 by far more.
+    # Over the first steps the two runs agree to float32 rounding (measured <= 6e-7 relative through
+    # step 4). Later, rounding differences (reduction orders of sharded matmuls) are amplified by
+    # AdamW, which normalizes tiny gradients, and by clipping near its threshold: by step 20 the
+    # losses differ by ~1e-5 and one layer's grad norm by 4e-4 relative. A bug (a missing reduction,
+    # a wrong shard) shows at step 1 by far more.
     worst = {}
     for step in one:
         for key, value in one[step].items():
@@ -315,9 +322,9 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
 def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(
     tmp_path, data_args, parallel
 ):
-    """`torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has them (the tiny
-    config, so it takes seconds; 30 steps so that the run learns and samples): default sampling and eval, exit 0, the
-    sample printed once."""
+    """`torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp|tp` as the README has
+    them (the tiny config, so it takes seconds; 30 steps so that the run learns and samples):
+    default sampling and eval, exit 0, the sample printed once."""
     r = _torchrun_train(
         2,
         "--config",
@@ -339,12 +346,13 @@ def test_the_readme_sharded_commands_run_to_their_end_with_the_defaults(
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["fsdp", "tp"])
 def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel):
-    """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones ("fully_shard
-    doesn't support scalar parameters", the error DyT runs hit before; tp replicates them). The saturated fractions
-    (alpha0 100 before attention saturates ~40% of those units) and the trunk's largest gradient, combined over the
-    ranks, equal one process's: each rank's fraction is of an equal share (fsdp: half the sequences, tp: half the
-    positions), the gradient maximum is over every shard. A unit within float32 noise of |alpha x| = 9 may count on
-    one side in one run and the other in the other: 1e-3 is 8 of the 8192 units of a norm at a step."""
+    """DyT's alpha and the embedding's scalar are one-element parameters: FSDP2 refuses 0-dim ones
+    ("fully_shard doesn't support scalar parameters", the error DyT runs hit before; tp replicates
+    them). The saturated fractions (alpha0 100 before attention saturates ~40% of those units) and
+    the trunk's largest gradient, combined over the ranks, equal one process's: each rank's fraction
+    is of an equal share (fsdp: half the sequences, tp: half the positions), the gradient maximum is
+    over every shard. A unit within float32 noise of |alpha x| = 9 may count on one side in one run
+    and the other in the other: 1e-3 is 8 of the 8192 units of a norm at a step."""
     import train
 
     common = [
@@ -381,7 +389,8 @@ def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel)
         )
 
 
-# -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export ----------------------------------
+# -- the lifecycle of a sharded run: faults, fallbacks, resumes across kinds, export
+# ----------------------------------
 LIFE = [
     "--config",
     TINY,
@@ -395,13 +404,15 @@ LIFE = [
 
 
 def _curve(run_dir: Path) -> list[tuple]:
-    """What a resume must reproduce: every step's loss and gradient norm and every eval, in order."""
+    """What a resume must reproduce: every step's loss and gradient norm and every eval, in
+    order."""
     records = sorted(_records(run_dir).items())
     return [(s, r.get("train/loss"), r.get("grad/norm"), r.get("val/loss")) for s, r in records]
 
 
 def _close(a: list[tuple], b: list[tuple], rel: float) -> bool:
-    """The same steps, and every logged value within rel (one process vs two: float32 reduction order)."""
+    """The same steps, and every logged value within rel (one process vs two: float32 reduction
+    order)."""
     if [x[0] for x in a] != [y[0] for y in b]:
         return False
     pairs = [(u, v) for x, y in zip(a, b, strict=True) for u, v in zip(x[1:], y[1:], strict=True)]
@@ -413,7 +424,8 @@ def _close(a: list[tuple], b: list[tuple], rel: float) -> bool:
 
 @pytest.fixture(scope="module")
 def fsdp_reference(tmp_path_factory, prepared):
-    """An uninterrupted 2-process FSDP run of 6 steps (DCP checkpoints at 2, 4, 6): the curve the others must give."""
+    """An uninterrupted 2-process FSDP run of 6 steps (DCP checkpoints at 2, 4, 6): the curve the
+    others must give."""
     meta = json.loads((prepared / "meta.json").read_text())
     out = tmp_path_factory.mktemp("ref")
     data = [
@@ -433,10 +445,10 @@ def fsdp_reference(tmp_path_factory, prepared):
 def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterrupted_curve(
     tmp_path, fsdp_reference
 ):
-    """SIGKILL on every rank after the second DCP save's shards are written, before the rotation: --resume
-    continues from the first and ends on the reference curve bit for bit. A full disk on rank 0 at
-    the same moment (before its rotation): one line saying so, rank 0 torchrun's root cause with
-    exit 4, the first checkpoint intact, and --resume again ends on the curve."""
+    """SIGKILL on every rank after the second DCP save's shards are written, before the rotation:
+    --resume continues from the first and ends on the reference curve bit for bit. A full disk on
+    rank 0 at the same moment (before its rotation): one line saying so, rank 0 torchrun's root
+    cause with exit 4, the first checkpoint intact, and --resume again ends on the curve."""
     ref, data = fsdp_reference
     for action in ("", ":enospc"):
         name = f"k{action[1:]}"
@@ -467,9 +479,9 @@ def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterru
 def test_a_damaged_latest_dcp_falls_back_to_previous_and_a_pt_resumes_onto_fsdp(
     tmp_path, fsdp_reference, capsys
 ):
-    """One process resumes a 2-process FSDP run whose latest.dcp is damaged: from previous.dcp, said in one line,
-    ending on the reference curve. And a one-process .pt checkpoint resumes as a 2-process FSDP run (its full
-    state distributed onto the shards), ending on the same curve."""
+    """One process resumes a 2-process FSDP run whose latest.dcp is damaged: from previous.dcp, said
+    in one line, ending on the reference curve. And a one-process .pt checkpoint resumes as a
+    2-process FSDP run (its full state distributed onto the shards), ending on the same curve."""
     import train
 
     ref, data = fsdp_reference
@@ -542,9 +554,9 @@ def test_a_dcp_only_run_exports_to_transformers_with_the_same_logits(tmp_path, f
 
 @pytest.mark.slow
 def test_fsdp_and_ddp_in_bfloat16_are_the_same_experiment(tmp_path):
-    """FSDP's default mixed precision casts every module input to bfloat16 (the residual stream, RoPE); autocast,
-    as in one process and DDP, keeps them float32 and casts at the matmuls. Both keep them float32 here, and the
-    losses of 4 steps agree within bfloat16 rounding."""
+    """FSDP's default mixed precision casts every module input to bfloat16 (the residual stream,
+    RoPE); autocast, as in one process and DDP, keeps them float32 and casts at the matmuls. Both
+    keep them float32 here, and the losses of 4 steps agree within bfloat16 rounding."""
     torchrun("precision_check.py", str(tmp_path / "p.json"))
     out = json.loads((tmp_path / "p.json").read_text())
     assert (

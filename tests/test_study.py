@@ -1,4 +1,5 @@
-"""The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's numbers."""
+"""The study: grid expansion, skip / resume / failure handling of sweep.py, and compare.py's
+numbers."""
 
 import copy
 import json
@@ -56,11 +57,13 @@ def test_default_study_grid_expands_as_specified():
 
 
 def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
-    """Arms whose fields go together (DyT with its recipe's scalar, RMSNorm without) are a grid less exclusions: the
-    runs, the protocol's arms and a claim's arm pairs leave them out; an exclusion names grid values only."""
+    """Arms whose fields go together (DyT with its recipe's scalar, RMSNorm without) are a grid less
+    exclusions: the runs, the protocol's arms and a claim's arm pairs leave them out; an exclusion
+    names grid values only."""
     path = tmp_path / "s.yaml"
     head = (
-        f"config: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, dyt], model.embed_scale: [none, sqrt_dim], "
+        f"config: {CONFIGS / 'tiny.yaml'}\ngrid: "
+        f"{{norm: [rmsnorm, dyt], model.embed_scale: [none, sqrt_dim], "
         "lr: [0.001, 0.01]}\n"
     )
     path.write_text(
@@ -88,7 +91,8 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
     assert protocol.arm_pairs(study, study["claims"][0]) == [
         (arms[1], arms[0])
     ]  # dyt/sqrt_dim vs rmsnorm/none
-    # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions tie pairs none
+    # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions
+    # tie pairs none
     assert protocol.arm_pairs(study, study["claims"][1]) == []
     for bad, says in [
         ("exclude: [{norm: layernorm}]\n", "model.norm='layernorm' is not a value of the grid"),
@@ -101,9 +105,10 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
 
 
 def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
-    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init scale transposed to
-    d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2 and 1e-1; the claim on both loss
-    metrics between the two paper-scale arms; the first study's verdict withdrawn; a quick version of 4 runs."""
+    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init
+    scale transposed to d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2
+    and 1e-1; the claim on both loss metrics between the two paper-scale arms; the first study's
+    verdict withdrawn; a quick version of 4 runs."""
     study = studyfile.load_study(STUDIES / "dyt.yaml")
     arms = {
         (a["model.norm"], a["model.embed_scale"], a["model.init_scale"])
@@ -231,7 +236,8 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
     study = tmp_path / "s.yaml"
     study.write_text(
         f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\n"
-        "overrides: {optim: {grad_clip: 0, warmup_steps: 0}, train: {steps: 12, sample_tokens: 0}}\n"
+        "overrides: {optim: {grad_clip: 0, warmup_steps: 0}, train: {steps: 12, sample_tokens: "
+        "0}}\n"
         "grid: {lr: [3.0e-3, 1.0e+4], train.seq_len: [32, 100000]}\n"
     )
     assert cli.sweep([str(study), "--out", str(tmp_path), *data_set, "--no-report"]) == 0
@@ -245,7 +251,8 @@ def test_diverging_and_failing_runs_do_not_stop_the_sweep(tmp_path, data_set):
     assert (
         failed["status"] == "failed" and failed["exit_code"] == 2 and "too few" in failed["error"]
     )
-    # resuming an interrupted run: fake one by removing a finished run's summary (its checkpoint stays)
+    # resuming an interrupted run: fake one by removing a finished run's summary (its checkpoint
+    # stays)
     (tmp_path / "s" / "runs" / "lr0.003-seq_len32" / "summary.json").unlink()
     assert runner.state(tmp_path / "s" / "runs" / "lr0.003-seq_len32") == "resume"
 
@@ -260,8 +267,8 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
         ("rmsnorm", 1e-3, [(3.0, "ok"), (3.2, "ok")]),
         ("rmsnorm", 1e-2, [(2.0, "ok"), (2.2, "ok")]),
         ("rmsnorm", 1e-1, [(None, "diverged"), (None, "diverged")]),
-        # arm layernorm: 3.0, 2.5 (train.py's plateau label; 1.5 nats below the unigram entropy, so trained under
-        # the study's rule), then above L0 (a failure, not a loss)
+        # arm layernorm: 3.0, 2.5 (train.py's plateau label; 1.5 nats below the unigram entropy, so
+        # trained under the study's rule), then above L0 (a failure, not a loss)
         ("layernorm", 1e-3, [(3.0, "ok"), (3.0, "ok")]),
         ("layernorm", 1e-2, [(2.5, "plateau"), (2.5, "plateau")]),
         ("layernorm", 1e-1, [(6.0, "unstable"), (6.0, "unstable")]),
@@ -305,7 +312,8 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
         "| layernorm | rmsnorm | model.norm | 0.1 | 0 | - |" in text
     )  # both failed: no loss to compare
     assert "**rmsnorm**: 2 of 6 runs failed under the study's rule (at lr 0.1)." in text
-    # no study file: the report says so and judges by train.py's own labels (plateau trains, diverged fails)
+    # no study file: the report says so and judges by train.py's own labels (plateau trains,
+    # diverged fails)
     assert "No study file was given: a run failed if it had train.py's own label" in text
     assert "fixed in the study file" not in text
     assert (
@@ -326,7 +334,8 @@ def test_compare_computes_hand_checkable_numbers(tmp_path):
 
 
 def _two_arms(root, finals_a, finals_b, lr=1e-2, status_a=None, status_b=None, selection=(0,)):
-    """rmsnorm (a) and layernorm (b) at one LR, seed by seed; the protocol's selection seeds choose, the rest test."""
+    """rmsnorm (a) and layernorm (b) at one LR, seed by seed; the protocol's selection seeds choose,
+    the rest test."""
     for seed, (fa, fb) in enumerate(zip(finals_a, finals_b, strict=True)):
         write_run(root, f"rms-{seed}", "rmsnorm", lr, seed, (status_a or ["ok"] * 9)[seed], fa)
         write_run(root, f"ln-{seed}", "layernorm", lr, seed, (status_b or ["ok"] * 9)[seed], fb)
@@ -352,8 +361,8 @@ def _sentence(text: str, start: str) -> str:
     ],
 )
 def test_report_sentences_on_constructed_runs(tmp_path, case, finals_b, verdict):
-    """Arms constructed with a known paired difference on the test seeds 1-5 (seed 0 only chooses the LR): the
-    sentence states n, the CI and the test's verdict."""
+    """Arms constructed with a known paired difference on the test seeds 1-5 (seed 0 only chooses
+    the LR): the sentence states n, the CI and the test's verdict."""
     text = _two_arms(tmp_path, [3.0, 3.2, 2.9, 3.1, 3.0, 2.95], finals_b)
     line = _sentence(
         text, "layernorm - rmsnorm, each at its best LR (0.01, 0.01; chosen on seeds 0)"
@@ -367,7 +376,8 @@ def test_report_sentences_on_constructed_runs(tmp_path, case, finals_b, verdict)
 
 
 def test_report_on_split_failed_and_one_seed(tmp_path):
-    # split: one seed learns, the other collapses at the same LR -> said per seed, no mean is taken across them
+    # split: one seed learns, the other collapses at the same LR -> said per seed, no mean is taken
+    # across them
     text = _two_arms(
         tmp_path / "bi",
         [3.3, 5.9],
@@ -424,7 +434,8 @@ def test_compare_rejects_a_directory_without_runs(tmp_path, capsys):
 def _claims_study(
     root: Path, claims: str, diffs: list[float], post_diffs: list[float] | None = None
 ):
-    """rmsnorm / layernorm x pre (/ post) at one lr, 5 seeds; layernorm = rmsnorm + diffs[seed] (per placement)."""
+    """rmsnorm / layernorm x pre (/ post) at one lr, 5 seeds; layernorm = rmsnorm + diffs[seed] (per
+    placement)."""
     base = [3.0, 3.2, 2.9, 3.1, 3.0]
     for placement, ds in (("pre", diffs), ("post", post_diffs)):
         for seed, d in enumerate(ds or []):
@@ -482,9 +493,10 @@ NOISY = [0.3, -0.25, 0.1, -0.4, 0.2]
     ],
 )
 def test_claims_are_decided_by_their_primary_test_alone(tmp_path, diffs, expect, agreement):
-    """Seed 0 chooses, seeds 1-4 test. `higher` is decided by the paired t test (a shown equivalence does not
-    make it `disagrees`: that would be a second test); `same` by TOST, or `disagrees` when the CI lies outside
-    the margin (its mirror test, through Holm); NOISY decides nothing (`cannot tell`)."""
+    """Seed 0 chooses, seeds 1-4 test. `higher` is decided by the paired t test (a shown equivalence
+    does not make it `disagrees`: that would be a second test); `same` by TOST, or `disagrees` when
+    the CI lies outside the margin (its mirror test, through Holm); NOISY decides nothing (`cannot
+    tell`)."""
     results, text = _claims_study(
         tmp_path, CLAIM.format(extra=", placement: pre", expect=expect), diffs
     )
@@ -522,7 +534,8 @@ def test_a_claim_no_run_matches_says_not_run(tmp_path):
             "needs exactly",
         ),
         (
-            "{paper: P, says: S, a: {norm: batchnorm}, b: {norm: layernorm}, metric: best_loss, expect: same}",
+            "{paper: P, says: S, a: {norm: batchnorm}, b: {norm: layernorm}, metric: best_loss, "
+            "expect: same}",
             "norm='batchnorm' is not a value of the grid",
         ),
         (
@@ -530,15 +543,18 @@ def test_a_claim_no_run_matches_says_not_run(tmp_path):
             "is not a value of the grid",
         ),
         (
-            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: speed, expect: same}",
+            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: speed, expect: "
+            "same}",
             "metric is one",
         ),
         (
-            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: rmsnorm}, metric: best_loss, expect: same}",
+            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: rmsnorm}, metric: best_loss, "
+            "expect: same}",
             "the same arm",
         ),
         (
-            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: lr50, expect: more}",
+            "{paper: P, says: S, a: {norm: rmsnorm}, b: {norm: layernorm}, metric: lr50, expect: "
+            "more}",
             "expect one of",
         ),
     ],
@@ -546,7 +562,8 @@ def test_a_claim_no_run_matches_says_not_run(tmp_path):
 def test_bad_claims_are_one_line_before_anything_runs(tmp_path, capsys, claim, message):
     bad = tmp_path / "s.yaml"
     bad.write_text(
-        f"name: s\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01, 0.1], seed: [0]}}\nclaims:\n  - {claim}\n"
+        f"name: s\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01, 0.1], seed: [0]}}\nclaims:\n  - "
+        f"{claim}\n"
     )
     assert cli.sweep([str(bad), "--out", str(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
@@ -591,10 +608,11 @@ def test_norm_input_findings_on_constructed_records(tmp_path):
     )
 
 
-# The study files whose quick versions run end to end here: between them every stage and report part a study file
-# can ask for (the protocol's stages with the common LR and failure seeds, every claim metric, exclusions, the DyT
-# saturation and log Z figures, width trends, qk-norm arms). Every other file's quick version is checked without
-# running (below): its grid expands, its claims parse, `sweep.py --quick --dry-run` lists it.
+# The study files whose quick versions run end to end here: between them every stage and report part
+# a study file can ask for (the protocol's stages with the common LR and failure seeds, every claim
+# metric, exclusions, the DyT saturation and log Z figures, width trends, qk-norm arms). Every other
+# file's quick version is checked without running (below): its grid expands, its claims parse,
+# `sweep.py --quick --dry-run` lists it.
 RUN_QUICK = ("norm-placement-lr", "dyt", "width-pre", "output-logits", "attention-logits")
 
 
@@ -637,12 +655,14 @@ def _section(text: str, title: str) -> str:
 
 @pytest.mark.slow
 def test_a_slurm_array_run_as_local_processes_reports_what_a_local_sweep_does(tmp_path, data_set):
-    """The sbatch script's tasks (each `sweep.py --shard i/N`), run here as concurrent processes on one shared
-    folder, write the same runs as one local sweep: equal per-run results and paired comparisons."""
+    """The sbatch script's tasks (each `sweep.py --shard i/N`), run here as concurrent processes on
+    one shared folder, write the same runs as one local sweep: equal per-run results and paired
+    comparisons."""
     study_file = tmp_path / "study.yaml"  # 4 runs: two arms x two LRs, paired by seed 0
     study_file.write_text(
         f"name: quick\nconfig: {CONFIGS / 'tiny.yaml'}\noverrides:\n  train: {{steps: 24, "
-        "eval_every: 12, checkpoint_every: 0, sample_tokens: 0}\ngrid:\n  norm: [rmsnorm, layernorm]"
+        "eval_every: 12, checkpoint_every: 0, sample_tokens: 0}\ngrid:\n  norm: [rmsnorm, "
+        "layernorm]"
         "\n  lr: [3.0e-3, 3.0e-2]\n  seed: [0]\nthreads_per_worker: 1\n"
     )
     assert (
@@ -704,7 +724,8 @@ def test_bad_shard_is_one_line(tmp_path, capsys):
 
 
 def test_runs_from_before_a_field_existed_read_as_its_default(tmp_path):
-    """A config field added later (with the old behaviour as its default) must not split old and new runs."""
+    """A config field added later (with the old behaviour as its default) must not split old and new
+    runs."""
     for seed in (0, 1):
         write_run(tmp_path, f"old-{seed}", "rmsnorm", 1e-2, seed, "ok", 3.0)
         write_run(tmp_path, f"new-{seed}", "rmsnorm", 1e-3, seed, "ok", 3.1)
@@ -717,8 +738,9 @@ def test_runs_from_before_a_field_existed_read_as_its_default(tmp_path):
 
 
 def test_best_loss_claims_pair_each_arm_at_its_own_best_lr(tmp_path):
-    """rmsnorm is best at lr 1e-2 (3.0 + s/10), layernorm at 1e-3 (3.05 + s/10): paired by seed across the two
-    LRs the difference is +0.05 every seed (different), while at any one shared LR it would be far larger."""
+    """rmsnorm is best at lr 1e-2 (3.0 + s/10), layernorm at 1e-3 (3.05 + s/10): paired by seed
+    across the two LRs the difference is +0.05 every seed (different), while at any one shared LR it
+    would be far larger."""
     for seed in range(4):
         for norm, best, value in (("rmsnorm", 1e-2, 3.0), ("layernorm", 1e-3, 3.05)):
             for lr in (1e-3, 1e-2):
@@ -732,8 +754,10 @@ def test_best_loss_claims_pair_each_arm_at_its_own_best_lr(tmp_path):
                     value + seed / 10 + (0 if lr == best else 1.0),
                 )
     (tmp_path / "study.yaml").write_text(
-        f"name: c\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.001, 0.01], "
-        "seed: [0, 1, 2, 3]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: rmsnorm}, "
+        f"name: c\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: "
+        f"{{norm: [rmsnorm, layernorm], lr: [0.001, 0.01], "
+        "seed: [0, 1, 2, 3]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: "
+        "rmsnorm}, "
         "metric: best_loss, expect: higher}\n"
     )
     write_report([tmp_path], tmp_path / "out", margin=0.02)
@@ -762,14 +786,14 @@ def test_wall_time_counts_only_time_with_runs_in_flight(tmp_path):
 
 
 def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys):
-    """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters; per token
-    6 N + 12 x 12 x 768 x 1024 = 855,244,800 FLOPs; x 512 x 1024 x 2000 tokens x 24 runs = 2.15e19; over 8 H100s
-    at 40% of 989 TFLOP/s: 6,800 s = 1.9 h."""
+    """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters;
+    per token 6 N + 12 x 12 x 768 x 1024 = 855,244,800 FLOPs; x 512 x 1024 x 2000 tokens x 24 runs =
+    2.15e19; over 8 H100s at 40% of 989 TFLOP/s: 6,800 s = 1.9 h."""
     assert cli.sweep([str(STUDIES / "gpu-norm-placement-lr.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert (
-        "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h per run)"
-        in out
+        "expected: 2.15e+19 training FLOPs over 24 runs = 1.9 h on 8 x H100 at 40% MFU (0.63 GPU-h "
+        "per run)" in out
     )
 
 
@@ -782,9 +806,9 @@ def test_a_report_says_what_its_study_asks_in_one_sentence(tmp_path):
 
 
 def test_a_report_judges_every_run_again_with_the_current_rules(tmp_path):
-    """train.py's label is judged again from the curve (a `plateau` stuck at the unigram level reads `collapsed`;
-    one still falling stays `plateau`), but the study's rule decides: neither got 0.25 nats below the unigram
-    entropy within its budget, so both failed, whatever their last slope."""
+    """train.py's label is judged again from the curve (a `plateau` stuck at the unigram level reads
+    `collapsed`; one still falling stays `plateau`), but the study's rule decides: neither got 0.25
+    nats below the unigram entropy within its budget, so both failed, whatever their last slope."""
     for name, curve in (
         ("stuck", [5.914, 5.927, 5.904, 5.884, 5.879]),
         ("falling", [6.5, 6.1, 6.0, 5.8, 5.7]),
@@ -812,8 +836,8 @@ def test_a_report_judges_every_run_again_with_the_current_rules(tmp_path):
 
 
 def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
-    """runs.json (what a report writes beside itself) and, for older reports, the Runs table of report.md give
-    back the same runs, with their configs rebuilt from the study file's grid."""
+    """runs.json (what a report writes beside itself) and, for older reports, the Runs table of
+    report.md give back the same runs, with their configs rebuilt from the study file's grid."""
     from study.archive import archived_runs
 
     for seed in range(3):
@@ -828,7 +852,8 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
             )
     study = tmp_path / "study.yaml"
     study.write_text(
-        f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.001, "
+        f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: "
+        f"{{norm: [rmsnorm, layernorm], lr: [0.001, "
         "0.1]}\nprotocol: {selection_seeds: [0], test_seeds: [1, 2]}\n"
     )
     write_report([tmp_path / "s"], tmp_path / "out")
@@ -840,8 +865,9 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
         assert len(runs) == 12 and by_name["layernorm-lr0.1-s2"].loss == pytest.approx(3.32)
         assert by_name["layernorm-lr0.1-s2"].config["model.norm"] == "layernorm"
         assert by_name["rmsnorm-lr0.1-s1"].lr == 0.1
-    # no label is changed by hand: an archived `plateau` stays one, and the study's rule judges it from what the
-    # table shows (its best eval, 5.9, never got 0.25 below the unigram entropy of the study's data)
+    # no label is changed by hand: an archived `plateau` stays one, and the study's rule judges it
+    # from what the table shows (its best eval, 5.9, never got 0.25 below the unigram entropy of the
+    # study's data)
     from study.read import judge
     from study.studyfile import Rule
 
@@ -881,9 +907,10 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_flagged(tmp_path):
 
 
 def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
-    """study/trend.py's fit on constructed points: estimates exactly on a line in log2(x) give that slope; the CI
-    is Knapp-Hartung's, sqrt(max(1, q) / sum w (x - xw)^2) x t(k - 2) (q = 0 on a line: t_1 = 12.7); points
-    without a CI are left out; a point's se is its half-width over the quantile its CI was made with."""
+    """study/trend.py's fit on constructed points: estimates exactly on a line in log2(x) give that
+    slope; the CI is Knapp-Hartung's, sqrt(max(1, q) / sum w (x - xw)^2) x t(k - 2) (q = 0 on a
+    line: t_1 = 12.7); points without a CI are left out; a point's se is its half-width over the
+    quantile its CI was made with."""
     from scipy.stats import t as student
 
     from study.trend import Z, fit
@@ -896,14 +923,16 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
     var = 1 / (sum((x - 7) ** 2 for x in (6, 7, 8)) / se**2)  # log2 64, 128, 256; mean 7
     assert (hi - lo) / 2 == pytest.approx(student.ppf(0.975, 1) * var**0.5)
     assert fit(pts[:2], log2=True)[1] is None  # two points: a slope, no CI
-    # a t interval of 3 seeds (df 2) is wider than a z one of the same se: read back with t, the se is the same
+    # a t interval of 3 seeds (df 2) is wider than a z one of the same se: read back with t, the se
+    # is the same
     t_pts = [
         (x, e, (e - student.ppf(0.975, 2) * se, e + student.ppf(0.975, 2) * se))
         for x, e, _ in pts[:3]
     ]
     assert fit(t_pts, log2=True, dfs=(2, 2, 2))[1] == pytest.approx((lo, hi))
     assert fit(pts[:1], log2=True)[0] is None  # one point: no slope
-    # unequal weights: the line drawn passes through the weighted centre, not the plain mean of the points
+    # unequal weights: the line drawn passes through the weighted centre, not the plain mean of the
+    # points
     from study.trend import Trend, fitted
 
     uneven = [
@@ -922,8 +951,8 @@ def test_a_trend_along_a_numeric_axis_is_fitted_with_its_ci():
 
 
 def test_only_a_scale_is_a_trend_axis_not_an_on_off_field():
-    """model.dim 32 / 64 / 96 is a scale (a slope per doubling means something); z-loss 0 / 1e-4 or warm-up 0 / 100
-    switch a thing on or off, and a boolean or a string is no axis at all."""
+    """model.dim 32 / 64 / 96 is a scale (a slope per doubling means something); z-loss 0 / 1e-4 or
+    warm-up 0 / 100 switch a thing on or off, and a boolean or a string is no axis at all."""
     from types import SimpleNamespace as NS
 
     from study.trend import numeric_axes
@@ -941,10 +970,11 @@ def test_only_a_scale_is_a_trend_axis_not_an_on_off_field():
 
 
 def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_variance():
-    """DerSimonian-Laird tau^2 for a meta-regression, against the matrix formula in numpy (an independent
-    computation): points that agree with a line keep tau^2 = 0 (the fixed-effect fit); the DeepNorm study's loss
-    differences (6, 12, 24 layers: one precise point off the others' line) get tau^2 > 0 and a slope CI that no
-    longer excludes 0, where the fixed-effect one did (+0.081, +0.037..+0.125)."""
+    """DerSimonian-Laird tau^2 for a meta-regression, against the matrix formula in numpy (an
+    independent computation): points that agree with a line keep tau^2 = 0 (the fixed-effect fit);
+    the DeepNorm study's loss differences (6, 12, 24 layers: one precise point off the others' line)
+    get tau^2 > 0 and a slope CI that no longer excludes 0, where the fixed-effect one did (+0.081,
+    +0.037..+0.125)."""
     import numpy as np
     from scipy.stats import t as student
 
@@ -979,9 +1009,9 @@ def test_a_trend_whose_points_scatter_beyond_their_cis_gets_a_between_point_vari
 
 
 def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
-    """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32) plus the same
-    seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling; the report's Trends section
-    says so with its CI."""
+    """Arms norm x model.dim (constructed): LayerNorm's loss is RMSNorm's + 0.01 x log2(dim / 32)
+    plus the same seed-to-seed noise at every width, so the loss difference rises 0.01 per doubling;
+    the report's Trends section says so with its CI."""
 
     for dim in (32, 64, 128):
         for norm in ("rmsnorm", "layernorm"):
@@ -1013,7 +1043,8 @@ def test_a_width_study_reports_the_norm_comparison_by_width(tmp_path):
         and "32..128 only" in line
     )
     assert (
-        "- LR50 ratio layernorm / rmsnorm, in log10 ratio, by model.dim: 32: -; 64: -; 128: - ('-': no estimate: "
+        "- LR50 ratio layernorm / rmsnorm, in log10 ratio, by model.dim: 32: -; 64: -; 128: - "
+        "('-': no estimate: "
         "an arm's LR50 is only bounded); no slope (0 of 3 points"
     ) in text  # said, not dropped
     assert (tmp_path / "out" / "trend.png").stat().st_size > 1000
@@ -1078,8 +1109,9 @@ def test_an_eval_above_l0_fails_and_the_alternative_rules_judge_the_same_runs(tm
 
 
 def test_lr_sensitivity_is_wortsmans_mean_over_the_grid_by_hand(tmp_path):
-    """Two arms, 3 seeds, grid 1e-3, 1e-2, 1e-1: L* is the lowest mean final loss of any arm at any LR; a failed run
-    counts at its final loss capped at L0 (5.0); S per seed is the mean of min(L, L0) - L* over the grid."""
+    """Two arms, 3 seeds, grid 1e-3, 1e-2, 1e-1: L* is the lowest mean final loss of any arm at any
+    LR; a failed run counts at its final loss capped at L0 (5.0); S per seed is the mean of min(L,
+    L0) - L* over the grid."""
     from study.arms import Arm
     from study.sensitivity import sensitivities
 
@@ -1126,11 +1158,12 @@ def test_lr_sensitivity_is_wortsmans_mean_over_the_grid_by_hand(tmp_path):
 
 
 def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_path):
-    """Arms norm x model.dim (constructed, grid 1e-3, 1e-2, 1e-1, 3 seeds, L* = 3.0 at 1e-2 at every width):
-    RMSNorm's LR sensitivity is 0.1 + 0.1 x log2(dim / 32) plus a seed offset that is the same at every width,
-    LayerNorm's 0.1 at every width. The report fits each arm's sensitivity against log2(dim) (slope +0.1 and 0 per
-    doubling, Knapp-Hartung CI from 3 points: t_1 x the se of the mean of 3 seeds over sqrt(sum (x - x_w)^2)),
-    writes the lines into the report's text and json, and draws lr_sensitivity.png."""
+    """Arms norm x model.dim (constructed, grid 1e-3, 1e-2, 1e-1, 3 seeds, L* = 3.0 at 1e-2 at every
+    width): RMSNorm's LR sensitivity is 0.1 + 0.1 x log2(dim / 32) plus a seed offset that is the
+    same at every width, LayerNorm's 0.1 at every width. The report fits each arm's sensitivity
+    against log2(dim) (slope +0.1 and 0 per doubling, Knapp-Hartung CI from 3 points: t_1 x the se
+    of the mean of 3 seeds over sqrt(sum (x - x_w)^2)), writes the lines into the report's text and
+    json, and draws lr_sensitivity.png."""
     from scipy.stats import t as student
 
     for dim in (32, 64, 128):
@@ -1194,11 +1227,12 @@ def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_pat
 def test_an_lr_sensitivity_claim_is_decided_with_each_arms_own_best_and_says_if_the_per_size_l_star_changes_it(
     tmp_path,
 ):
-    """Constructed (grid 1e-3, 1e-2, 1e-1, 3 seeds, one model size): RMSNorm reaches 3.0 at 1e-2 and 3.3 around it;
-    LayerNorm is flat near 3.6. With each arm's own L* (Wortsman et al.'s min over one algorithm's LRs, the primary)
-    LayerNorm's S is ~0.07 and RMSNorm's 0.2: the claim 'LayerNorm is less sensitive' agrees; with L* the best of the
-    size (3.0, the secondary view) LayerNorm's is ~0.57: it disagrees, and the report says the verdict depends on
-    L*. The per-arm CI at 3 seeds is the t interval (n - 1 df), not a bootstrap."""
+    """Constructed (grid 1e-3, 1e-2, 1e-1, 3 seeds, one model size): RMSNorm reaches 3.0 at 1e-2 and
+    3.3 around it; LayerNorm is flat near 3.6. With each arm's own L* (Wortsman et al.'s min over
+    one algorithm's LRs, the primary) LayerNorm's S is ~0.07 and RMSNorm's 0.2: the claim 'LayerNorm
+    is less sensitive' agrees; with L* the best of the size (3.0, the secondary view) LayerNorm's is
+    ~0.57: it disagrees, and the report says the verdict depends on L*. The per-arm CI at 3 seeds is
+    the t interval (n - 1 df), not a bootstrap."""
     from scipy.stats import t as student
 
     for seed in range(3):
@@ -1209,8 +1243,10 @@ def test_an_lr_sensitivity_claim_is_decided_with_each_arms_own_best_and_says_if_
             for lr, final in zip((1e-3, 1e-2, 1e-1), finals, strict=True):
                 write_run(tmp_path, f"{norm}-{lr}-{seed}", norm, lr, seed, "ok", final)
     (tmp_path / "study.yaml").write_text(
-        f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.001, 0.01, 0.1], "
-        "seed: [0, 1, 2]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: rmsnorm}, "
+        f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: "
+        f"{{norm: [rmsnorm, layernorm], lr: [0.001, 0.01, 0.1], "
+        "seed: [0, 1, 2]}\nclaims:\n  - {paper: P, says: S, a: {norm: layernorm}, b: {norm: "
+        "rmsnorm}, "
         "metric: lr_sensitivity, expect: lower}\n"
     )
     from study.report import as_json, compute, render
@@ -1238,9 +1274,10 @@ def test_an_lr_sensitivity_claim_is_decided_with_each_arms_own_best_and_says_if_
 
 
 def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_the_upper_bound():
-    """Constructed runs (no training): both arms fail above 0.03 on every one of 6 seeds, train below; the upper
-    one-sided 95% bound of P(fail) falls below 5% two grid steps under the edge, and the common LR is the largest such
-    grid LR; with runs that bound nothing (one seed), the fallback says so."""
+    """Constructed runs (no training): both arms fail above 0.03 on every one of 6 seeds, train
+    below; the upper one-sided 95% bound of P(fail) falls below 5% two grid steps under the edge,
+    and the common LR is the largest such grid LR; with runs that bound nothing (one seed), the
+    fallback says so."""
     from dataclasses import dataclass as dc
 
     @dc
@@ -1269,8 +1306,8 @@ def test_the_common_lr_is_the_largest_grid_lr_both_arms_fail_below_5_percent_at_
 
 
 def test_every_claim_is_in_the_holm_family_whatever_its_data(tmp_path):
-    """A claim no run can test (no arm matches it: the runs have no post-norm) still counts: the other claim's
-    adjusted p is its raw p times the family's size."""
+    """A claim no run can test (no arm matches it: the runs have no post-norm) still counts: the
+    other claim's adjusted p is its raw p times the family's size."""
     claims = (
         CLAIM.format(extra=", placement: pre", expect="higher")
         + "  - {paper: Q, says: T, a: {norm: layernorm, placement: post}, b: {norm: rmsnorm, placement: post}, "
@@ -1286,8 +1323,9 @@ def test_every_claim_is_in_the_holm_family_whatever_its_data(tmp_path):
 
 
 def test_a_dyt_study_report_draws_the_saturation_of_a_trained_and_a_failed_run(tmp_path):
-    """Runs that logged dyt/saturated/final and grad/absmax/trunk (one trained, one stuck at the unigram level with
-    every trunk gradient 0): the report draws dyt_saturation.png; a study without them draws none."""
+    """Runs that logged dyt/saturated/final and grad/absmax/trunk (one trained, one stuck at the
+    unigram level with every trunk gradient 0): the report draws dyt_saturation.png; a study without
+    them draws none."""
     for name, lr, final, sat, grad in (("ok", 1e-3, 3.0, 0.0, 0.3), ("dead", 1e-2, 5.9, 1.0, 0.0)):
         write_run(tmp_path / "s", name, "dyt", lr, 0, "ok", final)
         path = tmp_path / "s" / "runs" / name / "metrics.jsonl"

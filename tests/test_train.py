@@ -1,4 +1,5 @@
-"""train.py end to end on the tiny config: run directory, resume, divergence, interrupts, torchrun, wandb."""
+"""train.py end to end on the tiny config: run directory, resume, divergence, interrupts, torchrun,
+wandb."""
 
 import json
 import os
@@ -396,7 +397,8 @@ def test_stop_request_stops_at_the_next_step_but_never_the_last(tmp_path, monkey
 
 @pytest.mark.slow
 def test_extending_a_finished_run_holds_the_final_lr(tmp_path, run_tiny):
-    """Before: train.steps=24 on resume re-stretched the cosine, jumping the LR from its floor to near its peak."""
+    """Before: train.steps=24 on resume re-stretched the cosine, jumping the LR from its floor to
+    near its peak."""
     assert run_tiny("--name", "x", "train.steps=12", "optim.lr=1e-2") == 0
     assert train.main(["--name", "x", "--resume", f"log.out_dir={tmp_path}", "train.steps=24"]) == 0
     lrs = losses(tmp_path / "x", "train/lr")
@@ -430,7 +432,8 @@ def test_extending_a_finished_run_holds_the_final_lr(tmp_path, run_tiny):
 
 
 def test_checkpoint_from_more_gpus_than_visible_is_one_line(tmp_path, monkeypatch):
-    """A checkpoint saved with 2 GPUs' RNG states, resumed where the process drives device 1 of... 1 visible."""
+    """A checkpoint saved with 2 GPUs' RNG states, resumed where the process drives device 1 of... 1
+    visible."""
     from training.checkpoint import CheckpointError, set_rng_state
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -485,8 +488,9 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, monkeypatch, run_tiny):
-    """A crash after step 6 with the checkpoint at 4: the resume re-trains 5 and 6. wandb drops records logged at
-    or below the last step it received, so they must be logged against our own step metric, not wandb's step."""
+    """A crash after step 6 with the checkpoint at 4: the resume re-trains 5 and 6. wandb drops
+    records logged at or below the last step it received, so they must be logged against our own
+    step metric, not wandb's step."""
     pytest.importorskip("wandb")
     from wandb.sdk import wandb_run
 

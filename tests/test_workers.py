@@ -57,9 +57,9 @@ def _same_run(a, b):
 
 @pytest.mark.slow
 def test_runs_in_one_worker_compute_what_train_py_computes_alone(tmp_path, data_args):
-    """Bit for bit: a run after another run (another norm, placement, seed, LR) in the same worker, stopped and
-    resumed there, equals the same run launched as its own process (uninterrupted: resuming is exact,
-    tests/test_train.py), and so does the first."""
+    """Bit for bit: a run after another run (another norm, placement, seed, LR) in the same worker,
+    stopped and resumed there, equals the same run launched as its own process (uninterrupted:
+    resuming is exact, tests/test_train.py), and so does the first."""
     worker = Worker(threads=1, gpu=None)
     first = _argv(
         tmp_path / "w",
@@ -91,8 +91,9 @@ def test_runs_in_one_worker_compute_what_train_py_computes_alone(tmp_path, data_
 
 @pytest.mark.slow
 def test_a_run_that_fails_stays_that_runs_failure(tmp_path, data_args, monkeypatch):
-    """Bad input: exit 2, the worker goes on. A crash (here SIGKILL at a fault point, as the OOM killer would):
-    that run's exit code, and the next run gets a fresh worker that trains it normally."""
+    """Bad input: exit 2, the worker goes on. A crash (here SIGKILL at a fault point, as the OOM
+    killer would): that run's exit code, and the next run gets a fresh worker that trains it
+    normally."""
     worker = Worker(threads=1, gpu=None)
     assert (
         worker.run(_argv(tmp_path, "bad", "model.norm=groupnorm", *data_args), tmp_path / "bad.log")

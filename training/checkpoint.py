@@ -1,8 +1,9 @@
-"""Atomic save / load of the full training state, for exact resume: one file (latest.pt, previous.pt) in one
-process or under DDP; under FSDP2 / tensor parallelism a torch.distributed.checkpoint (DCP) directory (latest.dcp,
-previous.dcp) that every rank writes its shards into, and that a load reshards to whatever world size reads it
-(saved on 2 ranks, resumed on 1, or the reverse). One routine finds a run's newest readable checkpoint of either kind,
-ordered by step, for resuming (training/run.py) and for load_run (a run's model, for sampling and export)."""
+"""Atomic save / load of the full training state, for exact resume: one file (latest.pt,
+previous.pt) in one process or under DDP; under FSDP2 / tensor parallelism a
+torch.distributed.checkpoint (DCP) directory (latest.dcp, previous.dcp) that every rank writes its
+shards into, and that a load reshards to whatever world size reads it (saved on 2 ranks, resumed on
+1, or the reverse). One routine finds a run's newest readable checkpoint of either kind, ordered by
+step, for resuming (training/run.py) and for load_run (a run's model, for sampling and export)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def previous_path(path: Path) -> Path:
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
-    """Write `state` so that `path` always holds a complete checkpoint, and the one before it stays as
-    previous.pt until the new one is durable: temp file, fsync, latest -> previous, temp -> latest, fsync dir."""
+    """Write `state` so that `path` always holds a complete checkpoint, and the one before it stays
+    as previous.pt until the new one is durable: temp file, fsync, latest -> previous, temp ->
+    latest, fsync dir."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-write
@@ -63,7 +65,8 @@ def save_durably(obj, path: Path) -> None:
 
 
 def has_checkpoint(path: str | Path) -> bool:
-    """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp / previous.dcp."""
+    """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp /
+    previous.dcp."""
     path = Path(path)
     return (
         path.is_file()
@@ -86,8 +89,8 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def rng_state() -> dict:
-    """The CPU generator and, on a GPU machine, the current device's: a process drives one device, and a
-    checkpoint must resume where fewer (or other) GPUs are visible."""
+    """The CPU generator and, on a GPU machine, the current device's: a process drives one device,
+    and a checkpoint must resume where fewer (or other) GPUs are visible."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -128,10 +131,11 @@ def dcp_paths(checkpoint: Path) -> tuple[Path, Path]:
 def save_sharded_checkpoint(
     checkpoint: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict
 ) -> None:
-    """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then (rank 0)
-    latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt rotate, the renames
-    fsynced. A failure on any rank (a full disk) is an OSError on every rank, the previous checkpoints intact; rank
-    0's parts (the temporary directory, the renames) reach every rank as their outcome, never as a barrier."""
+    """A sharded run's checkpoint: a DCP directory written in full under a temporary name, then
+    (rank 0) latest.dcp -> previous.dcp and the new one -> latest.dcp, as latest.pt / previous.pt
+    rotate, the renames fsynced. A failure on any rank (a full disk) is an OSError on every rank,
+    the previous checkpoints intact; rank 0's parts (the temporary directory, the renames) reach
+    every rank as their outcome, never as a barrier."""
     import shutil
 
     latest, previous = dcp_paths(checkpoint)
@@ -157,15 +161,16 @@ def save_sharded_checkpoint(
 
 
 def _dcp_failure(e: BaseException) -> BaseException:
-    """The first rank's underlying exception of a DCP CheckpointException (a BaseException that carries them)."""
+    """The first rank's underlying exception of a DCP CheckpointException (a BaseException that
+    carries them)."""
     failures = getattr(e, "failures", None) or {}
     first = next(iter(failures.values()), None)
     return first[0] if isinstance(first, tuple) else (first or e)
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception as one short line: its first sentence (torch's zip reader adds four of advice); an empty message
-    says what the type means (EOFError: the file ends early)."""
+    """An exception as one short line: its first sentence (torch's zip reader adds four of advice);
+    an empty message says what the type means (EOFError: the file ends early)."""
     lines = str(e).strip().splitlines()
     empty = {EOFError: "the file ends early (truncated?)", KeyError: "an entry is missing"}
     reason = (
@@ -178,8 +183,8 @@ def _one_line(e: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A checkpoint of a run: latest.pt, previous.pt (one file), latest.dcp or previous.dcp (a sharded run's
-    directory), and the step it holds."""
+    """A checkpoint of a run: latest.pt, previous.pt (one file), latest.dcp or previous.dcp (a
+    sharded run's directory), and the step it holds."""
 
     path: Path
     step: int
@@ -190,9 +195,10 @@ class Candidate:
 
 
 def candidates(checkpoint: Path) -> tuple[list[Candidate], list[str]]:
-    """Every checkpoint beside a run's latest.pt of either kind, newest step first (a newer write breaks a tie), and
-    why the others cannot be read. The step is read cheaply: a .pt file's pickle with its tensors memory-mapped, not
-    read; a DCP directory's extra.pt (written last: without it the directory is incomplete)."""
+    """Every checkpoint beside a run's latest.pt of either kind, newest step first (a newer write
+    breaks a tie), and why the others cannot be read. The step is read cheaply: a .pt file's pickle
+    with its tensors memory-mapped, not read; a DCP directory's extra.pt (written last: without it
+    the directory is incomplete)."""
     found, errors = [], []
     for path in (checkpoint, previous_path(checkpoint)):
         if path.is_file():
@@ -219,9 +225,10 @@ def candidates(checkpoint: Path) -> tuple[list[Candidate], list[str]]:
 def load_newest(
     checkpoint: Path, load: Callable[[Candidate], object]
 ) -> tuple[object, Candidate, list[str]]:
-    """The newest checkpoint `load` can read, whatever its kind: (what load returned, which one, why newer ones were
-    skipped). Under torchrun every rank tries the same checkpoints in the same order (rank 0 lists them) and they
-    agree on each outcome, as a DCP load is a collective. CheckpointError naming every failure when none loads."""
+    """The newest checkpoint `load` can read, whatever its kind: (what load returned, which one, why
+    newer ones were skipped). Under torchrun every rank tries the same checkpoints in the same order
+    (rank 0 lists them) and they agree on each outcome, as a DCP load is a collective.
+    CheckpointError naming every failure when none loads."""
     listed = distributed.on_master(candidates, Path(checkpoint))
     found, errors = listed
     for c in found:
@@ -249,8 +256,9 @@ def skipped(errors: list[str], c: Candidate) -> str | None:
 
 @contextmanager
 def _quiet_dcp():
-    """DCP logs every failed read to the root logger with its traceback (~80 lines for a missing .metadata) before
-    raising: the failure is one CheckpointError line (and a fallback) here, so those records are dropped."""
+    """DCP logs every failed read to the root logger with its traceback (~80 lines for a missing
+    .metadata) before raising: the failure is one CheckpointError line (and a fallback) here, so
+    those records are dropped."""
 
     def keep(record: logging.LogRecord) -> bool:
         return "distributed/checkpoint" not in record.pathname.replace(os.sep, "/")
@@ -266,17 +274,18 @@ def _quiet_dcp():
 def load_full_state(
     model: nn.Module, opt: torch.optim.Optimizer, model_state: dict, opt_state: dict
 ) -> None:
-    """Load a full (unsharded) model and optimizer state, as a .pt checkpoint holds it, into this model and
-    optimizer: directly in one process or DDP; onto a sharded model through torch's distributed state-dict API,
-    which takes each rank's shard of every tensor (plain load_state_dict would accept full-size state for
-    sharded parameters). Shapes that do not fit raise."""
+    """Load a full (unsharded) model and optimizer state, as a .pt checkpoint holds it, into this
+    model and optimizer: directly in one process or DDP; onto a sharded model through torch's
+    distributed state-dict API, which takes each rank's shard of every tensor (plain load_state_dict
+    would accept full-size state for sharded parameters). Shapes that do not fit raise."""
     if not is_sharded(model):
         model.load_state_dict(model_state)
         opt.load_state_dict(opt_state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    # optimizer.state_dict() names parameters by their index in the param groups; the distributed API by name
+    # optimizer.state_dict() names parameters by their index in the param groups; the distributed
+    # API by name
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
     by_name = {
@@ -296,8 +305,9 @@ def load_full_state(
 
 @contextmanager
 def _readable(path: Path):
-    """A DCP checkpoint that cannot be read (damaged, foreign, missing pieces) is bad input: one CheckpointError
-    line. DCP raises CheckpointException, a BaseException, that `except Exception` would let through."""
+    """A DCP checkpoint that cannot be read (damaged, foreign, missing pieces) is bad input: one
+    CheckpointError line. DCP raises CheckpointException, a BaseException, that `except Exception`
+    would let through."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -311,8 +321,9 @@ def _readable(path: Path):
 
 
 def load_sharded_weights(path: Path, model: nn.Module) -> None:
-    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in one process, for
-    export and sampling; CheckpointError (one line) when it cannot be read or does not fit."""
+    """The model weights of a DCP checkpoint (any world size wrote it) into an unsharded model in
+    one process, for export and sampling; CheckpointError (one line) when it cannot be read or does
+    not fit."""
     import torch.distributed.checkpoint as dcp
 
     state = {"model": model.state_dict()}
@@ -322,9 +333,10 @@ def load_sharded_weights(path: Path, model: nn.Module) -> None:
 
 
 def full_model_state(model: nn.Module) -> dict:
-    """The whole model's state, unsharded, on rank 0's CPU ({} on the other ranks). A collective: every rank
-    calls it. For work that should not be a collective per step (sampling token by token: under tensor
-    parallelism a prompt's length rarely splits evenly over the sequence-parallel ranks)."""
+    """The whole model's state, unsharded, on rank 0's CPU ({} on the other ranks). A collective:
+    every rank calls it. For work that should not be a collective per step (sampling token by token:
+    under tensor parallelism a prompt's length rarely splits evenly over the sequence-parallel
+    ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(
@@ -334,15 +346,16 @@ def full_model_state(model: nn.Module) -> dict:
 
 @contextmanager
 def _single_process_ok():
-    """DCP warns that it 'assumes' a single process when there is no process group: here that is the intent."""
+    """DCP warns that it 'assumes' a single process when there is no process group: here that is the
+    intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
 
 
 def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra: dict) -> None:
-    """A DCP checkpoint directory: model and optimizer state as each rank holds it, plus `extra` (step, loader,
-    RNG...; the same on every rank, written once)."""
+    """A DCP checkpoint directory: model and optimizer state as each rank holds it, plus `extra`
+    (step, loader, RNG...; the same on every rank, written once)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -370,8 +383,8 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
 
 
 def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """Load a DCP checkpoint into this model and optimizer, whatever world size wrote it (DCP reshards); the
-    `extra` dict."""
+    """Load a DCP checkpoint into this model and optimizer, whatever world size wrote it (DCP
+    reshards); the `extra` dict."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -387,9 +400,9 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
 
 
 def load_run(run_dir: Path):
-    """(model, prepared data directory) of a run: its config.yaml's model with the weights of its newest readable
-    checkpoint of either kind (load_newest), in eval mode; ConfigError / CheckpointError (one line) when run_dir is
-    not a usable run."""
+    """(model, prepared data directory) of a run: its config.yaml's model with the weights of its
+    newest readable checkpoint of either kind (load_newest), in eval mode; ConfigError /
+    CheckpointError (one line) when run_dir is not a usable run."""
     from data.prepare import prepare
     from model import Llama
     from training.config import ConfigError, load_config

@@ -1,9 +1,9 @@
 """The config schema (dataclasses) and load_config: defaults < YAML file(s) < command-line
 overrides; what a --resume may change (resumed_config).
 
-A YAML file may start with `base: other.yaml` (relative to itself) to be a small diff on another file.
-Unknown keys, wrong types and invalid choices raise ConfigError with one line saying what is allowed.
-"""
+A YAML file may start with `base: other.yaml` (relative to itself) to be a small diff on another
+file. Unknown keys, wrong types and invalid choices raise ConfigError with one line saying what is
+allowed."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; float16 with a GradScaler)
     compile: bool = False  # torch.compile the model
-    parallel: str = "ddp"  # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
+    # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
+    parallel: str = "ddp"
     tp_size: int = (
         2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
     )
@@ -174,8 +175,9 @@ def _load_yaml(path: Path, seen: tuple = ()):
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
 ) -> Config:
-    """Config from defaults, then the YAML file (and its bases), then `key=value` overrides (parsed as YAML),
-    then `values` ({dotted key: value}, taken as given: --name on stays the string 'on')."""
+    """Config from defaults, then the YAML file (and its bases), then `key=value` overrides (parsed
+    as YAML), then `values` ({dotted key: value}, taken as given: --name on stays the string
+    'on')."""
     layers = [OmegaConf.structured(Config)]
     if path:
         layers += _load_yaml(Path(path))
@@ -242,7 +244,8 @@ def validate(cfg: Config) -> Config:
         parse_source(cfg.data.source)
     except DataError as e:
         raise ConfigError(f"data.source: {e}") from None
-    # single sources of truth: the tokenizer sets the vocabulary, the training sequence length the context
+    # single sources of truth: the tokenizer sets the vocabulary, the training sequence length the
+    # context
     cfg.model.vocab_size = cfg.data.vocab_size
     cfg.model.max_seq_len = cfg.train.seq_len
     t = cfg.train
@@ -310,7 +313,8 @@ def validate(cfg: Config) -> Config:
 
 
 def flat(d: dict, prefix: str = "") -> dict:
-    """{'train': {'steps': 5}} -> {'train.steps': 5}: a nested config dict keyed by dotted field names."""
+    """{'train': {'steps': 5}} -> {'train.steps': 5}: a nested config dict keyed by dotted field
+    names."""
     out = {}
     for k, v in d.items():
         out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})

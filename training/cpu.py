@@ -1,6 +1,7 @@
-"""CPU process settings: thread count and the allocator (step time only) and denormal flushing, which changes
-results too: every float32 below 2^-126 (~1.2e-38) becomes 0 (1e-39 reads back as 0.0), in the forward, the
-backward and the optimizer. train.py records it in meta.json (`cpu.flush_denormal`)."""
+"""CPU process settings: thread count and the allocator (step time only) and denormal flushing,
+which changes results too: every float32 below 2^-126 (~1.2e-38) becomes 0 (1e-39 reads back as
+0.0), in the forward, the backward and the optimizer. train.py records it in meta.json
+(`cpu.flush_denormal`)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ _KEEP_BYTES = 1 << 30
 def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
     """Apply the CPU settings train.py uses; return them for meta.json (flush_denormal, allocator).
 
-    - flush denormal floats: post-norm runs make tiny values that otherwise slow steps several-fold. This is a
-      numerical choice, not just a speed one (tiny values become exactly 0); GPUs' fast paths do the same;
+    - flush denormal floats: post-norm runs make tiny values that otherwise slow steps several-fold.
+      This is a numerical choice, not just a speed one (tiny values become exactly 0); GPUs' fast
+      paths do the same;
     - glibc malloc: serve large tensors from the heap instead of fresh mmap()s and keep freed memory
-      (mmap / trim thresholds 1 GiB). Otherwise every activation of a step page-faults anew; measured
-      by scripts/bench_norms.py and scripts/bench_train.py (about 3x on norm kernels here).
+      (mmap / trim thresholds 1 GiB). Otherwise every activation of a step page-faults anew;
+      measured by scripts/bench_norms.py and scripts/bench_train.py (about 3x on norm kernels here).
     """
     torch.set_flush_denormal(True)
     if threads:

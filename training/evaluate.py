@@ -1,5 +1,5 @@
-"""Validation: the loss over a fixed set of val windows, with its standard error and in bits per byte, on any number
-of processes."""
+"""Validation: the loss over a fixed set of val windows, with its standard error and in bits per
+byte, on any number of processes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from training.config import Config
 
 
 def bits_per_byte(loss_sum: float, n_bytes: float) -> float:
-    """Summed next-token loss (nats) over the bytes of text those tokens encode, in bits: comparable across
-    tokenizers and corpora, where nats per token are not."""
+    """Summed next-token loss (nats) over the bytes of text those tokens encode, in bits: comparable
+    across tokenizers and corpora, where nats per token are not."""
     return loss_sum / math.log(2) / n_bytes if n_bytes > 0 else float("nan")
 
 
@@ -29,14 +29,16 @@ def evaluate(
     batch_size: int,
     token_bytes: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """{'val/loss': mean next-token loss, 'val/loss_se': its standard error, 'val/bpb': bits per byte} over the
-    fixed validation set (the same tokens at every eval); val/bpb where `token_bytes` (the bytes of text each id
-    stands for, data/tokenizer.py) is given.
+    """{'val/loss': mean next-token loss, 'val/loss_se': its standard error, 'val/bpb': bits per
+    byte} over the fixed validation set (the same tokens at every eval); val/bpb where `token_bytes`
+    (the bytes of text each id stands for, data/tokenizer.py) is given.
 
-    The standard error is over windows (seq_len tokens each): sd of the per-window mean losses / sqrt(windows).
-    Windows are consecutive text, so it is the eval's own sampling noise, a lower bound if windows correlate."""
+    The standard error is over windows (seq_len tokens each): sd of the per-window mean losses /
+    sqrt(windows). Windows are consecutive text, so it is the eval's own sampling noise, a lower
+    bound if windows correlate."""
     model.eval()
-    # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows, target bytes)
+    # (sum of losses over tokens, tokens, sum of per-window means, sum of their squares, windows,
+    # target bytes)
     total = torch.zeros(6, device=d.device, dtype=torch.float64)
     for x, y, counts in eval_batches(
         tokens, cfg.train.seq_len, batch_size, cfg.train.eval_tokens, d.data_rank, d.data_world

@@ -15,15 +15,17 @@ STEP = "train/step"  # the x axis of every wandb chart
 
 
 def _clean(v):
-    """JSON has no NaN / inf: non-finite numbers are written as null (the run's summary says why)."""
+    """JSON has no NaN / inf: non-finite numbers are written as null (the run's summary says
+    why)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
 
 
 class Logger:
-    """Writes every record to metrics.jsonl; shows loss / lr / tokens per second on a tqdm bar; mirrors
-    records to wandb (offline or online) when asked, and never lets a wandb failure stop training."""
+    """Writes every record to metrics.jsonl; shows loss / lr / tokens per second on a tqdm bar;
+    mirrors records to wandb (offline or online) when asked, and never lets a wandb failure stop
+    training."""
 
     def __init__(
         self,
@@ -62,9 +64,10 @@ class Logger:
                     resume="allow",
                     id=_wandb_id(run),
                 )
-                # Every chart's x axis is our step, logged as a value, never as wandb's own step: wandb drops
-                # records at or below the last step it received, so after a crash and --resume the re-trained
-                # steps (between the checkpoint and the crash) would never reach the dashboard.
+                # Every chart's x axis is our step, logged as a value, never as wandb's own step:
+                # wandb drops records at or below the last step it received, so after a crash and
+                # --resume the re-trained steps (between the checkpoint and the crash) would never
+                # reach the dashboard.
                 self.wandb.define_metric(STEP)
                 self.wandb.define_metric("*", step_metric=STEP)
             except Exception as e:
@@ -98,7 +101,8 @@ class Logger:
             tqdm.write(text, file=sys.stderr)
 
     def close(self, summary: dict | None = None) -> None:
-        """Close the bar, the metrics file and wandb (with the summary); a second call does nothing."""
+        """Close the bar, the metrics file and wandb (with the summary); a second call does
+        nothing."""
         if not self.enabled or self.file.closed:
             return
         self.bar.close()

@@ -1,29 +1,34 @@
-"""Will the run fit? A memory estimate from the config, checked against what the machine has before the run starts:
-a run too big for it used to train for minutes towards the OOM killer (or an allocation failure's traceback).
+"""Will the run fit? A memory estimate from the config, checked against what the machine has before
+the run starts: a run too big for it used to train for minutes towards the OOM killer (or an
+allocation failure's traceback).
 
 The estimate, per process (bytes; the terms measured on torch 2.13's CPU build):
-- the process itself: what it holds when checked (torch, the libraries) plus RUNTIME for what loads later (the
-  fused kernels, the data's pages);
-- training state: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter), divided over the
-  ranks that shard them (fsdp, tp); DDP's gradient buckets (4 bytes a parameter); a block's gathered parameters
-  and gradients under FSDP; the probe's copy of the blocks' parameters on the steps it observes;
-- activations of one micro-batch (micro_batch_size x seq_len tokens), saved for the backward pass: per token and
-  block 7 dim + 3 ffn hidden + 3 kv dim floats (+ 2 dim for qk-norm, + 2 dim for a peri block's output norms),
-  measured with autograd's saved-tensor hooks; with attention soft-capping (explicit attention) 2 x heads x seq_len
-  more for its capped logits and softmax weights, 2 dim for the keys and values repeated per head; the head's
-  logits and their gradient (2 vocab floats a token, 3 with the reference cross-entropy); under tensor
-  parallelism a rank holds its heads' and hidden units' share and the full-width inputs it gathers. Backward and
-  glibc's heap (training/cpu.py keeps freed memory) add FRAGMENTATION;
-- the stability probe's attention-logit max and entropy, on the steps it observes: a block of at most MAX_SCORES
-  scores (as many whole sequences as that holds, or query rows of one), four alive at once (the scores, capped,
-  softmax weights, x log x), and its causal masks;
+- the process itself: what it holds when checked (torch, the libraries) plus RUNTIME for what loads
+  later (the fused kernels, the data's pages);
+- training state: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter),
+  divided over the ranks that shard them (fsdp, tp); DDP's gradient buckets (4 bytes a parameter); a
+  block's gathered parameters and gradients under FSDP; the probe's copy of the blocks' parameters
+  on the steps it observes;
+- activations of one micro-batch (micro_batch_size x seq_len tokens), saved for the backward pass:
+  per token and block 7 dim + 3 ffn hidden + 3 kv dim floats (+ 2 dim for qk-norm, + 2 dim for a
+  peri block's output norms), measured with autograd's saved-tensor hooks; with attention
+  soft-capping (explicit attention) 2 x heads x seq_len more for its capped logits and softmax
+  weights, 2 dim for the keys and values repeated per head; the head's logits and their gradient (2
+  vocab floats a token, 3 with the reference cross-entropy); under tensor parallelism a rank holds
+  its heads' and hidden units' share and the full-width inputs it gathers. Backward and glibc's heap
+  (training/cpu.py keeps freed memory) add FRAGMENTATION;
+- the stability probe's attention-logit max and entropy, on the steps it observes: a block of at
+  most MAX_SCORES scores (as many whole sequences as that holds, or query rows of one), four alive
+  at once (the scores, capped, softmax weights, x log x), and its causal masks;
 - evaluation (no gradients): a micro-batch's logits, their float32 copy and log-softmax.
-On CUDA the training state and activations live on the GPU and are checked against its free memory instead.
+On CUDA the training state and activations live on the GPU and are checked against its free memory
+instead.
 
-Measured peak RSS / estimate (/usr/bin/time -v, 2 steps with the probe's first step and an eval, qk_stats with
-attention entropy): 0.89 (tiny.yaml), 1.06 (default.yaml), 0.97 (default.yaml at seq_len 1024), 0.65 (tiny at
-seq_len 4096: the probe's blocks and the activations are counted as if alive together). The check compares the estimate
-with all that is available: a run that fits by a few percent may still not."""
+Measured peak RSS / estimate (/usr/bin/time -v, 2 steps with the probe's first step and an eval,
+qk_stats with attention entropy): 0.89 (tiny.yaml), 1.06 (default.yaml), 0.97 (default.yaml at
+seq_len 1024), 0.65 (tiny at seq_len 4096: the probe's blocks and the activations are counted as if
+alive together). The check compares the estimate with all that is available: a run that fits by a
+few percent may still not."""
 
 from __future__ import annotations
 
@@ -69,7 +74,8 @@ def _gib(n: float) -> str:
 
 
 def parameters(cfg: Config) -> tuple[int, int]:
-    """(parameters of the model, the largest block's), counted on a model built on the meta device (no memory)."""
+    """(parameters of the model, the largest block's), counted on a model built on the meta device
+    (no memory)."""
     from model import Llama
 
     with torch.device("meta"):
@@ -88,8 +94,9 @@ def estimate(
     process: float = 0.0,
     seq_len: int | None = None,
 ) -> Estimate:
-    """The peak memory of one process of this run (see the module docstring); seq_len / micro replace the config's
-    (to find the largest that fits). `process`: what the process holds already (its RSS, on CPU)."""
+    """The peak memory of one process of this run (see the module docstring); seq_len / micro
+    replace the config's (to find the largest that fits). `process`: what the process holds already
+    (its RSS, on CPU)."""
     a, t = cfg.model, cfg.train
     T = seq_len or t.seq_len
     P, block = params or parameters(cfg)
@@ -112,7 +119,8 @@ def estimate(
     tokens = micro * T
     layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm != "none" else 0)
     layer += 2 * d if a.placement == "peri" else 0
-    if a.attn_softcap:  # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
+    # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
+    if a.attn_softcap:
         layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
     if (
         tp > 1
@@ -159,8 +167,8 @@ def _status(key: str) -> float | None:
 
 
 def available() -> tuple[float, str] | None:
-    """(bytes this machine can still give, where that number comes from): the least of MemAvailable and a cgroup's
-    limit less its usage; None when neither can be read."""
+    """(bytes this machine can still give, where that number comes from): the least of MemAvailable
+    and a cgroup's limit less its usage; None when neither can be read."""
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -185,7 +193,8 @@ def available() -> tuple[float, str] | None:
 
 
 def address_space_left() -> float | None:
-    """Bytes of address space this process may still map under `ulimit -v` (RLIMIT_AS), None when unlimited."""
+    """Bytes of address space this process may still map under `ulimit -v` (RLIMIT_AS), None when
+    unlimited."""
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     size = _status("VmSize")
     return None if limit == resource.RLIM_INFINITY or size is None else limit - size
@@ -194,8 +203,8 @@ def address_space_left() -> float | None:
 def check(
     cfg: Config, world: int, data_world: int, micro: int, local_world: int, device: torch.device
 ) -> Estimate:
-    """The estimate, or ConfigError when it does not fit this machine: the need, what is available, the largest
-    seq_len and micro-batch that fit."""
+    """The estimate, or ConfigError when it does not fit this machine: the need, what is available,
+    the largest seq_len and micro-batch that fit."""
     params = parameters(cfg)
     rss = _status("VmRSS") or 0.0
     kind = device.type
@@ -228,7 +237,8 @@ def check(
         return est
     raise ConfigError(
         f"this run needs ~{_gib(need)} more memory per process ({est.say()}) but {_gib(room)} is "
-        f"available{share} ({source}); {_largest(cfg, world, data_world, micro, kind, params, rss, fits)}"
+        f"available{share} ({source}); "
+        f"{_largest(cfg, world, data_world, micro, kind, params, rss, fits)}"
         f" (train.memory_check=false skips this check)"
     )
 
@@ -236,7 +246,8 @@ def check(
 def _largest(
     cfg: Config, world: int, data_world: int, micro: int, kind: str, params, rss, fits
 ) -> str:
-    """What fits instead: the largest seq_len at this micro-batch, the largest micro-batch at this seq_len."""
+    """What fits instead: the largest seq_len at this micro-batch, the largest micro-batch at this
+    seq_len."""
     t = cfg.train
     step = t.tp_size if world > 1 and t.parallel == "tp" else 1
     at = lambda s, m: estimate(cfg, world, data_world, m, kind, params, rss, seq_len=s)  # noqa: E731

@@ -1,6 +1,6 @@
-"""Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation RMS,
-what each norm receives, DyT's saturated fraction, attention-logit max and attention entropy, and output-logit
-statistics.
+"""Stability probes (torch only, no I/O): per-layer gradient, parameter and update norms, activation
+RMS, what each norm receives, DyT's saturated fraction, attention-logit max and attention entropy,
+and output-logit statistics.
 
 Used on logged steps only, in this order around one optimizer step:
 
@@ -29,21 +29,23 @@ from model.norms import DyT
 from training import distributed
 from training.parallel import full, local
 
-# The block's two main norms: what they receive is the residual stream (pre, peri) or the residual sum
-# x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are left out, so
-# norm_in/* and norm/gain/* mean the same thing for every placement.
+# The block's two main norms: what they receive is the residual stream (pre, peri) or the residual
+# sum x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are
+# left out, so norm_in/* and norm/gain/* mean the same thing for every placement.
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
 MAX_SCORES = (
     1 << 24
 )  # attention scores materialized at once by the logit-max probe (64 MB in float32)
-# |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01 on (1 - tanh(z)
-# ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is exactly 0 there: no gradient
-# reaches x, alpha or the gain through that unit (tests/test_metrics.py checks this on torch's own kernels).
+# |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01
+# on (1 - tanh(z) ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is
+# exactly 0 there: no gradient reaches x, alpha or the gain through that unit (tests/test_metrics.py
+# checks this on torch's own kernels).
 DYT_SATURATION = 9.0
 
 
 def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Parameters by part: layer_{i} for block i, embed, head (an untied output layer) and other (final norm)."""
+    """Parameters by part: layer_{i} for block i, embed, head (an untied output layer) and other
+    (final norm)."""
     groups: dict[str, list[nn.Parameter]] = defaultdict(list)
     for name, p in model.named_parameters():  # a tied head is the embedding, listed once
         if name.startswith("layers."):
@@ -58,19 +60,21 @@ def group_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of a (non-empty) list of tensors taken together (sharded ones: over all their shards)."""
+    """L2 norm of a (non-empty) list of tensors taken together (sharded ones: over all their
+    shards)."""
     return torch.linalg.vector_norm(torch.stack([full(n) for n in torch._foreach_norm(tensors)]))
 
 
 def _absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The largest |entry| of a (non-empty) list of tensors, sharded ones over every rank's shard: each rank's own
-    maximum, then one all-reduce (MAX) where there are several processes. (An inf norm of a DTensor would raise on a
-    rank whose shard is empty, FSDP's share of a one-element alpha, and leave the others waiting.)"""
+    """The largest |entry| of a (non-empty) list of tensors, sharded ones over every rank's shard:
+    each rank's own maximum, then one all-reduce (MAX) where there are several processes. (An inf
+    norm of a DTensor would raise on a rank whose shard is empty, FSDP's share of a one-element
+    alpha, and leave the others waiting.)"""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    # a Partial gradient (tensor parallel: a replicated parameter fed this rank's positions) is a sum over ranks:
-    # reduce it before taking its largest entry
+    # a Partial gradient (tensor parallel: a replicated parameter fed this rank's positions) is a
+    # sum over ranks: reduce it before taking its largest entry
     shards = [
         local(
             full(t) if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements) else t
@@ -87,8 +91,9 @@ def _absmax(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, torch.Tensor]:
-    """Per-rank statistics of equal shares of the data, combined over the processes as one process would have
-    computed them: means averaged, maxima maxed (two collectives); unchanged in a single process."""
+    """Per-rank statistics of equal shares of the data, combined over the processes as one process
+    would have computed them: means averaged, maxima maxed (two collectives); unchanged in a single
+    process."""
     import torch.distributed as dist
 
     if not values or not dist.is_initialized() or dist.get_world_size() == 1:
@@ -106,8 +111,9 @@ def _over_ranks(values: dict[str, torch.Tensor], maxima: set[str]) -> dict[str, 
 
 
 def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
-    """The fraction of the units of x (this rank's) whose tanh argument |alpha x| is >= DYT_SATURATION, computed in
-    float32 as the norm computes it (a sharded alpha is gathered first)."""
+    """The fraction of the units of x (this rank's) whose tanh argument |alpha x| is >=
+    DYT_SATURATION, computed in float32 as the norm computes it (a sharded alpha is gathered
+    first)."""
     alpha = full(norm.alpha).detach().float()
     return ((local(x).detach().float() * alpha).abs() >= DYT_SATURATION).float().mean()
 
@@ -115,9 +121,10 @@ def saturated_fraction(norm: DyT, x: torch.Tensor) -> torch.Tensor:
 def attention_stats(
     attention: nn.Module, x: torch.Tensor, rope
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy) of one attention
-    layer's input x, in one pass that holds at most MAX_SCORES scores at once: as many whole sequences as that holds,
-    or else blocks of query positions of one sequence (a 100k-token sequence's scores would be 40 GB per head)."""
+    """(max |q.k| / sqrt(d_head) over heads and causal (query, key) pairs, mean attention entropy)
+    of one attention layer's input x, in one pass that holds at most MAX_SCORES scores at once: as
+    many whole sequences as that holds, or else blocks of query positions of one sequence (a
+    100k-token sequence's scores would be 40 GB per head)."""
     q, k = attention.qk(x, rope)  # (B, H, T, hd), (B, kv, T, hd)
     return qk_stats(q, k, getattr(attention, "softcap", 0.0))
 
@@ -125,10 +132,11 @@ def attention_stats(
 def qk_stats(
     q: torch.Tensor, k: torch.Tensor, cap: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """From queries (B, H, T, hd) and keys (B, kv, T, hd): the largest |q.k| / sqrt(d_head) over heads and causal
-    pairs (Wortsman et al. 2023: the logits before any soft-capping, so the growth a cap hides still shows), and the
-    entropy -sum_j a_ij log a_ij (nats) of the causal attention distribution a_i = softmax_j<=i(softcap(logits_ij))
-    that the layer uses, averaged over batch, heads and query positions; float32."""
+    """From queries (B, H, T, hd) and keys (B, kv, T, hd): the largest |q.k| / sqrt(d_head) over
+    heads and causal pairs (Wortsman et al. 2023: the logits before any soft-capping, so the growth
+    a cap hides still shows), and the entropy -sum_j a_ij log a_ij (nats) of the causal attention
+    distribution a_i = softmax_j<=i(softcap(logits_ij)) that the layer uses, averaged over batch,
+    heads and query positions; float32."""
     k = k.repeat_interleave(
         q.shape[1] // k.shape[1], dim=1
     )  # share each kv head with its query group
@@ -168,9 +176,10 @@ class StabilityProbe:
         self.groups = group_parameters(model)
         self.kinds = parameter_kinds(model)
         self.layer_params = {n: p for n, p in model.named_parameters() if n.startswith("layers.")}
-        # the trunk: every parameter whose gradient passes through the final norm's input, i.e. all but the readout
-        # after it (the output head, and the final norm's gain and bias, which still learn on a saturated tanh's
-        # +-1); a tied head is the embedding, listed as the embedding, so a tied model's trunk never goes dead
+        # the trunk: every parameter whose gradient passes through the final norm's input, i.e. all
+        # but the readout after it (the output head, and the final norm's gain and bias, which still
+        # learn on a saturated tanh's +-1); a tied head is the embedding, listed as the embedding,
+        # so a tied model's trunk never goes dead
         readout = {"norm.weight", "norm.bias"}
         self.trunk = [
             p
@@ -188,7 +197,8 @@ class StabilityProbe:
         """Whether the probe observes optimizer step `step` (counted from 1)."""
         return self.every is None or self.every.due(step)
 
-    # -- forward hooks ------------------------------------------------------------------------------
+    # -- forward hooks
+    # ------------------------------------------------------------------------------
     def attach(self) -> None:
         for i, block in enumerate(self.model.layers):
             self.handles.append(block.register_forward_hook(self._block_hook(i)))
@@ -225,8 +235,9 @@ class StabilityProbe:
         return hook
 
     def _dyt_hook(self, where: str, name: str | None = None):
-        """dyt/saturated/{where}, and per norm dyt/saturated/{where}/{name}: a block's two norms see inputs of the
-        same shape, so the mean of their fractions (the layer's) is the fraction of both norms' units together."""
+        """dyt/saturated/{where}, and per norm dyt/saturated/{where}/{name}: a block's two norms see
+        inputs of the same shape, so the mean of their fractions (the layer's) is the fraction of
+        both norms' units together."""
 
         def hook(module, args):
             fraction = saturated_fraction(module, args[0])
@@ -254,17 +265,18 @@ class StabilityProbe:
         self.sums["logits/max"].append(torch.maximum(hi, -lo))
         self.sums["logits/log_z"].append(torch.logsumexp(logits, -1).mean())
 
-    # -- gradients and updates ------------------------------------------------------------------------
+    # -- gradients and updates
+    # ------------------------------------------------------------------------
     def record_grads(self) -> None:
-        """Gradient norm of each block, the embedding and the head, and the largest |gradient| in the trunk (call
-        before clipping)."""
+        """Gradient norm of each block, the embedding and the head, and the largest |gradient| in
+        the trunk (call before clipping)."""
         for key, params in self.groups.items():
             grads = [p.grad for p in params if p.grad is not None]
             if key != "other" and grads:
                 self.values[f"grad/norm/{key}"] = _norm(grads)
-        # exactly 0.0 when no gradient gets past the final norm (every unit of a final DyT saturated: the
-        # dead-gradient state, training/monitor.py dead_gradients_at); a max, not a norm, whose squares could
-        # underflow to 0
+        # exactly 0.0 when no gradient gets past the final norm (every unit of a final DyT
+        # saturated: the dead-gradient state, training/monitor.py dead_gradients_at); a max, not a
+        # norm, whose squares could underflow to 0
         grads = [p.grad for p in self.trunk if p.grad is not None]
         if grads:
             self.values["grad/absmax/trunk"] = _absmax(grads)
@@ -274,8 +286,9 @@ class StabilityProbe:
         self.before = {name: p.detach().clone() for name, p in self.layer_params.items()}
 
     def _update_ratios(self) -> dict[str, torch.Tensor]:
-        """||delta W|| / ||W|| per matrix, per layer over its matrices, and over its norm gains (and biases) apart:
-        the gains are most of a small block's parameter norm and would otherwise drown the matrices' updates."""
+        """||delta W|| / ||W|| per matrix, per layer over its matrices, and over its norm gains (and
+        biases) apart: the gains are most of a small block's parameter norm and would otherwise
+        drown the matrices' updates."""
         names = list(self.before)
         old = [self.before[n] for n in names]
         old_norms = [

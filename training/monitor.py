@@ -21,16 +21,18 @@ FAILED = (
 
 
 class SpikeDetector:
-    """Upward spikes of a positive series (loss, gradient norm), judged from the first steps and on a falling curve.
+    """Upward spikes of a positive series (loss, gradient norm), judged from the first steps and on
+    a falling curve.
 
-    Each value is compared, in log space, with the median of the `window` values before it: a local level, so
-    the trend of a falling curve is removed and a lone spike barely moves it. The deviation d_t = log v_t -
-    log median counts as a spike when it exceeds `k` robust standard deviations (1.4826 x the median absolute
-    deviation) of the deviations before it (expanding from the start, the last 1000 at most, spikes left
-    out), widened by (1 + 5/n) while that spread rests on few (n) deviations, and a 5% jump at least (a perfectly
-    smooth curve has no spread to compare with). Judging starts once 5 deviations are known (step 7). OLMo 2's
-    score (>= 7 std from a 1000-step trailing mean) judges nothing before its window fills and, on a falling
-    curve, its std is the trend's, not the noise's."""
+    Each value is compared, in log space, with the median of the `window` values before it: a local
+    level, so the trend of a falling curve is removed and a lone spike barely moves it. The
+    deviation d_t = log v_t - log median counts as a spike when it exceeds `k` robust standard
+    deviations (1.4826 x the median absolute deviation) of the deviations before it (expanding from
+    the start, the last 1000 at most, spikes left out), widened by (1 + 5/n) while that spread rests
+    on few (n) deviations, and a 5% jump at least (a perfectly smooth curve has no spread to compare
+    with). Judging starts once 5 deviations are known (step 7). OLMo 2's score (>= 7 std from a
+    1000-step trailing mean) judges nothing before its window fills and, on a falling curve, its std
+    is the trend's, not the noise's."""
 
     HISTORY = 1000  # deviations the spread is estimated from (OLMo 2's window)
     FLOOR = math.log(1.05)
@@ -52,7 +54,8 @@ class SpikeDetector:
             if n >= 5:
                 center = _median(self.deviations)
                 scale = 1.4826 * _median([abs(v - center) for v in self.deviations])
-                # a spread from few deviations is uncertain: the threshold widens by (1 + 5/n) while n is small
+                # a spread from few deviations is uncertain: the threshold widens by (1 + 5/n) while
+                # n is small
                 spike = d - center > max(self.k * scale * (1 + 5 / n), self.FLOOR)
                 self.seen += 1
                 self.spikes += spike
@@ -89,11 +92,12 @@ def is_finite(*values: float) -> bool:
 
 
 def dead_gradients_at(records: list[dict]) -> int | None:
-    """The stats step from which the trunk's gradients (every parameter's but the output head's and the final norm's
-    gain and bias) were exactly 0.0 (`grad/absmax/trunk` = 0) at every stats step to the run's last: the first of
-    that final stretch, or None (never, or it revived). Nothing below the final norm can change then but by AdamW's
-    leftover momentum and weight decay: an absorbing state (a final DyT with every unit saturated, |alpha x| >= 9.01,
-    where float32 tanh's gradient is exactly 0; only the readout of its +-1 outputs still learns)."""
+    """The stats step from which the trunk's gradients (every parameter's but the output head's and
+    the final norm's gain and bias) were exactly 0.0 (`grad/absmax/trunk` = 0) at every stats step
+    to the run's last: the first of that final stretch, or None (never, or it revived). Nothing
+    below the final norm can change then but by AdamW's leftover momentum and weight decay: an
+    absorbing state (a final DyT with every unit saturated, |alpha x| >= 9.01, where float32 tanh's
+    gradient is exactly 0; only the readout of its +-1 outputs still learns)."""
     at = None
     for r in records:
         value = r.get("grad/absmax/trunk")
@@ -112,18 +116,21 @@ def classify(
     flat_horizon: float = 1.0,
     dead_at: int | None = None,
 ) -> str:
-    """The outcome of a finished run, judged on its own val curve (evals after step 0, in order, at `steps`):
+    """The outcome of a finished run, judged on its own val curve (evals after step 0, in order, at
+    `steps`):
     - 'diverged': the final val loss is missing or non-finite;
-    - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training data (it
-      learned token frequencies and nothing more). The slope of its last evals (the last third, 3 at least; least
-      squares) decides which: 'collapsed' (stuck, what post-norm does at a high LR) if at that slope it would not
-      get `margin` below the entropy within `flat_horizon` times as many steps again as it has run while it sits
-      at the unigram level (within `margin` above the entropy); otherwise 'plateau' (the LR too low or the run
-      too short: still descending toward the unigram level, or leaving it). Not where the last value sits near
-      a threshold. A run whose trunk gradients were dead (`dead_at`: dead_gradients_at) is 'collapsed' whatever
-      its slope: only its head still learns, on features that no longer change, so it cannot leave that level;
-    - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above the loss at
-      initialization (init_loss, the step-0 val loss);
+    - 'collapsed' / 'plateau': no eval got `margin` nats below the unigram entropy of the training
+      data (it learned token frequencies and nothing more). The slope of its last evals (the last
+      third, 3 at least; least squares) decides which: 'collapsed' (stuck, what post-norm does at a
+      high LR) if at that slope it would not get `margin` below the entropy within `flat_horizon`
+      times as many steps again as it has run while it sits at the unigram level (within `margin`
+      above the entropy); otherwise 'plateau' (the LR too low or the run too short: still descending
+      toward the unigram level, or leaving it). Not where the last value sits near a threshold. A
+      run whose trunk gradients were dead (`dead_at`: dead_gradients_at) is 'collapsed' whatever its
+      slope: only its head still learns, on features that no longer change, so it cannot leave that
+      level;
+    - 'unstable': it learned, then ended far above its best (final - best > blowup_margin) or above
+      the loss at initialization (init_loss, the step-0 val loss);
     - 'ok': learned and kept it."""
     if not val_losses or val_losses[-1] is None or not math.isfinite(val_losses[-1]):
         return "diverged"

@@ -1,5 +1,6 @@
-"""AdamW with weight decay on matrices only (coupled to the LR, as torch's, or independent of it), per-group LRs
-(the standard parametrization, or muParam (simple)), and the learning-rate schedule as a function of the step."""
+"""AdamW with weight decay on matrices only (coupled to the LR, as torch's, or independent of it),
+per-group LRs (the standard parametrization, or muParam (simple)), and the learning-rate schedule as
+a function of the step."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ if TYPE_CHECKING:  # the config's validation imports this module's registries: n
 from model.args import lookup
 from model.llama import parameter_kinds
 
-# optim.weight_decay_mode: the per-group weight_decay handed to torch's AdamW, which multiplies each decayed parameter
-# by 1 - group lr(t) * group weight_decay every step, from wd (optim.weight_decay) and the group's peak LR
+# optim.weight_decay_mode: the per-group weight_decay handed to torch's AdamW, which multiplies each
+# decayed parameter by 1 - group lr(t) * group weight_decay every step, from wd (optim.weight_decay)
+# and the group's peak LR
 WEIGHT_DECAY_MODES = {
-    # AdamW as torch and Optax implement it: the decay per step is wd * lr(t), so it moves with the LR
+    # AdamW as torch and Optax implement it: the decay per step is wd * lr(t), so it moves with the
+    # LR
     "coupled": lambda wd, peak: wd,
-    # independent (Loshchilov & Hutter's decoupled form; Wortsman et al. 2023 Sec. 3.2.2): wd * lr(t) / peak = wd * s_t,
-    # s_t the schedule in [0, 1]: the same decay whatever the peak LR (at the peak it is wd itself)
+    # independent (Loshchilov & Hutter's decoupled form; Wortsman et al. 2023 Sec. 3.2.2): wd *
+    # lr(t) / peak = wd * s_t, s_t the schedule in [0, 1]: the same decay whatever the peak LR (at
+    # the peak it is wd itself)
     "independent": lambda wd, peak: wd / peak,
 }
 
@@ -31,15 +35,17 @@ def _sp(kind: str, width: int, cfg: OptimConfig) -> float:
 
 
 def _mup_simple(kind: str, width: int, cfg: OptimConfig) -> float:
-    """Wortsman et al. 2023 Sec. 3.2.4's muParam (simple): "scale the LR for linear layers by base-fan-in / fan-in",
-    base-fan-in the fan-in of the same layer in the smallest model tested. Here every linear layer's weight (wq, wk,
-    wv, wo, w1, w2, w3 and an untied output head: the 'matrix' kind of model.llama.parameter_kinds) gets LR x
-    mup_base_width / model.dim: each one's fan-in is dim, or for w2 the feed-forward width, proportional to dim up
-    to LLaMA's rounding to multiple_of, which this ignores. The embedding (and a tied head, which is the embedding),
-    norm gains and biases keep the configured LR. Nothing else changes: no init change (the paper's simple variant
-    changes none; its baseline draws matrices with std 1/sqrt(fan-in), ours with model.init_std at every width, so
-    a width sweep here also changes the init's scale relative to 1/sqrt(fan-in)), and none of muParam (full)'s head
-    init sqrt(base-fan-in) / fan-in, 1/d_head attention scaling or zero query init."""
+    """Wortsman et al. 2023 Sec. 3.2.4's muParam (simple): "scale the LR for linear layers by
+    base-fan-in / fan-in", base-fan-in the fan-in of the same layer in the smallest model tested.
+    Here every linear layer's weight (wq, wk, wv, wo, w1, w2, w3 and an untied output head: the
+    'matrix' kind of model.llama.parameter_kinds) gets LR x mup_base_width / model.dim: each one's
+    fan-in is dim, or for w2 the feed-forward width, proportional to dim up to LLaMA's rounding to
+    multiple_of, which this ignores. The embedding (and a tied head, which is the embedding), norm
+    gains and biases keep the configured LR. Nothing else changes: no init change (the paper's
+    simple variant changes none; its baseline draws matrices with std 1/sqrt(fan-in), ours with
+    model.init_std at every width, so a width sweep here also changes the init's scale relative to
+    1/sqrt(fan-in)), and none of muParam (full)'s head init sqrt(base-fan-in) / fan-in, 1/d_head
+    attention scaling or zero query init."""
     return cfg.mup_base_width / width if kind == "matrix" else 1.0
 
 
@@ -48,10 +54,11 @@ PARAMETRIZATIONS = {"sp": _sp, "mup_simple": _mup_simple}
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """AdamW groups: decayed matrices, and everything else (norm gains, biases, and by default embeddings), split
-    further by LR multiplier (`lr_scale`: the step's LR times it is the group's LR; mup_simple only). Kinds come from
-    the owning module (model.llama.parameter_kinds), so a 2-d norm gain is never decayed. The standard
-    parametrization gives exactly the two groups [decayed, not decayed] (old checkpoints' optimizer states load)."""
+    """AdamW groups: decayed matrices, and everything else (norm gains, biases, and by default
+    embeddings), split further by LR multiplier (`lr_scale`: the step's LR times it is the group's
+    LR; mup_simple only). Kinds come from the owning module (model.llama.parameter_kinds), so a 2-d
+    norm gain is never decayed. The standard parametrization gives exactly the two groups [decayed,
+    not decayed] (old checkpoints' optimizer states load)."""
     decayed = (
         {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}
     )  # a tied head is the embedding
@@ -78,7 +85,8 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    """Every group's LR for a step whose scheduled LR is `lr`: lr times the group's lr_scale (param_groups)."""
+    """Every group's LR for a step whose scheduled LR is `lr`: lr times the group's lr_scale
+    (param_groups)."""
     for group in opt.param_groups:
         group["lr"] = lr * group.get(
             "lr_scale", 1.0
@@ -105,9 +113,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Learning rate of step `step` (0-based): linear warmup reaching cfg.lr at step warmup_steps - 1, then a
-    cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at step total_steps - 1 (the schedule's
-    horizon, optim.schedule_steps) and holds it after that (a run extended past its horizon)."""
+    """Learning rate of step `step` (0-based): linear warmup reaching cfg.lr at step warmup_steps -
+    1, then a cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at step
+    total_steps - 1 (the schedule's horizon, optim.schedule_steps) and holds it after that (a run
+    extended past its horizon)."""
     if step < cfg.warmup_steps:  # a warmup as long as the run never leaves it
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps + 1) / max(1, total_steps - cfg.warmup_steps))

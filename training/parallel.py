@@ -1,15 +1,19 @@
-"""How the model is spread over processes, on PyTorch's own engine (torch.distributed), launched by torchrun:
+"""How the model is spread over processes, on PyTorch's own engine (torch.distributed), launched by
+torchrun:
 
-- `ddp`: every rank holds the whole model and optimizer state; gradients are all-reduced (DistributedDataParallel).
-- `tp`: tensor parallelism over a 2-D mesh (data x tensor, train.tp_size ranks per tensor group) through DTensor
-  `parallelize_module`, Megatron-style with sequence parallelism (torchtitan's plan): q/k/v and w1/w3
-  column-wise, wo and w2 row-wise, every norm sequence-parallel (each rank normalizes its share of the
-  positions over the full hidden dim, so no norm statistic crosses ranks), the embedding row-wise and the head
-  column-wise; FSDP2 over the data dimension when it has more than one rank.
-- `fsdp`: FSDP2 (`fully_shard`) per block and at the root over a 1-D mesh: parameters, gradients and AdamW
-  state are sharded across ranks and gathered per block for its forward and backward; with train.dtype
-  bfloat16 / float16 the blocks' matrices are gathered in that dtype, everything else (the residual stream,
-  RoPE, the norms' gains) stays float32 as under autocast, and gradients are reduced in float32.
+- `ddp`: every rank holds the whole model and optimizer state; gradients are all-reduced
+  (DistributedDataParallel).
+- `tp`: tensor parallelism over a 2-D mesh (data x tensor, train.tp_size ranks per tensor group)
+  through DTensor `parallelize_module`, Megatron-style with sequence parallelism (torchtitan's
+  plan): q/k/v and w1/w3 column-wise, wo and w2 row-wise, every norm sequence-parallel (each rank
+  normalizes its share of the positions over the full hidden dim, so no norm statistic crosses
+  ranks), the embedding row-wise and the head column-wise; FSDP2 over the data dimension when it has
+  more than one rank.
+- `fsdp`: FSDP2 (`fully_shard`) per block and at the root over a 1-D mesh: parameters, gradients and
+  AdamW state are sharded across ranks and gathered per block for its forward and backward; with
+  train.dtype bfloat16 / float16 the blocks' matrices are gathered in that dtype, everything else
+  (the residual stream, RoPE, the norms' gains) stays float32 as under autocast, and gradients are
+  reduced in float32.
 
 Checkpoints of a sharded model (DCP directories that reshard on load) are training/checkpoint.py's.
 """
@@ -33,8 +37,8 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int = 2) -> nn.Module:
-    """The model as training uses it: DDP-wrapped, or sharded in place by FSDP2 / tensor parallelism (returned
-    as is). One process: the model itself."""
+    """The model as training uses it: DDP-wrapped, or sharded in place by FSDP2 / tensor parallelism
+    (returned as is). One process: the model itself."""
     if how not in PARALLELISMS:
         raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -54,11 +58,12 @@ def shard_model(model: nn.Module, how: str, dtype: str = "float32", tp_size: int
 
 
 def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None:
-    """Raise ValueError (one line) when `how` cannot spread this model over `world` processes: checked first, before
-    anything divides by the number of tensor groups (data_coords) or shards. Tensor parallelism needs tp_size to
-    divide the process count, seq_len to split evenly over a group (sequence-parallel norms: each rank holds an equal
-    share of the positions; an uneven split made gloo abort on mismatched collectives) and the heads and hidden
-    units to split evenly too."""
+    """Raise ValueError (one line) when `how` cannot spread this model over `world` processes:
+    checked first, before anything divides by the number of tensor groups (data_coords) or shards.
+    Tensor parallelism needs tp_size to divide the process count, seq_len to split evenly over a
+    group (sequence-parallel norms: each rank holds an equal share of the positions; an uneven split
+    made gloo abort on mismatched collectives) and the heads and hidden units to split evenly
+    too."""
     if how not in PARALLELISMS:
         raise ConfigError(f"unknown parallelism {how!r}; valid: {', '.join(sorted(PARALLELISMS))}")
     if world == 1 and how != "ddp":
@@ -122,19 +127,21 @@ def split_batch(tc, data_world: int) -> tuple[int, int]:
 
 
 def data_coords(rank: int, world: int, how: str, tp_size: int) -> tuple[int, int]:
-    """(this process's share of the data, the number of shares): every rank its own, except that the ranks of a
-    tensor-parallel group (consecutive ranks) read the same data."""
+    """(this process's share of the data, the number of shares): every rank its own, except that the
+    ranks of a tensor-parallel group (consecutive ranks) read the same data."""
     return (rank // tp_size, world // tp_size) if how == "tp" and world > 1 else (rank, world)
 
 
 def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
-    """FSDP2 with the numerics of autocast, so that fsdp and ddp runs of one config are the same experiment.
+    """FSDP2 with the numerics of autocast, so that fsdp and ddp runs of one config are the same
+    experiment.
 
-    FSDP's default mixed precision casts every module input to param_dtype: the residual stream and the RoPE
-    tables would become bfloat16 (float16 overflows there), while autocast keeps them float32 and casts only at
-    the matmuls. So: the blocks' matrices are gathered in the autocast dtype (the same rounding autocast applies
-    per matmul) without casting inputs, the norms' gains and the root (embedding, final norm, head) stay float32,
-    and the step runs under autocast as in one process; gradients are reduced in float32."""
+    FSDP's default mixed precision casts every module input to param_dtype: the residual stream and
+    the RoPE tables would become bfloat16 (float16 overflows there), while autocast keeps them
+    float32 and casts only at the matmuls. So: the blocks' matrices are gathered in the autocast
+    dtype (the same rounding autocast applies per matmul) without casting inputs, the norms' gains
+    and the root (embedding, final norm, head) stay float32, and the step runs under autocast as in
+    one process; gradients are reduced in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from model.norms import NORMS
@@ -165,8 +172,9 @@ def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
 
 
 def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
-    """Shard the model's matmuls over `mesh` (1-D, the tensor group) in place; see the module docstring. The
-    residual stream stays a local tensor holding this rank's positions (sequence parallel)."""
+    """Shard the model's matmuls over `mesh` (1-D, the tensor group) in place; see the module
+    docstring. The residual stream stays a local tensor holding this rank's positions (sequence
+    parallel)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -225,9 +233,10 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
         )
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
-        # qk-norm gains are shared by every head, and a rank holds its own heads (dim 2 of q and k before the
-        # transpose): Replicate DTensors fed a head-sharded input, as torchtitan shards qwen3's q/k norms, so
-        # autograd sums their gradients over the group and FSDP / clipping / DCP see DTensors like every other
+        # qk-norm gains are shared by every head, and a rank holds its own heads (dim 2 of q and k
+        # before the transpose): Replicate DTensors fed a head-sharded input, as torchtitan shards
+        # qwen3's q/k norms, so autograd sums their gradients over the group and FSDP / clipping /
+        # DCP see DTensors like every other
         for name in ("attention.q_norm", "attention.k_norm"):
             if any(True for _ in block.get_submodule(name).parameters()):
                 plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
@@ -243,15 +252,16 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (an all-gather or a reduction of its partial sums); a plain tensor as it is."""
+    """A DTensor's full value (an all-gather or a reduction of its partial sums); a plain tensor as
+    it is."""
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def no_sync(module: nn.Module):
-    """A context in which backward accumulates gradients without reducing them across ranks (all but the last
-    micro-batch): DDP's no_sync, FSDP2's set_requires_gradient_sync(False)."""
+    """A context in which backward accumulates gradients without reducing them across ranks (all but
+    the last micro-batch): DDP's no_sync, FSDP2's set_requires_gradient_sync(False)."""
     from contextlib import nullcontext
 
     if hasattr(module, "no_sync"):
@@ -271,7 +281,8 @@ def no_sync(module: nn.Module):
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (e.g. its positions under sequence parallelism); a plain tensor as it is."""
+    """This rank's part of a DTensor (e.g. its positions under sequence parallelism); a plain tensor
+    as it is."""
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t

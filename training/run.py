@@ -1,11 +1,13 @@
-"""The life of a run, in one place: its directory and lock, whether it is new, to resume or finished, the state
-saved and restored (.pt in one process or DDP, DCP when sharded; either kind resumes under any parallelism), the
-resume's allowed config changes and LR-schedule horizon, stop requests, and the outcome, decided once on rank 0.
+"""The life of a run, in one place: its directory and lock, whether it is new, to resume or
+finished, the state saved and restored (.pt in one process or DDP, DCP when sharded; either kind
+resumes under any parallelism), the resume's allowed config changes and LR-schedule horizon, stop
+requests, and the outcome, decided once on rank 0.
 
 train.py drives it: open_run -> start_state | resume_state -> (loop: save_state) -> decide_status.
 
-Rank 0 alone reads and writes the run directory's files (config, meta, metrics, summary, a .pt checkpoint) through
-distributed.on_master: whatever it finds or fails at reaches every rank, so no rank trains on after it failed."""
+Rank 0 alone reads and writes the run directory's files (config, meta, metrics, summary, a .pt
+checkpoint) through distributed.on_master: whatever it finds or fails at reaches every rank, so no
+rank trains on after it failed."""
 
 from __future__ import annotations
 
@@ -48,10 +50,10 @@ from training.rundir import RunDir, run_meta, truncate_metrics, write_json, writ
 def open_run(
     cfg: Config, default_name: str, resume: bool, d: distributed.Dist
 ) -> tuple[RunDir, str, object]:
-    """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank 0 decides
-    and holds the run's lock (a second process with the same name is refused); every rank learns the decision,
-    or the error, so all stop alike. Then every rank checks that it sees the run directory rank 0 uses and runs
-    rank 0's config (same_run)."""
+    """(run, how, lock): how is 'new', 'resume' (a checkpoint to continue from) or 'finished'. Rank
+    0 decides and holds the run's lock (a second process with the same name is refused); every rank
+    learns the decision, or the error, so all stop alike. Then every rank checks that it sees the
+    run directory rank 0 uses and runs rank 0's config (same_run)."""
     held = {}
 
     def decide() -> tuple[str, str, str]:
@@ -83,8 +85,8 @@ def open_run(
 
 
 def _token(run: RunDir, d: distributed.Dist) -> str:
-    """Multi-process runs: a file beside the run directory with a fresh random token, for the others to read
-    (same_run); its name."""
+    """Multi-process runs: a file beside the run directory with a fresh random token, for the others
+    to read (same_run); its name."""
     if d.world_size == 1:
         return ""
     token = f".{run.name}.shared-{uuid.uuid4().hex[:12]}"
@@ -93,10 +95,11 @@ def _token(run: RunDir, d: distributed.Dist) -> str:
 
 
 def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Dist) -> None:
-    """Every rank must see the run directory rank 0 writes (multi-node: a file system every node shares; a
-    directory per node would leave each sharded checkpoint in pieces and nothing to resume) and run the config
-    rank 0 runs; otherwise ConfigError on every rank, naming the first rank that differs. The token file may take
-    a moment to appear over a network file system: a rank looks for it for up to 5 s (NORMLAB_SHARED_WAIT_S)."""
+    """Every rank must see the run directory rank 0 writes (multi-node: a file system every node
+    shares; a directory per node would leave each sharded checkpoint in pieces and nothing to
+    resume) and run the config rank 0 runs; otherwise ConfigError on every rank, naming the first
+    rank that differs. The token file may take a moment to appear over a network file system: a rank
+    looks for it for up to 5 s (NORMLAB_SHARED_WAIT_S)."""
     mine = Path(cfg.log.out_dir) / token
     error = None
     deadline = time.monotonic() + float(os.environ.get("NORMLAB_SHARED_WAIT_S", "5"))
@@ -104,9 +107,12 @@ def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Di
         time.sleep(0.1)
     if not _holds(mine, token):
         error = ConfigError(
-            f"rank {d.rank} does not see the run directory rank 0 writes ({where}; rank {d.rank} looked in "
-            f"{Path(cfg.log.out_dir).resolve() / run.name} on {socket.gethostname()}): every process of a run must "
-            f"read and write the same directory; put log.out_dir on a file system every node shares (a directory "
+            f"rank {d.rank} does not see the run directory rank 0 writes ({where}; rank {d.rank} "
+            "looked in "
+            f"{Path(cfg.log.out_dir).resolve() / run.name} on {socket.gethostname()}): every "
+            "process of a run must "
+            "read and write the same directory; put log.out_dir on a file system every node "
+            "shares (a directory "
             f"per node cannot hold a sharded checkpoint: each node would keep only its own shards)"
         )
     try:
@@ -119,7 +125,8 @@ def same_run(run: RunDir, token: str, where: str, cfg: Config, d: distributed.Di
     key = next((k for k in ours if ours[k] != theirs.get(k)), None)
     if key is not None:
         error = ConfigError(
-            f"rank {d.rank}'s config differs from rank 0's in {key} ({theirs.get(key)!r} on rank 0, "
+            f"rank {d.rank}'s config differs from rank 0's in {key} ({theirs.get(key)!r} on rank "
+            "0, "
             f"{ours[key]!r} here): launch every process with the same command and files"
         )
     distributed.agree(error)
@@ -133,7 +140,8 @@ def _holds(path: Path, token: str) -> bool:
 
 
 def run_state(run: RunDir, steps: int) -> str:
-    """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or 'new'."""
+    """'finished' (its summary has a final status for these steps), 'resume' (a checkpoint) or
+    'new'."""
     summary = run.read_summary() or {}
     if (
         summary.get("status") == "diverged"
@@ -166,9 +174,10 @@ def run_directory(cfg: Config, default_name: str, resume: bool) -> Path:
 def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
     """What a resume does to the LR schedule, for meta.json's `resumes` and the console.
 
-    The horizon (optim.schedule_steps) is kept unless given anew: extending a run past it holds the final LR
-    (a silent re-stretch of the cosine would jump the LR, and its spike would be blamed on the norm). An explicit
-    optim.schedule_steps=N re-schedules from this step on, jump included, and says so."""
+    The horizon (optim.schedule_steps) is kept unless given anew: extending a run past it holds the
+    final LR (a silent re-stretch of the cosine would jump the LR, and its spike would be blamed on
+    the norm). An explicit optim.schedule_steps=N re-schedules from this step on, jump included, and
+    says so."""
     horizon, steps = cfg.optim.schedule_steps, cfg.train.steps
     lr_before = lr_at(step - 1, cfg.optim, saved_horizon) if step else 0.0
     lr_after = lr_at(step, cfg.optim, horizon)
@@ -257,8 +266,8 @@ class StopRequest:
 
 
 def training_state(cfg: Config, loader, step: int, scaler) -> dict:
-    """What a checkpoint holds besides the model and optimizer, for either kind: the loader's position, the RNG,
-    the step, the LR horizon, the float16 loss scale."""
+    """What a checkpoint holds besides the model and optimizer, for either kind: the loader's
+    position, the RNG, the step, the LR horizon, the float16 loss scale."""
     return {
         "loader": loader.state_dict(),
         "rng": rng_state(),
@@ -271,9 +280,9 @@ def training_state(cfg: Config, loader, step: int, scaler) -> dict:
 def resume_state(
     run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, loader, machine: dict
 ):
-    """Restore the newest readable checkpoint (load_newest: by step, .pt and DCP alike) into model, optimizer, loss
-    scaler, loader and RNG; (its step, notes). A DCP directory reshards onto any parallelism; a .pt file's full state
-    is distributed onto a sharded model."""
+    """Restore the newest readable checkpoint (load_newest: by step, .pt and DCP alike) into model,
+    optimizer, loss scaler, loader and RNG; (its step, notes). A DCP directory reshards onto any
+    parallelism; a .pt file's full state is distributed onto a sharded model."""
 
     def load(c) -> dict:
         if c.sharded:
@@ -333,8 +342,8 @@ def read_meta(run: RunDir) -> dict:
 def start_state(
     run: RunDir, cfg: Config, d: distributed.Dist, model, data_meta: dict, machine: dict
 ):
-    """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes). Everything was
-    validated before: only now does the run directory appear."""
+    """Write a new run's directory (or start over one that has no checkpoint yet); (0, notes).
+    Everything was validated before: only now does the run directory appear."""
 
     def write() -> list[str]:
         notes = []
@@ -362,9 +371,10 @@ def start_state(
 def save_state(
     run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler
 ) -> None:
-    """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the float16 loss
-    scale too, so a resumed run scales its next step as the uninterrupted one would. A sharded model (fsdp, tp)
-    writes a DCP directory instead, every rank its shards (resumable on any number of processes)."""
+    """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the
+    float16 loss scale too, so a resumed run scales its next step as the uninterrupted one would. A
+    sharded model (fsdp, tp) writes a DCP directory instead, every rank its shards (resumable on any
+    number of processes)."""
     extra = training_state(cfg, loader, step, scaler)
     if is_sharded(model):
         save_sharded_checkpoint(run.checkpoint, model, opt, extra)
@@ -379,8 +389,9 @@ def save_state(
 def decide_status(
     run: RunDir, cfg: Config, d: distributed.Dist, unigram_entropy: float | None
 ) -> str:
-    """The outcome of a run that ran to its end, judged on its whole val curve (training/monitor.py) by rank 0,
-    which reads the metrics it wrote, and broadcast (or its error): every rank exits with the same verdict."""
+    """The outcome of a run that ran to its end, judged on its whole val curve (training/monitor.py)
+    by rank 0, which reads the metrics it wrote, and broadcast (or its error): every rank exits with
+    the same verdict."""
 
     def judge() -> str:
         records = run.records()

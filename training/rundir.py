@@ -1,5 +1,6 @@
-"""A run directory: its layout (RunDir), meta.json (where and how it ran), reading and truncating metrics.jsonl,
-and summary.json. A model built from a run's checkpoint is training/checkpoint.py's load_run."""
+"""A run directory: its layout (RunDir), meta.json (where and how it ran), reading and truncating
+metrics.jsonl, and summary.json. A model built from a run's checkpoint is training/checkpoint.py's
+load_run."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class RunDir:
-    """The layout of a run directory, in one place: train.py writes these files, the logger, the study, the
-    sample and export scripts read them.
+    """The layout of a run directory, in one place: train.py writes these files, the logger, the
+    study, the sample and export scripts read them.
 
         <out_dir>/<name>/config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt (previous.pt),
                          .wandb_id, wandb/
@@ -181,8 +182,9 @@ def summarize(
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace a file atomically (a reader sees the old or the new content, never half) and durably (fsynced before
-    the rename, the rename fsynced after: a power cut leaves the old file or the new one, never an empty one)."""
+    """Replace a file atomically (a reader sees the old or the new content, never half) and durably
+    (fsynced before the rename, the rename fsynced after: a power cut leaves the old file or the new
+    one, never an empty one)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.write(text)

@@ -1,4 +1,5 @@
-"""One optimizer step, and the cadence of everything else the loop does (evals, checkpoints, probes)."""
+"""One optimizer step, and the cadence of everything else the loop does (evals, checkpoints,
+probes)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from training.parallel import full, no_sync
 
 @dataclass
 class Every:
-    """Due every n-th step (steps count from 1), at step `last` if given, and at step 1 if `first`; n = 0 turns
-    the periodic part off (a checkpoint then happens only at the end, a probe never)."""
+    """Due every n-th step (steps count from 1), at step `last` if given, and at step 1 if `first`;
+    n = 0 turns the periodic part off (a checkpoint then happens only at the end, a probe never)."""
 
     n: int
     last: int | None = None
@@ -33,9 +34,9 @@ class Every:
 
 @dataclass(kw_only=True)
 class StepParts:
-    """What one optimizer step needs: the model three ways (bare for clipping, DDP-wrapped for no_sync, and
-    possibly compiled), its optimizer and how the global batch splits. Built by keyword (fifteen fields, several
-    of one type: a positional call would swap two without an error)."""
+    """What one optimizer step needs: the model three ways (bare for clipping, DDP-wrapped for
+    no_sync, and possibly compiled), its optimizer and how the global batch splits. Built by keyword
+    (fifteen fields, several of one type: a positional call would swap two without an error)."""
 
     model: torch.nn.Module
     ddp: torch.nn.Module
@@ -49,8 +50,8 @@ class StepParts:
     z_loss: float
     clip: float  # max global grad norm (inf: no clipping)
     tokens_per_step: int
-    # float16 autocast: dynamic loss scaling (scaler_for); disabled, its scale, unscale_ and update do nothing and
-    # its step is the optimizer's
+    # float16 autocast: dynamic loss scaling (scaler_for); disabled, its scale, unscale_ and update
+    # do nothing and its step is the optimizer's
     scaler: torch.amp.GradScaler = field(
         default_factory=lambda: torch.amp.GradScaler(enabled=False)
     )
@@ -68,15 +69,16 @@ def autocast_for(device: torch.device, dtype: str):
 
 
 def scaler_for(device: torch.device, dtype: str) -> torch.amp.GradScaler:
-    """A GradScaler, enabled only for float16: its gradients underflow without loss scaling (bfloat16 has
-    float32's range and needs none). Disabled, it passes everything through unchanged."""
+    """A GradScaler, enabled only for float16: its gradients underflow without loss scaling
+    (bfloat16 has float32's range and needs none). Disabled, it passes everything through
+    unchanged."""
     return torch.amp.GradScaler(device.type, enabled=dtype == "float16")
 
 
 @dataclass
 class StepResult:
-    """What one optimizer step reports: its metrics record, and whether it diverged (a non-finite loss or gradient
-    norm: no update was made, and the run ends)."""
+    """What one optimizer step reports: its metrics record, and whether it diverged (a non-finite
+    loss or gradient norm: no update was made, and the run ends)."""
 
     record: dict
     diverged: bool = False
@@ -102,8 +104,8 @@ NO_PROBE = NoProbe()
 def train_step(
     p: StepParts, batch: tuple[torch.Tensor, torch.Tensor], lr: float, probe=NO_PROBE
 ) -> StepResult:
-    """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate `lr`. A due
-    probe's hooks observe this step (its per-layer metrics join the record)."""
+    """Forward and backward over the micro-batches of `batch`, clip, and update with learning rate
+    `lr`. A due probe's hooks observe this step (its per-layer metrics join the record)."""
     t0 = time.perf_counter()
     scaler, scaling = p.scaler, p.scaler.is_enabled()
     set_lr(p.opt, lr)  # times each group's multiplier (training/optim.py param_groups)
@@ -142,9 +144,10 @@ def train_step(
         p.z_loss
     ):  # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
         record.update({"train/log_z2": log_z2_value, "train/z_loss": p.z_loss * log_z2_value})
-    # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient norm, the scale
-    # still >= 1) are not a divergence: the step is skipped (GradScaler's step() sees the infs unscale_ found) and
-    # the scale halves. float32 and bfloat16: a non-finite gradient is a divergence, never an overflow
+    # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient
+    # norm, the scale still >= 1) are not a divergence: the step is skipped (GradScaler's step()
+    # sees the infs unscale_ found) and the scale halves. float32 and bfloat16: a non-finite
+    # gradient is a divergence, never an overflow
     overflow = (
         scaling and is_finite(loss_value) and not is_finite(norm_value) and scaler.get_scale() >= 1
     )

@@ -1,7 +1,7 @@
-"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU). FSDP2 training of a small Llama against
-one process training the same model on the whole batch; a DCP checkpoint written by these 2 ranks at step 3
-(read back by 1 process in the test) and one written by 1 process (read here by 2). Rank 0 writes the numbers
-to OUT/fsdp.json."""
+"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU). FSDP2 training of a small
+Llama against one process training the same model on the whole batch; a DCP checkpoint written by
+these 2 ranks at step 3 (read back by 1 process in the test) and one written by 1 process (read here
+by 2). Rank 0 writes the numbers to OUT/fsdp.json."""
 
 import json
 import sys
@@ -25,7 +25,8 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fresh(how: str | None = None):
-    """The model (sharded by `how`) and its optimizer, built after sharding: FSDP2 replaces the parameters."""
+    """The model (sharded by `how`) and its optimizer, built after sharding: FSDP2 replaces the
+    parameters."""
     torch.manual_seed(0)
     model = Llama(ARGS)
     if how:

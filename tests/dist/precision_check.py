@@ -1,6 +1,7 @@
-"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU). One small Llama trained in bfloat16 two
-ways from the same weights and batches: DDP (autocast, as in one process) and FSDP2. Records the dtype of every
-block's input (the residual stream) and of the RoPE tables it receives, and the losses; rank 0 writes OUT."""
+"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU). One small Llama trained in
+bfloat16 two ways from the same weights and batches: DDP (autocast, as in one process) and FSDP2.
+Records the dtype of every block's input (the residual stream) and of the RoPE tables it receives,
+and the losses; rank 0 writes OUT."""
 
 import json
 import sys
@@ -21,7 +22,8 @@ def train(how: str) -> tuple[list[float], list[str]]:
     wrapped = shard_model(model, how, "bfloat16")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     seen = set()
-    for block in model.layers:  # registered after FSDP's own pre-forward hook: sees what the block receives
+    # registered after FSDP's own pre-forward hook: sees what the block receives
+    for block in model.layers:
         block.register_forward_pre_hook(lambda m, args: seen.update({f"stream {args[0].dtype}",
                                                                       f"rope {args[1][0].dtype}"}))
     rank, losses = dist.get_rank(), []

@@ -1,6 +1,6 @@
-"""Run by tests/test_sharded.py under torchrun (gloo, CPU): every rank holds a slice of the features of the same
-input; the sharded norm's outputs and gradients, gathered, must equal the unsharded norm's. Rank 0 writes the
-max abs differences to the JSON file given as argv[1]."""
+"""Run by tests/test_sharded.py under torchrun (gloo, CPU): every rank holds a slice of the features
+of the same input; the sharded norm's outputs and gradients, gathered, must equal the unsharded
+norm's. Rank 0 writes the max abs differences to the JSON file given as argv[1]."""
 
 import json
 import sys

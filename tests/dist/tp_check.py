@@ -1,6 +1,6 @@
-"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU): tensor parallelism (tp = 2, sequence-
-parallel norms) against one process, for every placement, qk-LayerNorm under RMSNorm blocks and both logit soft-caps;
-rank 0 writes the max differences to argv[1]."""
+"""Run by tests/test_sharded.py under torchrun (2 processes, gloo, CPU): tensor parallelism (tp = 2,
+sequence- parallel norms) against one process, for every placement, qk-LayerNorm under RMSNorm
+blocks and both logit soft-caps; rank 0 writes the max differences to argv[1]."""
 
 import json
 import sys
@@ -22,7 +22,8 @@ def train(placement: str, norm: str, how: str | None, **extra) -> tuple[list[flo
                                       qk_norm=norm), **extra}))
     if how:
         shard_model(model, how, tp_size=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # linear in the gradients: float noise stays float noise
+    # linear in the gradients: float noise stays float noise
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses, grads = [], {}
     for s in range(STEPS):
         idx = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(100 + s))
@@ -40,8 +41,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     out = {}
     # qk_norm=norm (the block norm per head) for every placement and norm; qk-LayerNorm under
-    # RMSNorm blocks (its own gains, Replicate DTensors fed head-sharded q and k); with both soft-caps (per head on
-    # the explicit attention path, elementwise on the logits): caps of ~1x the logits' size, so they bite
+    # RMSNorm blocks (its own gains, Replicate DTensors fed head-sharded q and k); with both
+    # soft-caps (per head on the explicit attention path, elementwise on the logits): caps of ~1x
+    # the logits' size, so they bite
     cases = [(placement, norm, {}) for placement in ("pre", "post", "peri", "reordered", "deepnorm")
              for norm in ("rmsnorm", "layernorm")]
     cases += [(placement, "rmsnorm", {"qk_norm": "layernorm"}) for placement in ("pre", "post")]
