@@ -70,12 +70,15 @@ def source_key(spec: str, text_field: str = "text") -> dict:
     return {"source": spec, "text_field": text_field}
 
 
+VERSION = platform.python_version()
+
+
 def describe(spec: str) -> str:
     kind, arg = parse_source(spec)
     if kind == "pydocs":
-        return f"docstrings and pydoc topics of the Python {platform.python_version()} standard library"
+        return f"docstrings and pydoc topics of the Python {VERSION} standard library"
     if kind == "pystdlib":
-        return f"source code of the Python {platform.python_version()} standard library, one document per file"
+        return f"source code of the Python {VERSION} standard library, one document per file"
     return {"text": f"local text files {arg}", "hf": f"Hugging Face dataset {arg}"}[kind]
 
 

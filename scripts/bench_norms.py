@@ -1,7 +1,8 @@
 """RMSNorm vs LayerNorm, every implementation, forward and forward+backward, against the memory
 floor.
 
-    python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16] [--repeats 15]
+    python scripts/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16]
+        [--repeats 15]
 
 Implementations: ours (reference formula, eager ops), ours fused (FusedRMSNorm / FusedLayerNorm,
 whose kernels are fused/norms.py), torch.nn.RMSNorm, torch.nn.LayerNorm without and with bias, and

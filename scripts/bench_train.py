@@ -2,7 +2,8 @@
 transformers' LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side
 by side in one process.
 
-    python scripts/bench_train.py [--config configs/train/default.yaml] [--rounds 20] [--steps 1] [--no-compile]
+    python scripts/bench_train.py [--config configs/train/default.yaml] [--rounds 20] [--steps 1]
+        [--no-compile]
 
 Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
 `model.ops_impl` in the config), transformers' from `model(input_ids=x, labels=..., shift_labels=y)`

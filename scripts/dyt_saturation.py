@@ -5,9 +5,9 @@ dead-gradient state) and which parameters still get one, and the val loss. One r
 in-process, through train.py's own step (training/step.py) and probe; a step's row is the state
 after that many updates, its gradient the next batch's.
 
-    python scripts/dyt_saturation.py                                  # absolute and width init, lr 3e-3, seed 0
+    python scripts/dyt_saturation.py                             # absolute and width init, lr 3e-3
     python scripts/dyt_saturation.py --init-scale absolute --lr 1e-2 --at 0 20 50
-    python scripts/dyt_saturation.py model.init_head_std=0.16         # any config field, as train.py takes it
+    python scripts/dyt_saturation.py model.init_head_std=0.16    # any config field, as train.py
 
 Prints one markdown table (a row per run and step).
 """
@@ -102,10 +102,8 @@ def run(
     last = f"layer_{cfg.model.n_layers - 1}"
     rows = []
     for step in range(max(at) + 1):
-        if (
-            step in at
-            # the state after `step` updates: the next step's forward and backward, no update; an eval
-        ):
+        # the state after `step` updates: the next step's forward and backward, no update; an eval
+        if step in at:
             probe = GradProbe(model)
             probe.attach()
             x, y = loader.batch(step)  # the batch the next update would take

@@ -2,7 +2,7 @@
 ~124M config.
 
     python scripts/gpu_check.py                 # on a CUDA machine
-    python scripts/gpu_check.py --dry-run       # the same code path on CPU, tiny sizes, seconds (tested)
+    python scripts/gpu_check.py --dry-run       # the same code path on CPU, tiny sizes (tested)
 
 Norm table: scripts/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table:
 configs/train/gpt2-124m.yaml (bfloat16 autocast, torch.compile) and the same model in float32 (TF32

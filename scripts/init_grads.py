@@ -3,7 +3,7 @@ several depths and seeds, under the default init and a Xiong-style one with each
 GELU, ReLU^2, SwiGLU): the analogue of Xiong et al. (2020), Fig. 3, with the trend as a fitted slope
 and its CI over seeds, and each block's Jacobian gain measured directly. No training.
 
-    python scripts/init_grads.py                         # prints the table, writes report.md, report.json, figures
+    python scripts/init_grads.py        # prints the table, writes report.md, report.json, figures
     python scripts/init_grads.py --depths 2 4 --dim 32 --seeds 0 1 --out /tmp/ig
 
 Settings: `default` is this repo's model (SwiGLU; N(0, 0.02^2), residual projections / sqrt(2 L),

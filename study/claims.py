@@ -395,4 +395,5 @@ def claim_sentence(c: Checked) -> str:
             + "; ".join(f"{name}: {r.describe()}" for name, r in c.rules.items())
             + "."
         )
-    return f"{head} (expects {c.a} {expect} {c.b}, {claim['metric']}). {what}: **{c.agreement}**{tests}.{size}"
+    expects = f"(expects {c.a} {expect} {c.b}, {claim['metric']})"
+    return f"{head} {expects}. {what}: **{c.agreement}**{tests}.{size}"

@@ -16,56 +16,59 @@ from study.runner import parse_shard, run_study, sbatch_script, shown, state
 from study.studyfile import expected_time, load_study, quick_study
 from training.config import ConfigError
 
-SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers, write a report.
+SWEEP = """Run a study: expand a grid of config values into runs, train them in parallel workers,
+write a report.
 
-    python scripts/sweep.py configs/studies/norm-placement-lr.yaml [--workers N] [--out studies] [--dry-run]
-        [--no-report] [--quick]
+    python scripts/sweep.py configs/studies/norm-placement-lr.yaml [--workers N] [--out studies]
+        [--dry-run] [--no-report] [--quick]
 
-A study file names a training config, overrides applied to every run, a grid and (for a study that decides
-claims) the protocol that picks the runs after the grid:
+A study file names a training config, overrides applied to every run, a grid and (for a study that
+decides claims) the protocol that picks the runs after the grid:
 
     name: norm-placement-lr          # = the file's name; the study directory: <out>/<name>/
-    about: "Is RMSNorm more, ..."    # the question, one sentence (reports and the results index say it)
+    about: "Is RMSNorm more, ..."    # the question, one sentence (reports, the results index)
     config: default.yaml             # training config: beside this file, else in configs/train/
     overrides: {train: {steps: 500}} # applied to every run
     grid:                            # one run per combination; any config field (dotted), or the
-      norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed (no seed with a protocol)
+      norm: [rmsnorm, layernorm]     # shorthands norm, placement, lr, seed (no seed: protocol)
       lr: [1.0e-3, 1.0e-2]
-    protocol:                        # grid on the selection seeds, then per arm: bracket the best LR and the
-      selection_seeds: [0, 1]        # failure edge, refine next to both, failure seeds across the edge, test
-      test_seeds: [2, 3, 4]          # seeds at the best LR (chosen on the selection seeds only)
-      bracket: {factor: 3.16, min_lr: 1.0e-5, max_lr: 10, steps: 3}
+    protocol:                        # grid on the selection seeds, then per arm: bracket the best
+      selection_seeds: [0, 1]        # LR and the failure edge, refine next to both, failure seeds
+      test_seeds: [2, 3, 4]          # across the edge, test seeds at the best LR (chosen on the
+      bracket: {factor: 3.16, min_lr: 1.0e-5, max_lr: 10, steps: 3}   # selection seeds only)
       refine: 2
     equivalence_margin: 0.02         # nats, with margin_reason: why this margin
-    threads_per_worker: 1            # CPU threads per run; workers = cores // threads (one per GPU on GPUs)
+    threads_per_worker: 1            # CPU threads per run; workers = cores // threads
     claims:                          # what papers say, checked by the report ("What it shows")
       - {paper: Xiong et al. 2020, says: Post-LN is less stable than Pre-LN, a: {placement: post},
-         b: {placement: pre}, metric: lr50, expect: lower}   # metric best_loss | lr50; expect higher | lower | same
-    quick: {config: tiny.yaml, grid: {...}}  # --quick: these replace the study's: a seconds-long smoke run
+         b: {placement: pre}, metric: lr50, expect: lower}   # metric: best_loss | lr50 | ...
+    quick: {config: tiny.yaml, grid: {...}}  # --quick: these replace the study's (a smoke run)
 
 Runs live in <out>/<name>/runs/<run>/ (ordinary train.py run directories), their console output in
 <out>/<name>/logs/<run>.log, and an index of every run's outcome in <out>/<name>/sweep.json. A rerun
-skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume), and the
-protocol makes the same choices from the same finished runs; a diverged run is a result and a failed run (a
-crash, bad input) is recorded with its one-line error, neither stops the sweep. Ctrl-C or SIGTERM stops the
-runs in flight at a checkpoint and waits for them. At the end the report (scripts/compare.py) is written.
+skips finished runs and resumes interrupted or killed ones (every launch is train.py --resume), and
+the protocol makes the same choices from the same finished runs; a diverged run is a result and a
+failed run (a crash, bad input) is recorded with its one-line error, neither stops the sweep. Ctrl-C
+or SIGTERM stops the runs in flight at a checkpoint and waits for them. At the end the report
+(scripts/compare.py) is written.
 """
 
-COMPARE = """Compare runs: read run directories (or study directories holding runs/) and write a stability report.
+COMPARE = """Compare runs: read run directories (or study directories holding runs/) and write a
+stability report.
 
     python scripts/compare.py studies/norm-placement-lr [other run or study dirs...] [--out DIR]
 
 Runs are grouped into arms by every config field that differs between them, except the learning rate
-and the seed. Writes report.md, report.json and PNG figures into --out (default: the first directory).
-Reads only files; never a live process.
+and the seed. Writes report.md, report.json and PNG figures into --out (default: the first
+directory). Reads only files; never a live process.
 
-Per arm: its failure curve P(fail | lr) (collapsed, unstable and diverged runs fail) and LR50 with a 95%
-CI; the best LR, chosen on the selection seeds; the final val loss there on the test seeds; outcome counts,
-spike scores and tokens/s. Arms that differ in one field are compared by their LR50 ratio (95% CI) and by the
-loss difference at each one's best LR, paired by seed over the test seeds where both runs trained (95% t CI,
-TOST at the study's margin, the minimum detectable difference). The study file's claims are decided by one
-primary test each, Holm-adjusted within the study. Runs without a protocol choose on the lowest 40% of
-their seeds and test on the rest.
+Per arm: its failure curve P(fail | lr) (collapsed, unstable and diverged runs fail) and LR50 with a
+95% CI; the best LR, chosen on the selection seeds; the final val loss there on the test seeds;
+outcome counts, spike scores and tokens/s. Arms that differ in one field are compared by their LR50
+ratio (95% CI) and by the loss difference at each one's best LR, paired by seed over the test seeds
+where both runs trained (95% t CI, TOST at the study's margin, the minimum detectable difference).
+The study file's claims are decided by one primary test each, Holm-adjusted within the study. Runs
+without a protocol choose on the lowest 40% of their seeds and test on the rest.
 """
 
 
@@ -87,7 +90,8 @@ def sweep(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--process-per-run",
         action="store_true",
-        help="launch one train.py process per run instead of long-lived workers (slower; the same numbers)",
+        help="launch one train.py process per run instead of long-lived workers "
+        "(slower; the same numbers)",
     )
     p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     p.add_argument("--no-report", action="store_true")
@@ -98,7 +102,8 @@ def sweep(argv: list[str] | None = None) -> int:
         "--shard",
         default=None,
         metavar="K/N",
-        help="run only every N-th run from the K-th (0 <= K < N), e.g. one task of a job array; no report",
+        help="run only every N-th run from the K-th (0 <= K < N), e.g. one task of a job array; "
+        "no report",
     )
     p.add_argument(
         "--slurm",

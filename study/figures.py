@@ -612,10 +612,9 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
         out / "lr_sensitivity.png",
         made,
         f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss "
-        "over seeds vs "
-        f"LR at each {axis} (failed runs counted at their final loss, capped at L0), and each "
-        "arm's LR "
-        "sensitivity with its 95% t CI over seeds and the fitted slope per doubling (Knapp-Hartung)",
+        f"over seeds vs LR at each {axis} (failed runs counted at their final loss, capped at L0), "
+        "and each arm's LR sensitivity with its 95% t CI over seeds and the fitted slope per "
+        "doubling (Knapp-Hartung)",
     )
 
 

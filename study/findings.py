@@ -142,7 +142,8 @@ def margin_sentence(res: StudyResult) -> str:
                 f"{a} vs {b} {'> 100,000' if k is None else k} seeds (have {n})"
                 for a, b, k, n in needed
             )
-            + "; where the study has fewer, its numbers are an estimate with a CI, not an equivalence verdict."
+            + "; where the study has fewer, its numbers are an estimate with a CI, not an "
+            "equivalence verdict."
         )
     return text
 
@@ -195,7 +196,8 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
         chance = (
             ""
             if not dims
-            else f"; {(2 / (math.pi * dims[0])) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean {dims[0]}-d vectors"
+            else f"; {(2 / (math.pi * dims[0])) ** 0.5:.2f} is chance, E|mean| / RMS of zero-mean "
+            f"{dims[0]}-d vectors"
             if len(dims) == 1
             else "; chance, E|mean| / RMS of zero-mean d-dim vectors, is "
             + ", ".join(f"{(2 / (math.pi * d)) ** 0.5:.2f} at d = {d}" for d in dims)

@@ -95,7 +95,8 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
     if lines:
         lines.insert(
             0,
-            f"first results committed in {first[0][:7]} ({first[2]}); the study file changed since:",
+            f"first results committed in {first[0][:7]} ({first[2]}); "
+            "the study file changed since:",
         )
     return lines
 

@@ -132,7 +132,8 @@ class FailureFit:
         """The fit in one phrase, with its n: a number where identified, else the bracket the data
         give."""
         if self.identified:
-            return f"LR50 {g(self.lr50)} (95% CI {interval(self.ci)}, {self.failed} of {self.n} runs failed)"
+            ci = interval(self.ci)
+            return f"LR50 {g(self.lr50)} (95% CI {ci}, {self.failed} of {self.n} runs failed)"
         if self.failed == 0:
             return f"{self.bracket()} (no run failed: a bound, not an estimate)"
         why = (

@@ -2,17 +2,20 @@
 test (docs/DESIGN.md, "The study protocol").
 
     grid     the study's LR grid on the selection seeds, for every arm
-    bracket  per arm, the grid extended by `bracket.factor` (within min_lr..max_lr, at most `bracket.steps` LRs
-             beyond each end of the grid) until the arm's best LR has a worse neighbour on both sides and its
-             failure edge is crossed: an LR where every selection seed failed above one where every seed trained
-    refine   per arm, the geometric midpoint wherever the best LR or the failure edge has a neighbour more than
-             `refine` (x2) away
-    edge     the failure seeds at every LR from the last where every selection seed trained to the first where
-             every one failed, so the failure curve has >= 5 seeds where it rises
-    test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested selection)
-    common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR: the largest LR
-             of the study's grid at which both arms' fitted P(fail) is below 5% at its upper one-sided 95% bound,
-             from the runs of the other seeds (so it never moves once the common seeds have run)
+    bracket  per arm, the grid extended by `bracket.factor` (within min_lr..max_lr, at most
+             `bracket.steps` LRs beyond each end of the grid) until the arm's best LR has a worse
+             neighbour on both sides and its failure edge is crossed: an LR where every selection
+             seed failed above one where every seed trained
+    refine   per arm, the geometric midpoint wherever the best LR or the failure edge has a
+             neighbour more than `refine` (x2) away
+    edge     the failure seeds at every LR from the last where every selection seed trained to the
+             first where every one failed, so the failure curve has >= 5 seeds where it rises
+    test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested
+             selection)
+    common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR:
+             the largest LR of the study's grid at which both arms' fitted P(fail) is below 5% at
+             its upper one-sided 95% bound, from the runs of the other seeds (so it never moves once
+             the common seeds have run)
 
 Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same
 choices."""

@@ -18,7 +18,7 @@ the table of FOLDER/questions.yaml (question | verdict | key number | study). A 
 bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
 (`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
-    python scripts/readme_results.py            # README.md, docs/performance.md, docs/results/README.md
+    python scripts/readme_results.py    # README.md, docs/performance.md, docs/results/README.md
 """
 
 from __future__ import annotations
@@ -491,7 +491,8 @@ def by_norm_sentence(report: dict, link: str) -> str:
     if slopes:
         clauses.append(
             f"LR sensitivity per doubling of {slopes[0]['axis'].rsplit('.', 1)[-1]} ("
-            + f"{min(t['points'][0][0] for t in slopes):g}..{max(t['points'][-1][0] for t in slopes):g}"
+            + f"{min(t['points'][0][0] for t in slopes):g}.."
+            + f"{max(t['points'][-1][0] for t in slopes):g}"
             + " only): "
             + "; ".join(
                 f"{t['pair']}: {t['slope']:+.3f} nats (" + f"{t['ci'][0]:+.3f}..{t['ci'][1]:+.3f})"
@@ -699,7 +700,8 @@ def claim_line(study: str, c: dict) -> str:
     """One claim's result as the report decided it: paper, claim, verdict, with the estimate, CI, n
     and p."""
     if c.get("A") is None:
-        return f"**{study}**, {c['paper']}: {c['says']} ({c['metric']}): **{c['agreement']}** (no arms match it)"
+        head = f"**{study}**, {c['paper']}: {c['says']} ({c['metric']})"
+        return f"{head}: **{c['agreement']}** (no arms match it)"
     if "lr50_ratio" in c:
         what = f"LR50 {c['A']} / {c['B']} = {ratio_text(c['lr50_ratio'])}"
     else:

@@ -134,7 +134,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         "",
         *([res.file.about, ""] if res.file.about else []),
         (f"Wall time: {res.wall_s / 60:.1f} min with runs in flight. " if res.wall_s else "")
-        + f"{len(runs)} runs in {len(arms)} arms (arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
+        + f"{len(runs)} runs in {len(arms)} arms "
+        f"(arms differ in: {', '.join(res.keys) or 'nothing'}); learning "
         f"rates {', '.join(f'{x:g}' for x in lrs)}{f'; {steps} steps per run' if steps else ''}. "
         "Selection seeds "
         f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
@@ -185,9 +186,9 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         "(main rule) | "
         "LR50 (instability alone) | "
         + "".join(f"LR50 ({name}) | " for name in alt)
-        + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | train.py labels ok / plateau "
-        "/ collapsed / unstable / diverged / crashed | spike score loss / grad norm (%) | tokens/s "
-        "|",
+        + "LR sensitivity (nats, 95% CI) | failed below the floor (too slow) | "
+        "train.py labels ok / plateau / collapsed / unstable / diverged / crashed | "
+        "spike score loss / grad norm (%) | tokens/s |",
         "|---|---|---|---|---|" + "---|" * len(alt) + "---|---|---|---|---|",
     ]
     for label, a in arms.items():

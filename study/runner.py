@@ -228,16 +228,18 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 SBATCH = """#!/bin/bash
-# A SLURM job array for study {name}: task i runs every {n}-th run from the i-th ({n} tasks, one run each).
-# Submit it once for the grid; a study with a second stage (refine) needs it submitted again after the first
-# array has finished: each task then runs its share of the stage-2 runs (finished runs are skipped).
+# A SLURM job array for study {name}: task i runs every {n}-th run from the i-th
+# ({n} tasks, one run each). Submit it once for the grid; a study with a second stage (refine)
+# needs it submitted again after the first array has finished: each task then runs its share of
+# the stage-2 runs (finished runs are skipped).
 # Afterwards: python scripts/compare.py {out}
 #SBATCH --job-name={name}
 #SBATCH --array=0-{last}
 #SBATCH --cpus-per-task={threads}
 {gpu}#SBATCH --output={out}/logs/slurm-%A_%a.out
 cd {repo}
-{python} scripts/sweep.py {study_file} --out {out_parent} --workers 1 --shard ${{SLURM_ARRAY_TASK_ID}}/{n}{extra}
+{python} scripts/sweep.py {study_file} --out {out_parent} --workers 1 \\
+    --shard ${{SLURM_ARRAY_TASK_ID}}/{n}{extra}
 """
 
 

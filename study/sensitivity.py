@@ -64,7 +64,8 @@ class Sensitivity:
             if self.bracketed
             else f"; its best LR {self.best_lr:g} is an end of the grid: not bracketed"
         )
-        return f"{self.mean:.3f} nats ({ci}n = {len(self.per_seed)} seeds, over {len(self.lrs)} LRs{edge})"
+        n, k = len(self.per_seed), len(self.lrs)
+        return f"{self.mean:.3f} nats ({ci}n = {n} seeds, over {k} LRs{edge})"
 
 
 def _l0(arm: Arm, seed) -> float | None:

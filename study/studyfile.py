@@ -269,11 +269,13 @@ def parse_protocol(section, where: str) -> Protocol:
 class Rule:
     """When a study run fails, fixed in the study file before the runs (the same code judges live
     runs, reruns and archives): a non-finite loss always; and each criterion that is set:
-      learn_margin   no eval got this many nats below the unigram entropy within the run's budget (whatever its
-                     last slope: a run still falling at the end of its budget failed at that budget)
+      learn_margin   no eval got this many nats below the unigram entropy within the run's budget
+                     (whatever its last slope: a run still falling at the end of its budget failed
+                     at that budget)
       blowup_margin  an eval rose this many nats above the best eval before it
       above_l0       an eval rose above L0, the loss before the first step
-      arm_gap        its final loss is this many nats above the best final loss of any run of its arm
+      arm_gap        its final loss is this many nats above the best final loss of any run of
+                     its arm
     and how a failed run's kind is read from its curve (study/read.py failure_kind): slow_slope,
     nats per 10% of the budget (the least-squares slope of the evals in the run's last half) below
     which a run is still falling."""
@@ -350,10 +352,14 @@ def parse_failure(section, where: str) -> tuple[Rule, tuple[Rule, ...]]:
 
 
 CLAIM_METRICS = {
-    "best_loss": "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
-    "the test seeds where both trained",
-    "common_loss": "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
-    "5% at its upper one-sided 95% bound), paired on the common seeds",
+    "best_loss": (
+        "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
+        "the test seeds where both trained"
+    ),
+    "common_loss": (
+        "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
+        "5% at its upper one-sided 95% bound), paired on the common seeds"
+    ),
     "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)",
     "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023): mean over the study's LR grid of "
     "min(L, L0) - L*, paired by seed",

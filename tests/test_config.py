@@ -35,7 +35,8 @@ def test_precedence_defaults_yaml_cli(tmp_path):
         ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
         (
             "train.steps=abc",
-            "bad value for train.steps: Value 'abc' of type 'str' could not be converted to Integer",
+            "bad value for train.steps: Value 'abc' of type 'str' could not be converted to "
+            "Integer",
         ),
         (
             "model.norm=batchnorm",

@@ -346,8 +346,7 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
 
 
-# -- sweeps
-# --------------------------------------------------------------------------------------------------------
+# -- sweeps ------------------------------------------------------------------------------------
 SWEEP_STEPS = (
     400  # ~2 s a run: both are still in flight when the test strikes after their first checkpoints
 )

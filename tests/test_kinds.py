@@ -57,7 +57,7 @@ def test_a_failed_runs_kind_is_read_from_its_curve(curve, status, kind):
     assert r.failed and r.kind == kind, (r.why, r.kind)
 
 
-def test_a_flat_run_below_the_unigram_level_failed_by_its_arms_gap_is_stalled_and_a_trained_run_has_no_kind():
+def test_a_flat_run_below_unigram_failed_by_its_arms_gap_is_stalled_and_a_trained_run_no_kind():
     good, behind = run([4.0, 3.5, 3.2, 3.1, 3.0, 3.0]), run([4.8, 4.6, 4.5, 4.5, 4.5, 4.5], seed=1)
     judge(
         [good, behind],

@@ -19,8 +19,7 @@ from training.config import ConfigError, OptimConfig, load_config, to_yaml
 from training.optim import build_optimizer, lr_at, param_groups, set_lr
 
 
-# -- qk-norm
-# ----------------------------------------------------------------------------------------------------------
+# -- qk-norm -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("block", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("qk", ["none", "rmsnorm", "layernorm"])
 def test_qk_norm_is_its_own_choice_whatever_the_block_norm(block, qk):
@@ -82,8 +81,7 @@ def test_a_bad_qk_norm_or_softcap_is_one_line():
         load_config(None, ["model.qk_norm_eps=0"])
 
 
-# -- soft-capping
-# -----------------------------------------------------------------------------------------------------
+# -- soft-capping ------------------------------------------------------------------------------
 def _reference_attention(q, k, v, cap: float) -> torch.Tensor:
     """Causal attention written out per query in float64: z_ij = q_i.k_j / sqrt(d), cap tanh(z /
     cap), softmax over j <= i, sum_j a_ij v_j; kv head g serves query heads g * H / kv ...."""

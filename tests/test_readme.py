@@ -25,38 +25,48 @@ MULTINODE = (
 )
 # Not run here (each is minutes long, or is this test suite itself); everything else in a code block
 # is.
+BENCH = (
+    "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs it small"
+)
+TWO = "the default model in two processes (minutes); "
 SLOW = {
-    "python -m pip install -r requirements.txt && python train.py": "installs, trains the default model (~1.5 min)",
+    "python -m pip install -r requirements.txt && python train.py": (
+        "installs, trains the default model (~1.5 min)"
+    ),
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
     "python train.py --norm layernorm": "the default model, 300 steps (~1 min)",
     "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~1 min)",
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~20 s)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~40 s)",
-    "torchrun --standalone --nproc_per_node 2 train.py": "the default model in two processes (minutes); "
-    "tests/test_train.py runs it on the tiny config",
-    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp": "the default model in two processes "
-    "(minutes); tests/test_sharded.py runs it on the tiny config",
-    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=tp": "the default model in two processes "
-    "(minutes); tests/test_sharded.py runs it on the tiny config",
-    MULTINODE: "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch": "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally",
+    "torchrun --standalone --nproc_per_node 2 train.py": (
+        TWO + "tests/test_train.py runs it on the tiny config"
+    ),
+    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=fsdp": (
+        TWO + "tests/test_sharded.py runs it on the tiny config"
+    ),
+    "torchrun --standalone --nproc_per_node 2 train.py train.parallel=tp": (
+        TWO + "tests/test_sharded.py runs it on the tiny config"
+    ),
+    MULTINODE: (
+        "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config"
+    ),
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch": (
+        "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally"
+    ),
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": "176 runs on the study protocol (77 min)",
+    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": (
+        "176 runs on the study protocol (77 min)"
+    ),
     "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
-    "python scripts/bench_norms.py --save docs/results/bench/norms.md": "a benchmark (minutes) that rewrites the "
-    "committed result; tests/test_bench.py runs it small",
-    "python scripts/bench_study.py --save docs/results/bench/study.md": "a benchmark (minutes) that rewrites the "
-    "committed result; tests/test_bench.py runs it small",
-    "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": "a benchmark (minutes) that "
-    "rewrites the committed result; tests/test_bench.py runs it small",
+    "python scripts/bench_norms.py --save docs/results/bench/norms.md": BENCH,
+    "python scripts/bench_study.py --save docs/results/bench/study.md": BENCH,
+    "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": BENCH,
     "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
-    "current --save "
-    "docs/results/bench/step.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py "
-    "runs it small",
+    "current --save docs/results/bench/step.md": BENCH,
     "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
-    "model.n_heads=12 "
-    "model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 --save docs/results/bench/train-d768.md": "a benchmark (minutes) that rewrites the committed result; tests/test_bench.py runs bench_train small",
+    "model.n_heads=12 model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 "
+    "--save docs/results/bench/train-d768.md": BENCH,
 }
 
 

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 REPORT = """# Stability report: s
 
-Wall time: 1.5 min from the first run's start to the last run's end. 4 runs in 2 arms (arms differ in: model.norm).
+Wall time: 1.5 min from the first run's start to the last run's end. 4 runs in 2 arms \
+(arms differ in: model.norm).
 
 Outcomes, judged on the whole val curve: ...
 
@@ -32,7 +33,8 @@ Outcomes, judged on the whole val curve: ...
 
 ## What the numbers show
 
-- layernorm - rmsnorm (differ in model.norm) at lr 0.003: +0.000 nats (95% CI -0.1..+0.1, n = 2 seeds): inconclusive.
+- layernorm - rmsnorm (differ in model.norm) at lr 0.003: +0.000 nats (95% CI -0.1..+0.1, \
+n = 2 seeds): inconclusive.
 
 ## Figures
 """

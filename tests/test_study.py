@@ -881,7 +881,10 @@ def test_a_withdrawn_claim_is_reported_with_its_reason_and_a_malformed_one_is_re
     for seed in range(2):
         write_run(tmp_path, f"rms-{seed}", "rmsnorm", 1e-2, seed, "ok", 3.0)
         write_run(tmp_path, f"ln-{seed}", "layernorm", 1e-2, seed, "ok", 3.1)
-    head = f"name: w\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{norm: [rmsnorm, layernorm], lr: [0.01], seed: [0, 1]}}\n"
+    head = (
+        f"name: w\nconfig: {CONFIGS / 'tiny.yaml'}\n"
+        "grid: {norm: [rmsnorm, layernorm], lr: [0.01], seed: [0, 1]}\n"
+    )
     (tmp_path / "study.yaml").write_text(
         head + "withdrawn:\n  - {paper: P 2020, says: S, why: needs 1000 layers}\n"
     )
@@ -1224,7 +1227,7 @@ def test_lr_sensitivity_by_width_is_fitted_per_arm_with_its_ci_and_drawn(tmp_pat
     )
 
 
-def test_an_lr_sensitivity_claim_is_decided_with_each_arms_own_best_and_says_if_the_per_size_l_star_changes_it(
+def test_an_lr_sensitivity_claim_is_decided_on_each_arms_own_best_and_says_if_per_size_l_changes_it(
     tmp_path,
 ):
     """Constructed (grid 1e-3, 1e-2, 1e-1, 3 seeds, one model size): RMSNorm reaches 3.0 at 1e-2 and
@@ -1310,8 +1313,8 @@ def test_every_claim_is_in_the_holm_family_whatever_its_data(tmp_path):
     other claim's adjusted p is its raw p times the family's size."""
     claims = (
         CLAIM.format(extra=", placement: pre", expect="higher")
-        + "  - {paper: Q, says: T, a: {norm: layernorm, placement: post}, b: {norm: rmsnorm, placement: post}, "
-        "metric: common_loss, expect: same}\n"
+        + "  - {paper: Q, says: T, a: {norm: layernorm, placement: post}, "
+        "b: {norm: rmsnorm, placement: post}, metric: common_loss, expect: same}\n"
     )
     results, text = _claims_study(tmp_path, claims, WORSE)
     tested, untested = results

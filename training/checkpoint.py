@@ -215,10 +215,10 @@ def candidates(checkpoint: Path) -> tuple[list[Candidate], list[str]]:
                     (step, (path / "extra.pt").stat().st_mtime, Candidate(path, int(step)))
                 )
             except Exception as e:
-                errors.append(
-                    f"sharded checkpoint {path} cannot be read: "
-                    f"{'no extra.pt (incomplete)' if not (path / 'extra.pt').exists() else _one_line(e)}"
+                why = (
+                    "no extra.pt (incomplete)" if not (path / "extra.pt").exists() else _one_line(e)
                 )
+                errors.append(f"sharded checkpoint {path} cannot be read: {why}")
     return [c for _, _, c in sorted(found, key=lambda x: x[:2], reverse=True)], errors
 
 

@@ -31,7 +31,7 @@ from training.config import ConfigError
 PARALLELISMS = {
     "ddp": "DistributedDataParallel: the whole model on every rank, gradients all-reduced",
     "tp": "tensor parallel (column/row-wise matmuls, sequence-parallel norms) x FSDP2 over data",
-    "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state sharded",
+    "fsdp": "FSDP2 fully_shard per block and at the root: parameters, gradients, optimizer state",
 }
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

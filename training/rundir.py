@@ -25,8 +25,8 @@ class RunDir:
     """The layout of a run directory, in one place: train.py writes these files, the logger, the
     study, the sample and export scripts read them.
 
-        <out_dir>/<name>/config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/latest.pt (previous.pt),
-                         .wandb_id, wandb/
+        <out_dir>/<name>/config.yaml, meta.json, metrics.jsonl, summary.json,
+                         checkpoints/latest.pt (previous.pt), .wandb_id, wandb/
         <out_dir>/.<name>.lock   (held by the process training the run)
     """
 
