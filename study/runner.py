@@ -227,7 +227,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-SBATCH = """#!/bin/bash
+SBATCH = (
+    """#!/bin/bash
 # A SLURM job array for study {name}: task i runs every {n}-th run from the i-th
 # ({n} tasks, one run each). Submit it once for the grid; a study with a second stage (refine)
 # needs it submitted again after the first array has finished: each task then runs its share of
@@ -238,9 +239,12 @@ SBATCH = """#!/bin/bash
 #SBATCH --cpus-per-task={threads}
 {gpu}#SBATCH --output={out}/logs/slurm-%A_%a.out
 cd {repo}
-{python} scripts/sweep.py {study_file} --out {out_parent} --workers 1 \\
-    --shard ${{SLURM_ARRAY_TASK_ID}}/{n}{extra}
 """
+    + (  # the task's command, one line (the last)
+        "{python} scripts/sweep.py {study_file} --out {out_parent} --workers 1 "
+        "--shard ${{SLURM_ARRAY_TASK_ID}}/{n}{extra}\n"
+    )
+)
 
 
 def sbatch_script(
