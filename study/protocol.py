@@ -1,5 +1,5 @@
 """The study protocol: which runs a study makes, stage by stage, and which seeds choose and which
-test (docs/DESIGN.md, "The study protocol").
+test (docs/METHODS.md, "A study's runs").
 
     grid     the study's LR grid on the selection seeds, for every arm
     bracket  per arm, the grid extended by `bracket.factor` (within min_lr..max_lr, at most

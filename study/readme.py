@@ -14,7 +14,8 @@ block norms, grouped by what the arms differ in, with the verdict and numbers un
 under LayerNorm blocks, and how many verdicts the block norm changed (and the LR-sensitivity slopes
 per doubling of width, where fitted). A block `<!-- found: FOLDER -->` gets the README's "What it
 found": sentences generated from the default study's claims and every report's verdict counts, then
-the table of FOLDER/questions.yaml (question | verdict | key number | study). A block between `<!--
+the table of FOLDER/questions.yaml (question | RMSNorm | LayerNorm | effect and 95% CI | verdict |
+study; norm_cells says what each norm's column holds). A block between `<!--
 bench: PATH.md -->` and `<!-- /bench -->` (docs/performance.md) gets a benchmark's saved output
 (`--save PATH.md`: the command, the machine and its tables) as it was measured.
 
@@ -359,10 +360,127 @@ def _cell(cs: list[dict]) -> str:
     return "; ".join(f"{_common(c)}: {c['agreement']}" for c in cs)
 
 
+# The table's norm columns: each norm of the study's arms goes to its family's column (pRMSNorm is
+# RMSNorm with its RMS estimated from a fraction of the features); a norm of neither family (dyt,
+# none) has no column.
+COLUMNS = {"rmsnorm": "RMSNorm", "prmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+
+
+def _study_norm(study_yaml: Path) -> str:
+    """The norm a study ran when model.norm is no arm field: its overrides', else its config's."""
+    from study.studyfile import load_study
+    from training.config import Config, load_config
+
+    if not study_yaml.is_file():
+        return Config().model.norm
+    study = load_study(study_yaml)
+    norm = ((study.get("overrides") or {}).get("model") or {}).get("norm")
+    return str(norm or load_config(study["config"]).model.norm)
+
+
+def _arm_norm(report: dict, label: str, default: str) -> str:
+    """The norm an arm ran: its model.norm field where that is an arm field, else the study's."""
+    keys = report.get("arm_keys") or []
+    if "model.norm" in keys and len(label.split("/")) == len(keys):
+        return _fields(label, keys)["model.norm"]
+    named = [part for part in label.split("/") if part in COLUMNS]  # a report without arm_keys
+    return named[0] if named and not keys else default
+
+
+def _lr50(fit: dict) -> str:
+    """An arm's LR50 with its CI where report.json marks it identified, else its bracket."""
+    if fit.get("identified") and fit.get("lr50") is not None:
+        return f"LR50 {g(fit['lr50'])} ({interval(fit['ci'])})"
+    lo, hi = fit.get("bounds") or [None, None]
+    if lo and hi:
+        return f"{g(lo)} < LR50 < {g(hi)}"
+    return f"LR50 > {g(lo)}" if lo else (f"LR50 < {g(hi)}" if hi else "LR50 not bounded")
+
+
+def _measured(report: dict, c: dict, label: str) -> str:
+    """One arm's own number for a claim: its LR50 or bracket, LR sensitivity, or its loss's LR."""
+    arm = (report.get("per_arm") or {}).get(label) or {}
+    if c["metric"] == "lr50":
+        return _lr50(arm) if arm else "no fit"
+    if c["metric"] == "lr_sensitivity":
+        s = arm.get("sensitivity")
+        if not s or s.get("mean") is None:
+            return "no sensitivity"
+        ci = f" ({s['ci'][0]:.2f}..{s['ci'][1]:.2f})" if s.get("ci") else ""
+        return f"sensitivity {s['mean']:.2f} nats{ci}"
+    lrs = c.get("lrs") or [None, None]
+    lr = lrs[0 if label == c["A"] else 1]
+    if lr is None:
+        return "no common LR"
+    gap = next((gp for gp in c.get("gaps") or [] if gp[0] == label), None)
+    if c["metric"] == "best_loss" or not gap or gap[2] is None or gap[2] >= 0.99:
+        return f"lr {g(lr)} (its best)"
+    above = f", +{gap[3]:.2f} nats" if gap[3] is not None else ""
+    return f"lr {g(lr)} (x{g(gap[2])} its best{above})"
+
+
+def _key(c: dict) -> str:
+    """A claim's key number: its ratio or difference, a bracket where no ratio is identified."""
+    if "lr50_ratio" in c:
+        r = c["lr50_ratio"]
+        if r.get("identified") and r.get("ratio") is not None:
+            return f"ratio {g(r['ratio'])}"
+        inner = bracket_text(r.get("bounds") or [None, None]).removesuffix(" (brackets only)")
+        return f"ratio {inner} (bracket)"
+    p = c["loss"]
+    return "no seed where both trained" if p["mean"] is None else f"{p['mean']:+.3f} nats"
+
+
+def _context(c: dict, report: dict) -> str:
+    """What a claim's arms share but the norm: 'post' for rmsnorm/post vs layernorm/post."""
+    keys = report.get("arm_keys") or []
+    a, b = c["A"].split("/"), c["B"].split("/")
+    if len(a) != len(keys) or len(b) != len(keys):  # no arm_keys: drop any part naming a norm
+        return "/".join(part for part in _common(c).split("/") if part not in COLUMNS)
+    return "/".join(x for k, x, y in zip(keys, a, b, strict=True) if x == y and k != "model.norm")
+
+
+def norm_cells(cs: list[dict], report: dict, study_norm: str) -> dict[str, str]:
+    """A row's RMSNorm and LayerNorm cells, each entry named by its sub-test ('—' where none).
+
+    A claim between the two norms gives each norm its own arm's number; a claim within one norm (a
+    placement or qk-norm test's block norm) gives that norm its verdict and key number; a claim of a
+    study that ran one norm gives that norm both arms' numbers.
+    """
+    cells: dict[str, list[str]] = {"RMSNorm": [], "LayerNorm": []}
+    many = len(cs) > 1
+    for c in cs:
+        na, nb = (_arm_norm(report, c[x], study_norm) for x in ("A", "B"))
+        ca, cb = COLUMNS.get(na), COLUMNS.get(nb)
+        if ca and cb and ca != cb:  # the two norms compared: each its own number
+            where = f"{_context(c, report)}: " if many else ""
+            cells[ca].append(where + _measured(report, c, c["A"]))
+            cells[cb].append(where + _measured(report, c, c["B"]))
+        elif ca and ca == cb and na == nb and na in c["A"].split("/"):
+            where = _context(c, report)  # the block norm of this sub-test
+            cells[ca].append(f"{where + ': ' if where else ''}{c['agreement']}, {_key(c)}")
+        elif ca and ca == cb:  # one norm (or two of one family) ran: both arms' numbers
+            da, db = _difference(c)
+            cells[ca].append(
+                f"{da}: {_measured(report, c, c['A'])}; {db}: {_measured(report, c, c['B'])}"
+            )
+    return {k: "; ".join(v) if v else "—" for k, v in cells.items()}
+
+
+def _difference(c: dict) -> tuple[str, str]:
+    """What tells a claim's two arms apart: the label parts they do not share."""
+    a, b = c["A"].split("/"), c["B"].split("/")
+    if len(a) != len(b):
+        return c["A"], c["B"]
+    da = "/".join(x for x, y in zip(a, b, strict=True) if x != y)
+    db = "/".join(y for x, y in zip(a, b, strict=True) if x != y)
+    return da or c["A"], db or c["B"]
+
+
 def found(results: Path, rel: str) -> str:
     """The README's "What it found": three generated sentences (placement, norm, qk-norm), the
     verdict counts, the default study's stability map, then the table of questions.yaml (question |
-    verdict per sub-test | effect and CI | study)."""
+    RMSNorm | LayerNorm | effect and CI | verdict per sub-test | study)."""
     from omegaconf import OmegaConf
 
     reports = {
@@ -399,7 +517,10 @@ def found(results: Path, rel: str) -> str:
             "curve]"
             f"({rel}/norm-placement-lr/stability_map.png)"
         )
-    rows = ["| question | verdict | effect and 95% CI | study |", "|---|---|---|---|"]
+    rows = [
+        "| question | RMSNorm | LayerNorm | effect and 95% CI | verdict | study |",
+        "|---|---|---|---|---|---|",
+    ]
     for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
         r = reports.get(q["study"])
         if r is None:
@@ -408,10 +529,11 @@ def found(results: Path, rel: str) -> str:
         if not cs:
             raise ValueError(f"questions.yaml: no claim of {q['study']} matches {q['claims']}")
         page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
+        cols = norm_cells(cs, r, _study_norm(results / q["study"] / "study.yaml"))
+        effect = "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
         rows.append(
-            f"| {q['question']} | {_cell(cs)} | "
-            + "; ".join((f"{_common(c)}: " if len(cs) > 1 else "") + _short(c) for c in cs)
-            + f" | [{q['study']}]({rel}/{q['study']}/{page}) |"
+            f"| {q['question']} | {cols['RMSNorm']} | {cols['LayerNorm']} | {effect} | "
+            f"{_cell(cs)} | [{q['study']}]({rel}/{q['study']}/{page}) |"
         )
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
 

@@ -326,16 +326,127 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     (tmp_path / "results" / "replication.md").write_text("x\n")
     assert _run(readme).returncode == 0, _run(readme).stderr
     assert "trained for minutes on 2 corpora (pydocs, pystdlib): what these" in readme.read_text()
-    assert (
-        "| Q1? | layernorm: agrees; rmsnorm: agrees | layernorm: LR50 ratio < 0.03 (brackets "
-        "only), Holm p = "
-        "0.04; rmsnorm: "
-    ) in text
-    assert (
-        "| Q2? | cannot tell | +0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04 | "
-        "[other](results/other/"
-        "report.md) |" in text
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines() if "| Q" in line}
+    # the placement claims' sub-tests are the block norm: each norm's column has its verdict and
+    # ratio (a bracket where not identified), the effect column both with their CIs
+    assert rows["| Q1?"][1:3] == ["agrees, ratio 0.01", "agrees, ratio < 0.03 (bracket)"]
+    assert rows["| Q1?"][3].startswith("layernorm: LR50 ratio < 0.03 (brackets only), Holm p = ")
+    assert rows["| Q1?"][4] == "layernorm: agrees; rmsnorm: agrees"
+    assert rows["| Q2?"][3:] == [
+        "+0.010 nats (-0.010..+0.030), n = 12, Holm p = 0.04",
+        "cannot tell",
+        "[other](results/other/report.md) |",
+    ]
+
+
+def _arm(lr50=None, ci=None, bounds=(None, None), sensitivity=None, penalised=None):
+    return {
+        "lr50": lr50,
+        "ci": ci,
+        "penalised_lr50": penalised or lr50,
+        "bounds": list(bounds),
+        "identified": lr50 is not None,
+        "sensitivity": sensitivity,
+    }
+
+
+def test_the_norm_columns_hold_each_norms_own_numbers(tmp_path):
+    """Constructed report.json files: a claim between the norms puts each arm's own LR50 (its
+    bracket where not identified), sensitivity or loss LR in its norm's column; a claim within one
+    block norm puts that norm's verdict and ratio there; a study that ran one norm fills that norm's
+    column with both arms' numbers and leaves the other '—'."""
+    sens = {"mean": 1.5, "ci": [1.4, 1.6], "n": 3}
+    place = {
+        "rmsnorm/post": _arm(0.01, [0.005, 0.02], sensitivity=sens),
+        "rmsnorm/pre": _arm(bounds=(0.1, 0.3), penalised=0.177, sensitivity=sens),
+        "layernorm/post": _arm(0.012, [0.006, 0.024], sensitivity=sens),
+        "layernorm/pre": _arm(0.14, [0.07, 0.28], sensitivity=sens),
+    }
+    common = _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "agrees", mean=0.001)
+    common.update(lrs=[0.001, 0.001], gaps=[["rmsnorm/pre", 0.00316, 0.316, 0.56]])
+    reports = {
+        "norm-placement-lr": {
+            "arm_keys": ["model.norm", "model.placement"],
+            "per_arm": place,
+            "claims": [
+                _claim("lr50", "rmsnorm/post", "layernorm/post", "agrees", ratio=0.83, ci=[0.5, 1]),
+                _claim("lr50", "rmsnorm/pre", "layernorm/pre", "cannot tell", bounds=[0.3, 3]),
+                _claim("lr_sensitivity", "rmsnorm/post", "layernorm/post", "cannot tell"),
+                common,
+            ],
+        },
+        "att": {
+            "arm_keys": ["model.norm", "model.dim", "model.qk_norm"],
+            "per_arm": {},
+            "claims": [
+                _claim(
+                    "lr50",
+                    f"{n}/dim=32/qk_norm=layernorm",
+                    f"{n}/dim=32/qk_norm=none",
+                    agreement,
+                    "higher",
+                    **numbers,
+                )
+                for n, agreement, numbers in (
+                    ("layernorm", "agrees", {"ratio": 4.0, "ci": [2.0, 8.0]}),
+                    ("rmsnorm", "cannot tell", {"bounds": [1.0, 30.0]}),
+                )
+            ],
+        },
+        "one": {
+            "arm_keys": ["model.placement"],
+            "per_arm": {
+                "deepnorm": _arm(0.006, [0.004, 0.009]),
+                "post": _arm(bounds=(0.001, 0.003)),
+            },
+            "claims": [
+                _claim("lr50", "deepnorm", "post", "agrees", "higher", ratio=2.0, ci=[1, 3])
+            ],
+        },
+    }
+    for name, r in reports.items():
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "report.json").write_text(
+            json.dumps({"name": name, "runs": 4, **r})
+        )
+    (tmp_path / "results" / "one" / "study.yaml").write_text(  # the norm no arm field names
+        f"name: one\nabout: x\nconfig: {TINY}\noverrides: {{model: {{norm: layernorm}}}}\n"
+        "grid: {lr: [0.1]}\n"
     )
+    (tmp_path / "results" / "questions.yaml").write_text(
+        "- {question: Same LR50?, study: norm-placement-lr, claims: {metric: lr50}}\n"
+        "- {question: Sensitivity?, study: norm-placement-lr, claims: {metric: lr_sensitivity}}\n"
+        "- {question: Common loss?, study: norm-placement-lr, claims: {metric: common_loss}}\n"
+        "- {question: qk-norm?, study: att, claims: {metric: lr50}}\n"
+        "- {question: DeepNorm?, study: one, claims: {metric: lr50}}\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
+    r = _run(readme)
+    assert r.returncode == 0, r.stderr
+    lines = readme.read_text().splitlines()
+    assert "| question | RMSNorm | LayerNorm | effect and 95% CI | verdict | study |" in lines
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines if "?" in line[:20]}
+    assert all(len(row) == 6 for row in rows.values())
+    assert rows["Same LR50?"][1:3] == [
+        "post: LR50 0.01 (0.005..0.02); pre: 0.1 < LR50 < 0.3",
+        "post: LR50 0.012 (0.006..0.024); pre: LR50 0.14 (0.07..0.28)",
+    ]
+    assert "0.177" not in readme.read_text()  # the unidentified arm's penalised point
+    assert rows["Same LR50?"][4] == "post: agrees; pre: cannot tell"
+    assert rows["Sensitivity?"][1] == "sensitivity 1.50 nats (1.40..1.60)"
+    assert rows["Common loss?"][1:3] == [
+        "lr 0.001 (x0.316 its best, +0.56 nats)",
+        "lr 0.001 (its best)",
+    ]
+    assert rows["qk-norm?"][1:3] == [
+        "dim=32: cannot tell, ratio in 1..30 (bracket)",
+        "dim=32: agrees, ratio 4",
+    ]
+    assert rows["DeepNorm?"][1:3] == [
+        "—",
+        "deepnorm: LR50 0.006 (0.004..0.009); post: 0.001 < LR50 < 0.003",
+    ]
 
 
 def test_a_bynorm_block_says_per_intervention_what_each_block_norm_got(tmp_path):
@@ -600,5 +711,5 @@ def test_the_readme_answers_in_a_few_short_generated_sentences():
     for row in [line for line in found.splitlines() if line.startswith("| ") and "---" not in line][
         1:
     ]:
-        verdict = row.split(" | ")[1]
+        verdict = row.split(" | ")[4]
         assert ";" not in verdict or all(":" in part for part in verdict.split(";")), row

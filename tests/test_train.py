@@ -77,7 +77,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
         )
     ]
     design |= {name.format(i=i) for name in per_layer for i in range(2)}
-    assert set().union(*records) == design  # exactly DESIGN's names
+    assert set().union(*records) == design  # exactly the glossary's names (docs/usage.md)
     stats_steps = [r["step"] for r in records if "act/rms/layer_0" in r]
     assert stats_steps == [1, 5, 10, 15, 20, 25, 30, 35, 40]  # log.stats_every=5 in tiny.yaml
     loss = losses(run_dir)

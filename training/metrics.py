@@ -166,7 +166,7 @@ def qk_stats(
 
 
 class StabilityProbe:
-    """Collects the per-layer metrics of DESIGN.md for one optimizer step of a Llama."""
+    """Collects the per-layer metrics (docs/usage.md, Metrics) of one optimizer step of a Llama."""
 
     eager = True  # its hooks run outside torch.compile
 

@@ -1,0 +1,107 @@
+"""The docs quote the tree as it is: every file path and script they name exists, DESIGN.md's
+layout lists every module and script, and every line count they state is within 10% of the file."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))]
+PATH = re.compile(r"(?<![\w/.<>-])((?:[\w-]+/)*[\w-]+\.(?:py|yaml|md|cpp|h))\b")
+LINES = re.compile(r"([\w/-]+\.py)\b[^\n]{0,40}?~?(\d+) lines")
+TOLERANCE = 0.10  # a quoted line count may lag the file by this fraction
+# Names the pages give as examples, not as files of the tree: a run directory's config.yaml, the
+# `base: other.yaml` of a config layered on another.
+EXAMPLES = {"config.yaml", "other.yaml"}
+
+
+def tracked() -> list[str]:
+    """The repository's files, committed or not but never ignored (the checkout where no git)."""
+    r = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode == 0 and r.stdout:
+        return r.stdout.split()
+    return [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+
+
+def quoted(page: str) -> list[str]:
+    """The file names a page quotes, less the run outputs and templates it names as examples."""
+    text = (REPO / page).read_text()
+    found = PATH.findall(text)
+    return sorted(
+        {f for f in found if not f.startswith(("runs/", "studies/", "exports/"))} - EXAMPLES
+    )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_file_a_page_names_exists(page):
+    """A path is a file from the root or the page's folder; a bare name is some file's name."""
+    files = set(tracked())
+    names = {f.rsplit("/", 1)[-1] for f in files}
+    here = str(Path(page).parent)
+    missing = [
+        f
+        for f in quoted(page)
+        if (f not in files and f"{here}/{f}" not in files if "/" in f else f not in names)
+    ]
+    assert not missing, f"{page} names files the tree does not have: {missing}"
+
+
+def layout() -> dict[str, list[str]]:
+    """DESIGN.md's layout block as {folder: its modules}: the lines under it, else the names its
+    description lists (scripts/)."""
+    block = (REPO / "docs" / "DESIGN.md").read_text().split("## Layout")[1].split("```")[1]
+    modules: dict[str, list[str]] = {}
+    named: dict[str, list[str]] = {}
+    folder = ""
+    for line in block.splitlines():
+        head = re.match(r"(\S+/)\s", line)
+        if head:
+            folder = head.group(1)
+            modules[folder], named[folder] = [], re.findall(r"\b([\w-]+\.py)\b", line)
+        elif re.match(r"  \S", line):  # '  name.py   what it does': a module of the folder above
+            modules[folder].append(line.split()[0])
+        elif folder:  # a continuation line of the folder's own description
+            named[folder] += re.findall(r"\b([\w-]+\.py)\b", line)
+    return {f: modules[f] or named[f] for f in modules}
+
+
+@pytest.mark.parametrize("folder", ["study/", "training/", "model/", "data/", "scripts/"])
+def test_design_lists_every_module_of_each_package_and_no_other(folder):
+    tree = layout()
+    assert folder in tree, f"DESIGN.md's layout has no {folder}"
+    listed = set(tree[folder])
+    real = {p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
+    assert listed == real, (
+        f"{folder}: listed but absent {sorted(listed - real)}, present but unlisted "
+        f"{sorted(real - listed)}"
+    )
+
+
+def test_the_layout_parser_reads_what_it_is_given():
+    """The check above reads modules under their folder: one known module of each is found."""
+    tree = layout()
+    assert {"readme.py", "outcome.py", "norms.py", "loader.py", "bench_study.py"} <= {
+        name for names in tree.values() for name in names
+    }
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_line_count_a_page_states_is_the_files(page):
+    claims = LINES.findall((REPO / page).read_text())
+    for path, n in claims:
+        real = len((REPO / path).read_text().splitlines())
+        assert abs(real - int(n)) <= TOLERANCE * real, f"{page}: {path} is {real} lines, not {n}"
+
+
+def test_design_states_train_pys_length():
+    """The one line count the docs quote today is found by the pattern above (so it is checked)."""
+    assert ("train.py", re.search(r"~(\d+) lines", (REPO / "docs/DESIGN.md").read_text())[1]) in (
+        LINES.findall((REPO / "docs" / "DESIGN.md").read_text())
+    )
