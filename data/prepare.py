@@ -292,16 +292,22 @@ def _build(
     n_bytes = sum(len(t.encode("utf-8")) for t in splits["train"]["text"])
     num_proc = min(os.cpu_count() or 1, 8) if n_bytes > PARALLEL_BYTES else None
     for split, ds in splits.items():
-        ids = ds.map(
-            _Encoder(proto.getvalue()),
-            batched=True,
-            remove_columns=ds.column_names,
-            num_proc=num_proc,
-            desc=f"tokenizing {split}",
-            load_from_cache_file=False,
-        )
+        t1 = time.time()
+        with _quiet(True):  # datasets' own bar redraws per process: one line of ours per split
+            ids = ds.map(
+                _Encoder(proto.getvalue()),
+                batched=True,
+                remove_columns=ds.column_names,
+                num_proc=num_proc,
+                load_from_cache_file=False,
+            )
         counts[split] = _write_tokens(
             ids, tmp / f"{split}.bin", dtype, max_tokens if split == "train" else 0
+        )
+        _log(
+            verbose,
+            f"tokenized {split}: {len(ds):,} documents, {counts[split]:,} tokens, "
+            f"{time.time() - t1:.1f}s",
         )
     train = np.memmap(tmp / "train.bin", dtype=dtype, mode="r")
     p = np.bincount(train, minlength=vocab_size) / len(train)
