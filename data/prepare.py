@@ -80,7 +80,8 @@ def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> floa
 
     SentencePiece adds characters, most frequent first, while the share covered so far is below the
     coverage, so a coverage between the shares of the top k-1 and top k characters keeps exactly
-    k."""
+    k; where that midpoint is below the 0.98 SentencePiece accepts, 0.98 itself (still in the
+    interval, as the top k cover at least 98%)."""
     room = vocab_size - N_META_PIECES - 1
     total = sum(chars.values())
     counts = [n for _, n in chars.most_common()]
@@ -96,7 +97,20 @@ def character_coverage(chars: Counter, vocab_size: int, coverage: float) -> floa
             f"covering {MIN_COVERAGE:.0%} of the text need data.vocab_size >= "
             f"{N_META_PIECES + needed + 1}"
         )
-    return (covered_before + covered_k) / 2 / total
+    return max((covered_before + covered_k) / 2 / total, MIN_COVERAGE)
+
+
+# What helps when SentencePiece refuses a corpus, by a phrase of its message (first match wins).
+TOKENIZER_HINTS = {
+    "too high": "lower data.vocab_size or use a larger corpus",
+    "character_coverage": "raise data.vocab_size: the corpus has more characters than it fits",
+}
+TOKENIZER_HINT = "check data.vocab_size against the corpus"
+
+
+def tokenizer_hint(reason: str) -> str:
+    """The advice for a SentencePiece error message: TOKENIZER_HINTS, else TOKENIZER_HINT."""
+    return next((h for k, h in TOKENIZER_HINTS.items() if k in reason), TOKENIZER_HINT)
 
 
 def dataset_name(source: str, vocab_size: int, digest: str) -> str:
@@ -266,8 +280,7 @@ def _build(
             str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]
         )  # drop SentencePiece's source location
         raise DataError(
-            f"cannot train the tokenizer on {source!r}: {reason} "
-            f"(lower data.vocab_size or use a larger corpus)"
+            f"cannot train the tokenizer on {source!r}: {reason} ({tokenizer_hint(reason)})"
         ) from None
     (tmp / "tokenizer.model").write_bytes(proto.getvalue())
 
@@ -279,16 +292,22 @@ def _build(
     n_bytes = sum(len(t.encode("utf-8")) for t in splits["train"]["text"])
     num_proc = min(os.cpu_count() or 1, 8) if n_bytes > PARALLEL_BYTES else None
     for split, ds in splits.items():
-        ids = ds.map(
-            _Encoder(proto.getvalue()),
-            batched=True,
-            remove_columns=ds.column_names,
-            num_proc=num_proc,
-            desc=f"tokenizing {split}",
-            load_from_cache_file=False,
-        )
+        t1 = time.time()
+        with _quiet(True):  # datasets' own bar redraws per process: one line of ours per split
+            ids = ds.map(
+                _Encoder(proto.getvalue()),
+                batched=True,
+                remove_columns=ds.column_names,
+                num_proc=num_proc,
+                load_from_cache_file=False,
+            )
         counts[split] = _write_tokens(
             ids, tmp / f"{split}.bin", dtype, max_tokens if split == "train" else 0
+        )
+        _log(
+            verbose,
+            f"tokenized {split}: {len(ds):,} documents, {counts[split]:,} tokens, "
+            f"{time.time() - t1:.1f}s",
         )
     train = np.memmap(tmp / "train.bin", dtype=dtype, mode="r")
     p = np.bincount(train, minlength=vocab_size) / len(train)

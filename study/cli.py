@@ -86,7 +86,13 @@ def sweep(argv: list[str] | None = None) -> int:
         default=Path("studies"),
         help="where studies go (default: studies/ in the current directory, like train.py's runs/)",
     )
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="parallel runs, >= 1 (default: the study file's workers, else one per "
+        "threads_per_worker cores, one per GPU)",
+    )
     p.add_argument(
         "--process-per-run",
         action="store_true",
@@ -121,6 +127,12 @@ def sweep(argv: list[str] | None = None) -> int:
         help="extra config overrides for every run (e.g. data.source=text:corpus.txt)",
     )
     a = p.parse_args(argv)
+    if a.workers is not None and a.workers < 1:  # as a study file's workers: 0 is not "auto"
+        print(
+            f"error: --workers must be >= 1 (leave it out for one per core), got {a.workers}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         study = load_study(a.study)
         study = quick_study(study) if a.quick else study

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from pathlib import Path
 
 from study.arms import max_series, mean_of
@@ -13,6 +14,73 @@ from study.read import Run
 from study.sensitivity import capped
 from study.text import fmt
 from study.trend import fitted
+
+# One colour per norm and one line style per placement, the same in every panel and figure; a
+# name not listed takes a fixed one from the fallback cycle (by a hash of the name, so it too is the
+# same in every figure and study).
+NORM_COLORS = {
+    "rmsnorm": "#1f77b4",
+    "layernorm": "#ff7f0e",
+    "dyt": "#2ca02c",
+    "prmsnorm": "#d62728",
+    "none": "#7f7f7f",
+}
+OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+PLACEMENT_STYLES = {
+    "pre": "-",
+    "post": "--",
+    "peri": "-.",
+    "reordered": ":",
+    "deepnorm": (0, (6, 2, 1, 2, 1, 2)),
+}
+OTHER_STYLES = ((0, (1, 1)), (0, (4, 1, 1, 1)), (0, (8, 2)), (0, (2, 2, 6, 2)))
+# Arms that share a norm and a placement (they differ in eps, width, ...) are told apart by marker.
+VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _fixed(name, table: dict, others: tuple):
+    return table.get(name) or others[zlib.crc32(str(name).encode()) % len(others)]
+
+
+def norm_color(norm) -> str:
+    """The colour of a norm name: NORM_COLORS, else a fixed one of OTHER_COLORS."""
+    return _fixed(norm, NORM_COLORS, OTHER_COLORS)
+
+
+def placement_style(placement):
+    """The line style of a placement: PLACEMENT_STYLES, else a fixed one of OTHER_STYLES."""
+    return _fixed(placement, PLACEMENT_STYLES, OTHER_STYLES)
+
+
+def arm_styles(arms: dict) -> dict:
+    """{label: {color, ls, marker, variant}}: colour by the arm's norm, line style by its placement,
+    marker by its rank among the arms that share both (variant: whether there is more than one)."""
+    from training.config import Config, flat, to_dict
+
+    default = flat(to_dict(Config()))
+    keys = {}
+    for label, a in arms.items():
+        cfg = {**default, **(a.runs[0].config if a.runs else {})}
+        keys[label] = (cfg.get("model.norm"), cfg.get("model.placement"))
+    out = {}
+    for label, key in keys.items():
+        same = [x for x, k in keys.items() if k == key]
+        out[label] = dict(
+            color=norm_color(key[0]),
+            ls=placement_style(key[1]),
+            marker=VARIANT_MARKERS[same.index(label) % len(VARIANT_MARKERS)],
+            variant=len(same) > 1,
+        )
+    return out
+
+
+def _line(st: dict, n: int = 0) -> dict:
+    """A line's style: colour and line style, and the marker where it is a variant (every n-th
+    point of an n-spaced series, n = 0 every point)."""
+    kw = dict(color=st["color"], ls=st["ls"])
+    if st["variant"]:
+        kw.update(marker=st["marker"], ms=4, markevery=max(n, 1))
+    return kw
 
 
 def _smooth(ys: list[float], n: int) -> list[float]:
@@ -61,7 +129,7 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     arms = res.arms
-    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(arms)}
+    colors = arm_styles(arms)
     made: list[tuple[str, str]] = []
     for draw in (loss_curves, grad_norm_curves, grad_heatmaps, act_rms_depth, attn_logit_max):
         draw(plt, arms, colors, out, made)
@@ -83,7 +151,7 @@ def result_figures(res, out: Path) -> list[tuple[str, str]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(res.arms)}
+    colors = arm_styles(res.arms)
     made: list[tuple[str, str]] = []
     for draw in (stability_map, final_losses, loss_vs_lr):
         draw(plt, res, colors, out, made)
@@ -115,7 +183,7 @@ def _curves(
                     ax.plot(
                         [s for s, _ in pts],
                         ys,
-                        color=colors[label],
+                        **_line(colors[label], max(1, len(pts) // 8)),
                         lw=0.9,
                         alpha=0.8,
                         label=label if i == 0 else None,
@@ -170,9 +238,9 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
             )
             y = (1.0 if r.failed else 0.0) + shift
             style = (
-                dict(facecolors="none", edgecolors=colors[label])
+                dict(facecolors="none", edgecolors=colors[label]["color"])
                 if marker in "os^"
-                else dict(color=colors[label])
+                else dict(color=colors[label]["color"])
             )
             ax.scatter(
                 [r.lr * 10 ** (shift / 2)], [y], marker=marker, s=30, zorder=5, alpha=0.8, **style
@@ -182,7 +250,7 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
             ax.plot(
                 grid,
                 p,
-                color=colors[label],
+                **_line(colors[label], 40),
                 lw=1.4,
                 label=f"{label}: {fit.describe().split(' (')[0]}",
             )
@@ -190,19 +258,20 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
             ax.plot(
                 [lo or grid[0], hi or grid[-1]],
                 [0.5 + shift] * 2,
-                color=colors[label],
+                color=colors[label]["color"],
                 lw=4,
                 alpha=0.35,
+                solid_capstyle="butt",
             )
         else:  # only a bound: no curve drawn, the bound's range shaded at 1/2
             lo, hi = fit.bounds if fit.failed else (fit.top, None)
             ax.plot(
                 [lo or grid[0], hi or grid[-1]],
                 [0.5 + shift] * 2,
-                color=colors[label],
+                color=colors[label]["color"],
                 lw=4,
                 alpha=0.2,
-                ls="--",
+                ls=":",
                 label=f"{label}: {fit.describe().split(':')[0]}",
             )
     ax.axhline(0.5, color="gray", ls=":", lw=0.8)
@@ -218,9 +287,8 @@ def stability_map(plt, res, colors, out: Path, made: list) -> None:
         out / "stability_map.png",
         made,
         "Stability map: each arm's fitted P(fail | lr) with LR50 and its 95% CI (thick bar) where "
-        "the data identify "
-        "it, else the bound (dashed); every run from the arm's floor up at 0 (trained) or 1 "
-        "(failed under the "
+        "the data identify it, else the bound (faint dotted bar); colour: the norm, line style: "
+        "the placement; every run from the arm's floor up at 0 (trained) or 1 (failed under the "
         "study's rule), marked by train.py's label (. ok, o plateau, s collapsed, ^ unstable, x "
         "diverged)",
     )
@@ -234,7 +302,9 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
     for label, a in res.arms.items():
         rest = tuple((k, a.runs[0].config.get(k)) for k in res.keys if k != "model.norm")
         groups.setdefault(rest, []).append((label, a))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(4.6 * len(groups), 3.8), sharey=True, squeeze=False
+    )
     for ax, (rest, members) in zip(axes[0], groups.items(), strict=True):
         for label, a in members:
             pts = [
@@ -246,13 +316,21 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
             tag = f" (S = {sens.mean:.2f})" if sens is not None and sens.mean is not None else ""
             ok = [(x, y) for x, y, f in pts if not f]
             bad = [(x, y) for x, y, f in pts if f]
+            st = colors[label]
             if ok:
-                ax.scatter(*zip(*ok, strict=True), color=colors[label], s=14, label=label + tag)
+                ax.scatter(
+                    *zip(*ok, strict=True),
+                    color=st["color"],
+                    marker=st["marker"],
+                    s=14,
+                    label=label + tag,
+                )
             if bad:
                 ax.scatter(
                     *zip(*bad, strict=True),
                     facecolors="none",
-                    edgecolors=colors[label],
+                    edgecolors=st["color"],
+                    marker=st["marker"],
                     s=18,
                     label=None if ok else label + tag,
                 )
@@ -261,13 +339,18 @@ def loss_vs_lr(plt, res, colors, out: Path, made: list) -> None:
                 means.setdefault(x, []).append(y)
             xs = sorted(means)
             ax.plot(
-                xs, [statistics.fmean(means[x]) for x in xs], color=colors[label], lw=0.8, alpha=0.6
+                xs,
+                [statistics.fmean(means[x]) for x in xs],
+                color=st["color"],
+                ls=st["ls"],
+                lw=0.8,
+                alpha=0.6,
             )
         where = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in rest) or "all arms"
         _axes(
             ax,
             "peak learning rate",
-            "final val loss (failed: hollow, capped at L0)",
+            "final val loss (failed: hollow, capped at L0)" if ax is axes[0][0] else "",
             where,
             logx=True,
         )
@@ -291,12 +374,20 @@ def final_losses(plt, res, colors, out: Path, made: list) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, a in res.arms.items():
         pts = [(r.lr, r.loss) for r in a.runs if r.loss is not None]
+        st = colors[label]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), color=colors[label], s=18, label=label)
+            ax.scatter(
+                *zip(*pts, strict=True), color=st["color"], marker=st["marker"], s=18, label=label
+            )
         if a.best_lr is not None:
             best = list(a.losses(a.best_lr).values())
             ax.scatter(
-                [a.best_lr] * len(best), best, s=90, facecolors="none", edgecolors=colors[label]
+                [a.best_lr] * len(best),
+                best,
+                s=90,
+                facecolors="none",
+                edgecolors=st["color"],
+                linestyles=st["ls"],
             )
     entropy = mean_of([r.summary.get("unigram_entropy") for a in res.arms.values() for r in a.runs])
     if entropy:
@@ -328,7 +419,9 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
         if grid:
             grids[label] = (grid[0], [[math.log10(max(v, 1e-12)) for v in row] for row in grid[1]])
     values = [v for _, mat in grids.values() for row in mat for v in row]
-    fig, axes = plt.subplots(1, len(arms), figsize=(3.4 * len(arms) + 1, 3), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(arms), figsize=(3.4 * len(arms) + 1, 3), sharey=True, squeeze=False
+    )
     im = None
     for ax, (label, a) in zip(axes[0], arms.items(), strict=True):
         if label in grids:
@@ -343,7 +436,9 @@ def grad_heatmaps(plt, arms, colors, out: Path, made: list) -> None:
                 extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(mat) - 0.5),
             )  # one step: 1 wide
             ax.set_yticks(range(len(mat)))
-        ax.set_title(f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9)
+        ax.set_title(
+            f"{label} (lr {fmt(a.best_lr, 'g')})", fontsize=9, color=colors[label]["color"]
+        )
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("layer")
     if im is not None:  # one color scale for all arms, so they compare
@@ -371,9 +466,25 @@ def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
         if mats:
             last = [statistics.median(m[1][i][-1] for m in mats) for i in range(len(mats[0][1]))]
             first = [statistics.median(m[1][i][0] for m in mats) for i in range(len(mats[0][1]))]
-            ax.plot(range(len(last)), last, marker="o", color=colors[label], label=f"{label} (end)")
+            st = colors[label]
             ax.plot(
-                range(len(first)), first, ls=":", color=colors[label], label=f"{label} (step 1)"
+                range(len(last)),
+                last,
+                marker=st["marker"],
+                color=st["color"],
+                ls=st["ls"],
+                label=f"{label} (end)",
+            )
+            ax.plot(
+                range(len(first)),
+                first,
+                marker=st["marker"],
+                mfc="none",
+                color=st["color"],
+                ls=st["ls"],
+                lw=0.8,
+                alpha=0.5,
+                label=f"{label} (step 1)",
             )
     layers = max(
         (int(r.config.get("model.n_layers", 1)) for a in arms.values() for r in a.runs), default=1
@@ -391,7 +502,8 @@ def act_rms_depth(plt, arms, colors, out: Path, made: list) -> None:
         fig,
         out / "act_rms_depth.png",
         made,
-        "activation RMS by depth (step 1 and the last logged step)",
+        "activation RMS by depth (step 1 faint and hollow, the last logged step solid); colour: "
+        "the norm, line style: the placement",
     )
 
 
@@ -406,7 +518,8 @@ def attn_logit_max(plt, arms, colors, out: Path, made: list) -> None:
             if v is not None:
                 xs.append(lr)
                 ys.append(v)
-        ax.plot(xs, ys, marker="o", color=colors[label], label=label)
+        st = colors[label]
+        ax.plot(xs, ys, marker=st["marker"], color=st["color"], ls=st["ls"], label=label)
     _axes(
         ax,
         "peak learning rate",
@@ -446,7 +559,10 @@ def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
     for label, r in shown:
         steps = [e["step"] for e in r.records if "dyt/saturated/final" in e]
         kind = "failed" if r.failed else "trained"
-        style = dict(color=colors[label], ls="--" if r.failed else "-")
+        st = colors[label]
+        style = dict(color=st["color"], ls=st["ls"], lw=0.8 if r.failed else 1.6)
+        if r.failed:
+            style.update(marker="x", ms=4, markevery=max(1, len(steps) // 10))
         top.plot(
             steps,
             [100 * e["dyt/saturated/final"] for e in r.records if "dyt/saturated/final" in e],
@@ -471,7 +587,7 @@ def dyt_saturation(plt, res, colors, out: Path, made: list) -> None:
         fig,
         out / "dyt_saturation.png",
         made,
-        "DyT saturation vs step: a run that trained (solid) and one that failed (dashed) per DyT "
+        "DyT saturation vs step: a run that trained (thick) and one that failed (thin, x) per DyT "
         "arm; below, "
         "the largest gradient below the final norm (1e-12 stands for exactly 0: the absorbing "
         "state)",
@@ -508,12 +624,12 @@ def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
                 if pts:
                     ax.plot(
                         *zip(*pts, strict=True),
-                        color=colors[label],
+                        color=colors[label]["color"],
                         lw=0.9,
                         alpha=0.8,
-                        marker=".",
+                        marker="x" if r.failed else colors[label]["marker"],
                         ms=3,
-                        ls="--" if r.failed else "-",
+                        ls=colors[label]["ls"],
                         label=None if named else f"{label} (lr {lr:g})",
                     )
                     named = True
@@ -525,7 +641,7 @@ def log_z_curves(plt, res, colors, out: Path, made: list) -> None:
         made,
         "Output-logit divergence (Wortsman et al. 2023 Sec. 3.1.2): mean log Z of the output "
         "logits vs step at each "
-        "arm's highest and best LR, every seed (dashed: failed under the study's rule); z-loss "
+        "arm's highest and best LR, every seed (x: failed under the study's rule); z-loss "
         "pulls log Z to 0",
     )
 
@@ -552,8 +668,13 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
     axis = sens[0].axis
     sens = [t for t in sens if t.axis == axis]
     values = sorted({x for t in sens for x, _, _ in t.points})
-    shade = {x: plt.cm.viridis(i / max(len(values) - 1, 1) * 0.85) for i, x in enumerate(values)}
+    styles = arm_styles(res.arms)
+    # the axis's values by marker and depth of colour (the colour stays the norm's)
+    mark = {x: VARIANT_MARKERS[i % len(VARIANT_MARKERS)] for i, x in enumerate(values)}
+    depth = {x: 0.35 + 0.65 * i / max(len(values) - 1, 1) for i, x in enumerate(values)}
     fig, axes = plt.subplots(1, len(sens) + 1, figsize=(4.2 * (len(sens) + 1), 3.6), squeeze=False)
+    for ax in axes[0][1:-1]:  # the loss panels share a y axis; the last plots another quantity
+        ax.sharey(axes[0][0])
     for i, (ax, t) in enumerate(zip(axes[0], sens, strict=False)):
         for label in t.arms:
             a = res.arms[label]
@@ -566,9 +687,11 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
             ax.plot(
                 xs,
                 [statistics.fmean(at[x]) for x in xs],
-                "o-",
+                marker=mark[cfg.get(axis)],
                 ms=3,
-                color=shade[cfg.get(axis)],
+                color=styles[label]["color"],
+                ls=styles[label]["ls"],
+                alpha=depth[cfg.get(axis)],
                 label=f"{axis.rsplit('.', 1)[-1]} {cfg.get(axis):g}",
             )
         _axes(
@@ -580,24 +703,25 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
         )
         ax.set_title(t.pair.replace(", ", "\n"), fontsize=8)
     ax = axes[0][-1]
-    for i, t in enumerate(sens):
-        color = plt.cm.tab10(i % 10)
+    for t in sens:
+        st = styles[t.arms[0]] if t.arms else dict(color="gray", ls="-", marker="o")
         pts = [(x, e, ci) for x, e, ci in t.points if e is not None]
         for x, e, ci in pts:
             ax.errorbar(
                 [x],
                 [e],
                 yerr=[[e - ci[0]], [ci[1] - e]] if ci else None,
-                fmt="o",
-                color=color,
+                fmt=st["marker"],
+                color=st["color"],
                 capsize=3,
             )
         slope = "no slope" if t.slope is None else f"{t.slope:+.3f}/doubling"
+        line = dict(color=st["color"], ls=st["ls"], lw=1, label=f"{t.pair}: {slope}")
         if t.slope is not None and pts:
             xs = sorted(p[0] for p in pts)
-            ax.plot(xs, [fitted(t, x) for x in xs], color=color, lw=1, label=f"{t.pair}: {slope}")
+            ax.plot(xs, [fitted(t, x) for x in xs], **line)
         else:
-            ax.plot([], [], color=color, label=f"{t.pair}: {slope}")
+            ax.plot([], [], **line)
     _axes(
         ax, axis, "LR sensitivity (nats)", f"LR sensitivity by {axis}", logx=sens[0].log2, legend=6
     )
@@ -614,7 +738,8 @@ def sensitivity_by_axis(plt, res, out: Path, made: list) -> None:
         f"LR sensitivity by {axis} (Wortsman et al. 2023, Fig. 1 style): the mean final val loss "
         f"over seeds vs LR at each {axis} (failed runs counted at their final loss, capped at L0), "
         "and each arm's LR sensitivity with its 95% t CI over seeds and the fitted slope per "
-        "doubling (Knapp-Hartung)",
+        "doubling (Knapp-Hartung); colour: the norm, line style: the placement, marker and depth "
+        f"of colour: the {axis}",
     )
 
 

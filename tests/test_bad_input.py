@@ -145,6 +145,17 @@ def test_bad_study_files(tmp_path, capsys, case, text, must_say):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_sweep_refuses_workers_below_one(tmp_path, capsys, workers):
+    path = tmp_path / "study.yaml"
+    path.write_text(f"config: {TINY}\ngrid: {{lr: [0.1]}}\n")
+    code = sweep([str(path), "--out", str(tmp_path / "out"), "--workers", workers])
+    _one_line(
+        capsys, code, f"--workers must be >= 1 (leave it out for one per core), got {workers}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_catalog_is_large():
     assert len(CONFIGS) + len(FIELDS) + len(SOURCES) + len(STUDIES) >= 30
     assert os.environ.get("NORMLAB_KILL_AT") is None

@@ -116,6 +116,28 @@ def test_character_coverage_keeps_exactly_what_fits():
         prep.character_coverage(Counter({chr(65 + i): 1 for i in range(88)}), 320, 0.9995)
 
 
+def test_character_coverage_never_goes_below_what_sentencepiece_accepts():
+    from collections import Counter
+
+    # 60 characters fit; the top 59 cover 97.9%, the top 60 98.0%: the midpoint, 97.95%, would be
+    # refused (pystdlib at vocab 320 was such a corpus), 0.98 keeps the top 60
+    chars = Counter({chr(65 + i): 979 // 59 + (i < 979 % 59) for i in range(59)})
+    chars[chr(65 + 59)] = 1
+    chars.update({chr(200 + i): 1 for i in range(20)})
+    total, counts = sum(chars.values()), sorted(chars.values(), reverse=True)
+    assert sum(counts[:59]) / total < prep.MIN_COVERAGE <= sum(counts[:60]) / total
+    c = prep.character_coverage(chars, 320, 0.9995)
+    assert c >= prep.MIN_COVERAGE and sum(counts[:59]) / total < c <= sum(counts[:60]) / total
+
+
+def test_a_refused_tokenizer_hint_says_which_way_vocab_size_helps():
+    too_few = "trainer_spec.character_coverage() >= 0.98 && ... <= 1.0"
+    too_many = "Vocabulary size too high (4096). Please set it to a value <= 1500."
+    assert "raise data.vocab_size" in prep.tokenizer_hint(too_few)
+    assert "lower data.vocab_size" in prep.tokenizer_hint(too_many)
+    assert prep.tokenizer_hint("something else") == prep.TOKENIZER_HINT
+
+
 def test_token_dtype_rule():
     assert prep.token_dtype(4096) == np.uint16 and prep.token_dtype(65536) == np.uint16
     assert prep.token_dtype(65537) == np.uint32 and prep.token_dtype(128_256) == np.uint32
@@ -336,3 +358,16 @@ def test_a_hub_source_at_a_revision_streams_and_is_capped_offline(tmp_path):
         verbose=False,
     )
     assert again != out  # another revision is another prepared dataset
+
+
+def test_preparing_prints_one_line_per_stage_and_no_datasets_bars(tmp_path, capfd):
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnop"), size=5)) for _ in range(400)]
+    text = "\n\n".join(" ".join(rng.choice(words, size=80)) for _ in range(60))
+    (tmp_path / "c.txt").write_text(text)
+    prep.prepare(f"text:{tmp_path / 'c.txt'}", vocab_size=320, root=tmp_path / "p", verbose=True)
+    err = capfd.readouterr().err
+    assert "examples/s" not in err and "%|" not in err  # datasets' bars silenced
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    for stage in ("tokenized val:", "tokenized train:"):
+        assert sum(stage in line for line in lines) == 1, lines

@@ -87,7 +87,7 @@ class TrainConfig:
         100  # steps between checkpoints (and always at the end); 0 = only at the end
     )
     stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
-    threads: int = 0  # torch CPU threads per process; 0 = torch's default
+    threads: int = 0  # torch CPU threads per process; 0 = torch's default, capped at free cores
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
     memory_check: bool = (
         True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)

@@ -25,9 +25,27 @@ def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
       measured by scripts/bench_norms.py and scripts/bench_train.py (about 3x on norm kernels here).
     """
     torch.set_flush_denormal(True)
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(choose_threads(threads, torch.get_num_threads(), *_free_cores()))
     return {"flush_denormal": True, "allocator": _tune_malloc() if malloc else "glibc default"}
+
+
+def choose_threads(requested: int, default: int, cores: int, load: float) -> int:
+    """The torch threads of a run: `requested` where set (train.threads > 0), else torch's default
+    capped at the cores other processes leave free (cores - load, at least 1): an OpenMP thread
+    that shares a core with a busy process makes every barrier wait (a step ~20x slower)."""
+    if requested > 0:
+        return requested
+    free = max(1, cores - round(load))
+    return max(1, min(default, free))
+
+
+def _free_cores() -> tuple[int, float]:
+    """(cores this process may run on, the 1-minute load average: the other runnable processes)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return cores or 1, load
 
 
 def _tune_malloc() -> str:
