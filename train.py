@@ -46,19 +46,18 @@ import torch
 from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
-from fused import kernel_paths
+from fused import fallen_back, kernel_paths
 from model import Llama
 from model.layers import attention_path
 from training import distributed, faults, memory
 from training.checkpoint import full_model_state
 from training.config import Config, ConfigError, load_config, resumed_config, to_dict
 from training.cpu import tune_cpu
-from training.distributed import Dist
 from training.evaluate import evaluate, sample
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.optim import lr_at
-from training.outcome import cannot_join, finished, leave, outcome, status_code
+from training.outcome import cannot_join, finished, leave, outcome, result_line, status_code
 from training.parallel import check_layout, data_coords, is_sharded, shard_model, split_batch
 from training.run import StopRequest, decide_status, open_run, resume_state, save_state, start_state
 from training.rundir import RunDir, summarize, write_json
@@ -91,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         error = e
     if error is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return leave(Dist(), *outcome(error, Dist()))
+        return leave(distributed.Dist(), *outcome(error, distributed.Dist()))
     try:  # under torchrun a bad command line joins the job too: rank 0 says it for all
         d = distributed.setup(cfg.train.device if cfg else "auto")
     except Exception as e:
-        return leave(Dist(), *cannot_join(e))
+        return leave(distributed.Dist(), *cannot_join(e))
     try:
         distributed.agree(error)
         code, line, error = train(cfg, resume, name, d), "", None
@@ -120,7 +119,7 @@ class Run:
     """One run's state, from build() to finish(): what it trains, where, and how far it got."""
 
     cfg: Config
-    d: Dist
+    d: distributed.Dist
     dir: RunDir
     how: str  # new | resume | finished
     lock: object  # rank 0's lock on the run, released however the run ends
@@ -136,7 +135,7 @@ class Run:
     planned_stop: bool = False  # stopped at train.stop_at (exit 0), not by a signal (130)
 
 
-def train(cfg: Config, resume: bool, default_name: str, d: Dist) -> int:
+def train(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> int:
     """Build the run, then train it to its end (or find it finished); the exit code."""
     run = build(cfg, resume, default_name, d)
     try:
@@ -152,7 +151,7 @@ def train(cfg: Config, resume: bool, default_name: str, d: Dist) -> int:
             run.lock.release()
 
 
-def build(cfg: Config, resume: bool, default_name: str, d: Dist) -> Run:
+def build(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> Run:
     """Check the inputs, build the model and optimizer, then open the run's directory."""
     t_start, tc = time.time(), cfg.train
     try:  # a bad input on any rank is every rank's error, said once
@@ -168,7 +167,7 @@ def build(cfg: Config, resume: bool, default_name: str, d: Dist) -> Run:
     return Run(cfg, d, run_dir, how, lock, data, machine, model, parts, t_start)
 
 
-def inputs(cfg: Config, d: Dist) -> tuple[Data, dict]:
+def inputs(cfg: Config, d: distributed.Dist) -> tuple[Data, dict]:
     """The job's layout, the batch split, this node's memory, the data, the kernels."""
     tc = cfg.train
     # before anything divides by the tensor-group count or shards
@@ -179,23 +178,15 @@ def inputs(cfg: Config, d: Dist) -> tuple[Data, dict]:
     # too big for this machine: refused before anything large is allocated (each rank its node)
     estimate = memory.check(cfg, d.world_size, d.data_world, micro, d.local_world, d.device)
     prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # built once, cached
-    loader = BatchLoader(
-        load_tokens(prepared, "train"),
-        tc.seq_len,
-        tc.batch_size,
-        tc.seed,
-        d.data_rank,
-        d.data_world,
-    )
+    shard = (d.data_rank, d.data_world)
+    loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, *shard)
     val_tokens = load_tokens(prepared, "val")
     eval_batches(val_tokens, tc.seq_len, micro, tc.eval_tokens)  # too few val tokens: fail now
     tok = Tokenizer(prepared / "tokenizer.model")
     # which fused kernels run and which paths fall back, loaded now rather than in the first step
-    kernels = {
-        **kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl),
-        "attention": attention_path(cfg.model),
-    }
-    token_bytes = torch.from_numpy(tok.token_bytes())
+    kernels = kernel_paths(d.device.type, cfg.model.norm_impl, cfg.model.ops_impl)
+    kernels["attention"] = attention_path(cfg.model)
+    token_bytes = torch.from_numpy(tok.token_bytes()).to(d.device)
     data = Data(tok, read_meta(prepared), loader, val_tokens, token_bytes, micro, accum)
     return data, {"kernels": kernels, "cpu": cpu, "memory": memory.describe(estimate)}
 
@@ -204,40 +195,29 @@ def start(run: Run) -> None:
     """Restore the newest checkpoint or write a new run's files; the logger; the first lines."""
     cfg, d, p, data, tc = run.cfg, run.d, run.parts, run.data, run.cfg.train
     if run.how == "resume":
-        run.step, notes = resume_state(
-            run.dir, cfg, d, run.model, p.opt, p.scaler, data.loader, run.machine
-        )
+        state = (run.model, p.opt, p.scaler, data.loader, run.machine)
+        run.step, notes = resume_state(run.dir, cfg, d, *state)
     else:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
-    run.logger = Logger(
-        run.dir.path if d.is_master else None,
-        run.dir.name,
-        tc.steps,
-        run.step,
-        cfg.log.wandb,
-        cfg.log.wandb_project,
-        to_dict(cfg),
-    )
-    tp = d.world_size // d.data_world
-    spread = f"{d.data_world} data shares" + (f" x tensor parallel over {tp}" if tp > 1 else "")
+    where, wandb = run.dir.path if d.is_master else None, (cfg.log.wandb, cfg.log.wandb_project)
+    run.logger = Logger(where, run.dir.name, tc.steps, run.step, *wandb, to_dict(cfg))
+    tp = d.world_size // d.data_world  # the batch's split, said only where there is one
+    split = [(p.accum, "micro-batches"), (d.data_world, "data shares"), (tp, "tensor parallel")]
+    split = " x ".join(f"{n} {what}" for n, what in split if n > 1)
     resumed = f" | resumed at step {run.step}" if run.step else ""
     run.logger.message(
         f"run {run.dir.path} | {run.model.num_params():,} parameters | {cfg.model.norm} "
-        f"{cfg.model.placement} | {tc.batch_size}x{tc.seq_len} tokens/step ({p.accum} "
-        f"micro-batches x {spread}) | {d.device} {tc.dtype}{resumed}"
+        f"{cfg.model.placement} | {tc.batch_size}x{tc.seq_len} tokens/step"
+        f"{f' ({split})' if split else ''} | {d.device} {tc.dtype}{resumed}"
     )
-    fallbacks = "; ".join(
-        f"{op}: {path}"
-        for op, path in run.machine["kernels"].items()
-        if op != "build" and path.startswith("reference (")
-    )
+    fallbacks = "; ".join(fallen_back(run.machine["kernels"]))
     for note in ([f"fast paths that fall back: {fallbacks}"] if fallbacks else []) + notes:
         run.logger.message(note)
 
 
 def loop(run: Run) -> None:
     """Train from run.step to the end, a stop or a divergence: step, eval, record, checkpoint."""
-    cfg, tc, log = run.cfg, run.cfg.train, run.logger
+    cfg, tc, log, p = run.cfg, run.cfg.train, run.logger, run.parts
     probe = StabilityProbe(run.model, Every(cfg.log.stats_every, first=True))
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     if run.step == 0:  # L0: the val loss before the first step, the same number as every eval
@@ -247,23 +227,19 @@ def loop(run: Run) -> None:
         stop.saved = run.step if run.how == "resume" else None
         for step in range(run.step, tc.steps):
             lr, due = lr_at(step, cfg.optim, cfg.optim.schedule_steps), probe.due(step + 1)
-            result = train_step(run.parts, next(run.data.loader), lr, probe if due else NO_PROBE)
+            result = train_step(p, next(run.data.loader), lr, probe if due else NO_PROBE)
             record, run.step = result.record, step + 1
             faults.point("step")
             if result.diverged:  # a non-finite loss or gradient norm: no update made, the run ends
                 run.status, run.diverged_at = "diverged", run.step
                 log.log(run.step, record)
-                log.message(
-                    f"diverged at step {run.step}: loss {record['train/loss']}, "
-                    f"grad norm {record['grad/norm']}"
-                )
+                loss, norm = record["train/loss"], record["grad/norm"]
+                log.message(f"diverged at step {run.step}: loss {loss}, grad norm {norm}")
                 return
             if evals.due(run.step):  # on its cadence and at the last step
                 record.update(validate(run))
-                log.message(
-                    f"step {run.step}: train loss {record['train/loss']:.4f}, "
-                    f"val loss {record['val/loss']:.4f}"
-                )
+                loss, val = record["train/loss"], record["val/loss"]
+                log.message(f"step {run.step}: train loss {loss:.4f}, val loss {val:.4f}")
             log.log(run.step, record)
             faults.point("log")
             # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank (never at the last step)
@@ -272,37 +248,21 @@ def loop(run: Run) -> None:
                 run.planned_stop or distributed.any_rank(stop.requested, run.d.device)
             )
             if checkpoints.due(run.step) or stop_now:
-                save_state(
-                    run.dir,
-                    cfg,
-                    run.d,
-                    run.model,
-                    run.parts.opt,
-                    run.data.loader,
-                    run.step,
-                    run.parts.scaler,
-                )
+                state = (run.model, p.opt, run.data.loader, run.step, p.scaler)
+                save_state(run.dir, cfg, run.d, *state)
                 stop.saved = run.step
             if stop_now:
                 run.status = "interrupted"
                 why = f"train.stop_at={run.step}" if run.planned_stop else "interrupted"
-                log.message(
-                    f"stopped at step {run.step} ({why}); continue with --name "
-                    f"{run.dir.name} --resume"
-                )
+                again = f"continue with --name {run.dir.name} --resume"
+                log.message(f"stopped at step {run.step} ({why}); {again}")
                 return
 
 
 def validate(run: Run) -> dict:
-    return evaluate(
-        run.model,
-        run.data.val_tokens,
-        run.cfg,
-        run.d,
-        run.parts.autocast,
-        run.parts.micro,
-        run.data.token_bytes.to(run.d.device),
-    )
+    """The val loss (and bits per byte) of the model now, on the fixed eval set."""
+    data, p, d = run.data, run.parts, run.d
+    return evaluate(run.model, data.val_tokens, run.cfg, d, p.autocast, p.micro, data.token_bytes)
 
 
 def finish(run: Run) -> int:
@@ -326,33 +286,14 @@ def summary(run: Run, state: dict | None) -> None:
         if state is not None:
             model = Llama(cfg.model).to(run.d.device)
             model.load_state_dict(state)
-        log.message(
-            "sample: " + sample(model, run.data.tok, tc.sample_tokens, tc.seed, run.parts.autocast)
-        )
-    s = summarize(
-        run.dir.records(),
-        run.status,
-        run.step,
-        tc.steps,
-        run.diverged_at,
-        run.data.meta.get("unigram_entropy"),
-        cfg.log.spike_window,
-        cfg.log.spike_k,
-        time.time() - run.t_start,
-    )
+        text = sample(model, run.data.tok, tc.sample_tokens, tc.seed, run.parts.autocast)
+        log.message(f"sample: {text}")
+    ended = (run.status, run.step, tc.steps, run.diverged_at, run.data.meta.get("unigram_entropy"))
+    spikes, wall = (cfg.log.spike_window, cfg.log.spike_k), time.time() - run.t_start
+    s = summarize(run.dir.records(), *ended, *spikes, wall)
     write_json(run.dir.summary, s)
     log.close(s)  # and its progress bar: the result line below is the last one
-    final, dead = s["final_val_loss"], s["dead_gradients_at"]
-    why = (
-        ""
-        if dead is None
-        else f" dead gradients (every gradient below the final norm 0 from step {dead});"
-    )
-    log.message(
-        f"{run.status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} "
-        f"(unigram entropy {s['unigram_entropy']:.3f}), {s['tokens_per_s'] or 0:,.0f} "
-        f"tokens/s -> {run.dir.path}"
-    )
+    log.message(result_line(run.status, s, run.dir.path))
 
 
 if __name__ == "__main__":

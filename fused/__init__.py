@@ -203,6 +203,15 @@ def kernel_paths(device: str, norm_impl: str, ops_impl: str) -> dict:
     return paths
 
 
+def fallen_back(paths: dict) -> list[str]:
+    """'op: why' for each op of kernel_paths() whose fused path fell back to the reference."""
+    return [
+        f"{op}: {path}"
+        for op, path in paths.items()
+        if op != "build" and path.startswith("reference (")
+    ]
+
+
 def _build(
     name: str, files: dict[str, bytes], extra_cflags: list[str], extra_ldflags: list[str]
 ) -> None:

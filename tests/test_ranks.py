@@ -243,7 +243,7 @@ def test_a_rank_killed_mid_run_is_named_by_torchrun_and_the_survivors_stop(tmp_p
     assert job.errors() == [] and job.tracebacks() == [] and "Signal 9 (SIGKILL)" in job.report, (
         job.errs
     )
-    assert "(1 micro-batches x 2 data shares x tensor parallel over 2)" in job.errs[0]
+    assert "(2 data shares x 2 tensor parallel)" in job.errs[0]
 
 
 # -- the job's layout is checked before anything divides, every rank sees one run directory --------

@@ -33,6 +33,18 @@ def status_code(status: str, planned_stop: bool = False) -> int:
     return EXIT_INTERRUPTED if status == "interrupted" and not planned_stop else EXIT_OK
 
 
+def result_line(status: str, s: dict, path) -> str:
+    """A finished run's last line: its status, final val loss, the unigram level, its speed."""
+    final, dead = s["final_val_loss"], s["dead_gradients_at"]
+    dead_line = f" dead gradients (every gradient below the final norm 0 from step {dead});"
+    why = "" if dead is None else dead_line
+    return (
+        f"{status}:{why} final val loss {'-' if final is None else f'{final:.4f}'} "
+        f"(unigram entropy {s['unigram_entropy']:.3f}), {s['tokens_per_s'] or 0:,.0f} "
+        f"tokens/s -> {path}"
+    )
+
+
 def finished(run: RunDir, say: bool) -> int:
     """A relaunch of a finished run: it says so (rank 0), nothing to do; the code it ended with."""
     status = run.status()
