@@ -220,11 +220,11 @@ def loop(run: Run) -> None:
     cfg, tc, log, p = run.cfg, run.cfg.train, run.logger, run.parts
     probe = StabilityProbe(run.model, Every(cfg.log.stats_every, first=True))
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
-    if run.step == 0:  # L0: the val loss before the first step, the same number as every eval
-        log.log(0, validate(run))
     # Ctrl-C / SIGTERM stop at a step boundary; several processes keep the handler for leave()
     with StopRequest(say=run.d.is_master, keep_on_error=run.d.world_size > 1) as stop:
         stop.saved = run.step if run.how == "resume" else None
+        if run.step == 0:  # L0: the val loss before the first step, as every eval computes it
+            log.log(0, validate(run))
         for step in range(run.step, tc.steps):
             lr, due = lr_at(step, cfg.optim, cfg.optim.schedule_steps), probe.due(step + 1)
             result = train_step(p, next(run.data.loader), lr, probe if due else NO_PROBE)
