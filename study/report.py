@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from study.claims import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
@@ -14,6 +16,41 @@ from study.lr50 import bound_text
 from study.read import KINDS
 from study.result import StudyResult, compute
 from study.text import fmt, interval
+
+
+def budget_text(path: Path | None) -> str:
+    """The study's budget per run in tokens per parameter, all parameters and non-embedding ones
+    (Kaplan et al. 2020's N), one phrase per distinct budget of its arms; '' without a file."""
+    if path is None:
+        return ""
+    from model import Llama
+    from study.studyfile import arm_configs, load_study
+
+    seen: dict = {}
+    for cfg in arm_configs(load_study(path)):
+        with torch.device("meta"):
+            model = Llama(cfg.model)
+        t = cfg.train
+        tokens = t.steps * t.batch_size * t.seq_len
+        total, blocks = model.num_params(), model.num_params(non_embedding=True)
+        key = (tokens, f"{tokens / total:.2g}", f"{tokens / blocks:.2g}")
+        seen.setdefault(key, (t, set(), set()))
+        seen[key][1].add(total)
+        seen[key][2].add(blocks)
+
+    def n(values: set) -> str:
+        return "-".join(f"{v:,}" for v in sorted({min(values), max(values)}))
+
+    return (
+        "Budget per run: "
+        + "; ".join(
+            f"{tokens / 1e6:.3g}M tokens ({t.steps} steps of {t.batch_size} x {t.seq_len}) = {per} "
+            f"tokens per parameter ({n(total)}), {per_block} per non-embedding parameter "
+            f"({n(blocks)})"
+            for (tokens, per, per_block), (t, total, blocks) in seen.items()
+        )
+        + "."
+    )
 
 
 def protocol_text(res: StudyResult) -> str:
@@ -141,6 +178,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
         f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
         "",
+        *([budget_text(res.file.path), ""] if res.file.path else []),
         *glance(res, made),
         protocol_text(res),
         "",

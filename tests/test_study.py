@@ -1342,3 +1342,15 @@ def test_a_dyt_study_report_draws_the_saturation_of_a_trained_and_a_failed_run(t
     write_run(tmp_path / "plain", "r", "rmsnorm", 1e-3, 0, "ok", 3.0)
     write_report([tmp_path / "plain"], tmp_path / "out2")
     assert not (tmp_path / "out2" / "dyt_saturation.png").exists()
+
+
+def test_the_report_states_the_budget_in_tokens_per_parameter():
+    """The default study: 300 steps of 16 x 64 tokens on a 0.33M-parameter model whose blocks
+    (Kaplan et al.'s non-embedding N) hold 0.2M: ~0.94 and ~1.6 tokens per parameter."""
+    from study.report import budget_text
+
+    text = budget_text(STUDIES / "pilot-budget.yaml")
+    for steps, per, per_block in ((300, "0.94", "1.6"), (1000, "3.1", "5.2"), (3000, "9.4", "16")):
+        tokens = steps * 16 * 64
+        assert f"{tokens / 1e6:.3g}M tokens ({steps} steps of 16 x 64) = {per} tokens per " in text
+        assert f"{per_block} per non-embedding parameter (197,120-197,184)" in text
