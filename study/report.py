@@ -114,6 +114,53 @@ def lr50_cell(fit) -> str:
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
+BUDGET = "train.steps"  # the budget axis: training tokens at a fixed model (docs/METHODS.md)
+BUDGET_PARTS = (
+    "steps=",
+    "schedule_steps=",
+)  # in an arm's label (the LR schedule follows the steps)
+
+
+def by_budget(res: StudyResult) -> list[str]:
+    """Where the arms differ in their budget: each claim's verdict at each budget side by side, and
+    whether it holds at every budget or changes (small-scale verdicts can flip with the budget)."""
+    if BUDGET not in res.keys:
+        return []
+    tested = [c for c in res.claims if c.a is not None]
+
+    def steps(label: str) -> int:
+        return int(res.arms[label].runs[0].config[BUDGET])
+
+    def without(label: str) -> str:
+        return "/".join(p for p in label.split("/") if not p.startswith(BUDGET_PARTS))
+
+    budgets = sorted({steps(c.a) for c in tested})
+    rows: dict[tuple, dict] = {}
+    for c in tested:
+        if steps(c.a) == steps(c.b):
+            rows.setdefault((c.claim["says"], without(c.a), without(c.b)), {})[steps(c.a)] = c
+    if not rows:
+        return []
+    out = [
+        "## Verdicts by budget",
+        "",
+        "| claim | A vs B | " + " | ".join(f"{s} steps" for s in budgets) + " | at every budget |",
+        "|---|---|" + "---|" * len(budgets) + "---|",
+    ]
+    for (says, a, b), at in rows.items():
+        verdicts = [at[s].agreement if s in at else "not run" for s in budgets]
+        same = len(set(verdicts)) == 1 and len(at) == len(budgets)
+        out.append(
+            f"| {says} | {a} vs {b} | "
+            + " | ".join(
+                f"**{v}**, Holm p {fmt(at[s].p_holm, '.2g')}" if s in at else v
+                for s, v in zip(budgets, verdicts, strict=True)
+            )
+            + f" | {f'holds: {verdicts[0]}' if same else 'changes with the budget'} |"
+        )
+    return [*out, ""]
+
+
 def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
     """The report's first screen: each claim's verdict and number in one table, then the stability
     map."""
@@ -147,6 +194,7 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
                 f"{fmt(c.p_holm, '.2g')} |"
             )
         out.append("")
+    out += by_budget(res)
     if any(f == "stability_map.png" for f, _ in made):
         out += [
             "![stability map: every run's outcome by LR and each arm's failure "
