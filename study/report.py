@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
+from study.arms import mean_of
 from study.claims import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.history import history
 from study.lr50 import bound_text
-from study.read import KINDS
+from study.read import KINDS, last_half
 from study.result import StudyResult, compute
-from study.text import fmt, interval
+from study.text import fmt, g, interval
 
 
 def budget_text(path: Path | None) -> str:
@@ -23,6 +22,8 @@ def budget_text(path: Path | None) -> str:
     (Kaplan et al. 2020's N), one phrase per distinct budget of its arms; '' without a file."""
     if path is None:
         return ""
+    import torch
+
     from model import Llama
     from study.studyfile import arm_configs, load_study
 
@@ -161,6 +162,39 @@ def by_budget(res: StudyResult) -> list[str]:
     return [*out, ""]
 
 
+def convergence(res: StudyResult) -> list[str]:
+    """At each arm's best LR, the runs' end-of-run slope: have the curves flattened when the budget
+    ends? (Norms compared on runs still falling compare speed, not where they converge.)"""
+    rows = []
+    for label, arm in res.arms.items():
+        if arm.best_lr is None:
+            continue
+        done = [r for r in arm.at(arm.best_lr) if r.trained]
+        slopes = [b for b in (last_half(r)[1] for r in done) if b is not None]
+        if not slopes:
+            continue
+        flat = res.file.rule.slow_slope
+        mean = sum(slopes) / len(slopes)
+        rows.append(
+            f"| {label} | {g(arm.best_lr)} | {fmt(mean_of([r.final for r in done]))} | "
+            f"{mean:+.3f} ({min(slopes):+.3f}..{max(slopes):+.3f}), n = {len(slopes)} | "
+            f"{'flat' if abs(mean) <= flat else 'still falling' if mean < 0 else 'rising'} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Convergence at each arm's best LR",
+        "",
+        "The slope of the last half of each run's evals, in nats per 10% of its budget (flat: "
+        f"within {res.file.rule.slow_slope:g}, the study's `slow_slope`).",
+        "",
+        "| arm | best LR | final val loss | end-of-run slope: mean (min..max) | curve |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
     """The report's first screen: each claim's verdict and number in one table, then the stability
     map."""
@@ -228,6 +262,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         "",
         *([budget_text(res.file.path), ""] if res.file.path else []),
         *glance(res, made),
+        *convergence(res),
         protocol_text(res),
         "",
     ]
