@@ -147,7 +147,10 @@ class Llama(nn.Module):
         return idx
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Number of parameters (tied weights counted once); optionally without the token
-        embedding."""
+        """Number of parameters (tied weights counted once); non_embedding: without the token
+        embedding and an untied output head (Kaplan et al. 2020's N, the blocks and norms)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.tok_embeddings.weight.numel() if non_embedding else n
+        if not non_embedding:
+            return n
+        head = 0 if self.output.weight is self.tok_embeddings.weight else self.output.weight.numel()
+        return n - self.tok_embeddings.weight.numel() - head

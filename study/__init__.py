@@ -1,7 +1,7 @@
 """A study is a pipeline; its modules, stage by stage (tests/test_layout.py keeps this map true):
 
 define    studyfile                                                 schema, claims, protocol
-run       protocol, runner, worker, cli                             stage runs; workers; commands
+run       protocol, adaptive, runner, worker, cli                   stage runs; workers; commands
 read      read, archive                                             run dirs, committed runs.json
 analyse   arms, lr50, sensitivity, paired, claims, trend, result    LR50, sensitivity, claims
 render    text, findings, figures, history, report, readme          sentences, plots, README

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from scipy import stats as st
 
 from study.arms import Arm
-from study.lr50 import RatioFit, bound_text, lr50_ratio
+from study.lr50 import RatioFit, lr50_ratio, lr50_test
 from study.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from study.protocol import common_lr
 from study.read import same
@@ -169,6 +169,7 @@ class Checked:
     rules: dict = field(
         default_factory=dict
     )  # lr50: {rule name: RatioFit} under the other pre-registered rules
+    looks: int = 1  # lr50 under the adaptive edge stage: its p is the raw p x looks
 
     @property
     def estimate(self) -> float | None:
@@ -191,44 +192,16 @@ def _same_test(p: Paired) -> tuple[float | None, str | None]:
     return (p.p_tost, "same") if p.p_tost <= p_out else (p_out, "different")
 
 
-def _decide(c: Checked, ratio_margin: float) -> None:
-    """The primary test's raw p and the direction it points to."""
+def _decide(c: Checked, ratio_margin: float, looks: int = 1) -> None:
+    """The primary test's raw p and the direction it points to; an LR50 claim the adaptive edge
+    stage served has its p times the stage's looks (Bonferroni over the looks it could stop at)."""
     expect = c.claim["expect"]
     if c.ratio is not None:
-        r = c.ratio
-        if expect == "same":
-            if r.identified:
-                p_in, p_out = r.within(ratio_margin)
-                c.p, c.direction = (p_in, "same") if p_in <= p_out else (p_out, "different")
-                return
-            inside = r.bracket_p(1 / ratio_margin, ratio_margin)
-            outside = [
-                p
-                for p in (r.bracket_p(at_least=ratio_margin), r.bracket_p(at_most=1 / ratio_margin))
-                if p is not None
-            ]
-            if inside is not None:
-                c.p, c.direction = inside, "same"
-            elif outside:
-                c.p, c.direction = min(outside), "different"
-            else:
-                c.note = (
-                    f"an arm's LR50 is only bracketed and the brackets allow ratios "
-                    f"{bound_text(*r.bounds).replace('between ', '')}, inside and outside "
-                    f"[1/{ratio_margin:g}, {ratio_margin:g}]: decided on the brackets, not on a "
-                    f"penalised estimate"
-                )
-            return
-        c.p = r.p
-        lo, hi = r.bounds
-        if r.identified:
-            c.direction = "higher" if r.ratio > 1 else "lower"
-        elif lo is not None and lo > 1:
-            c.direction = "higher"
-        elif hi is not None and hi < 1:
-            c.direction = "lower"
-        else:
-            c.note = "an arm's LR50 is only bounded and the bounds do not order the arms"
+        c.p, c.direction, note = lr50_test(c.ratio, expect, ratio_margin)
+        c.note = note or ""
+        if c.p is not None and looks > 1:
+            c.p = min(1.0, looks * c.p)
+            c.looks = looks
         return
     p = c.nested.paired
     if expect == "same":
@@ -270,6 +243,7 @@ class Context:
     sensitivity_size: dict = field(
         default_factory=dict
     )  # the same with L* the best of the model size
+    looks: int = 1  # the adaptive edge stage's looks (study/adaptive.py); 1: no such stage
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
@@ -293,7 +267,7 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
                 )
             else:
                 c.nested = nested(A, B, ctx.test_seeds, ctx.margin)
-            _decide(c, ctx.ratio_margin)
+            _decide(c, ctx.ratio_margin, ctx.looks)
             out.append(c)
     for c, adjusted in zip(out, holm([1.0 if c.p is None else c.p for c in out]), strict=True):
         c.p_holm = adjusted

@@ -420,8 +420,9 @@ def _best(x: np.ndarray, arm: np.ndarray, y: np.ndarray) -> float:
     return _penalized(_newton(X, y), X, y)
 
 
-def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
-    """LR50 of arm A over LR50 of arm B from both arms' runs (lrs, failed per run); see RatioFit."""
+def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b, ci: bool = True) -> RatioFit:
+    """LR50 of arm A over LR50 of arm B from both arms' runs (lrs, failed per run); see RatioFit.
+    ci=False skips the interval (the tests need only the profile: the adaptive stage's looks)."""
     lrs = np.log10(np.concatenate([np.asarray(lrs_a, float), np.asarray(lrs_b, float)]))
     y = np.concatenate([np.asarray(failed_a, float), np.asarray(failed_b, float)])
     arm = np.concatenate([np.ones(len(lrs_a)), np.zeros(len(lrs_b))])
@@ -459,7 +460,7 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
     def excess(t: float) -> float:
         return 2 * (best - profile(t)) - CHI2_95
 
-    lo, hi = _interval(r, excess)
+    lo, hi = _interval(r, excess) if ci else (None, None)
     p = float(chi2.sf(max(0.0, 2 * (best - profile(0.0))), 1))  # likelihood-ratio test of ratio = 1
     identified = fa.identified and fb.identified
     return RatioFit(
@@ -474,3 +475,39 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b) -> RatioFit:
         best,
         ends,
     )
+
+
+def lr50_test(r: RatioFit, expect: str, ratio_margin: float) -> tuple:
+    """(raw p, the direction it points to, a note where the runs cannot test it) of an LR50
+    claim: TOST at [1/m, m] for `same` where both LR50s are identified, else the brackets' exact
+    bound; the likelihood-ratio test for a direction."""
+    if expect == "same":
+        if r.identified:
+            p_in, p_out = r.within(ratio_margin)
+            return (p_in, "same", None) if p_in <= p_out else (p_out, "different", None)
+        inside = r.bracket_p(1 / ratio_margin, ratio_margin)
+        outside = [
+            p
+            for p in (r.bracket_p(at_least=ratio_margin), r.bracket_p(at_most=1 / ratio_margin))
+            if p is not None
+        ]
+        if inside is not None:
+            return inside, "same", None
+        if outside:
+            return min(outside), "different", None
+        return (
+            None,
+            None,
+            f"an arm's LR50 is only bracketed and the brackets allow ratios "
+            f"{bound_text(*r.bounds).replace('between ', '')}, inside and outside "
+            f"[1/{ratio_margin:g}, {ratio_margin:g}]: decided on the brackets, not on a "
+            f"penalised estimate",
+        )
+    lo, hi = r.bounds
+    if r.identified:
+        return r.p, ("higher" if r.ratio > 1 else "lower"), None
+    if lo is not None and lo > 1:
+        return r.p, "higher", None
+    if hi is not None and hi < 1:
+        return r.p, "lower", None
+    return r.p, None, "an arm's LR50 is only bounded and the bounds do not order the arms"

@@ -27,9 +27,10 @@ import math
 import statistics
 from pathlib import Path
 
+from study.adaptive import round_plan
 from study.lr50 import p_fail_upper
 from study.read import Run, find_runs, same
-from study.studyfile import Protocol, excluded, expand
+from study.studyfile import Adaptive, Protocol, excluded, expand
 
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
@@ -218,7 +219,7 @@ def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
 
 
-STAGES = ("grid", "bracket", "refine", "edge", "test", "common")
+STAGES = ("grid", "bracket", "refine", "edge", "adaptive", "test", "common")
 
 
 def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
@@ -261,6 +262,61 @@ def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
     return out
 
 
+def _before(arm_runs: list, r: int, p: Protocol) -> list:
+    """The arm's finished runs that the stages before round r made, from its floor up (what its
+    failure curve is fitted to in the report): selection seeds, failure seeds at the edge LRs
+    (both computed from the selection seeds alone) and the seeds of rounds 0..r-1."""
+    sel, a = p.selection_seeds, p.adaptive
+    edge = set(edge_lrs(arm_runs, sel))
+    earlier = {s for k in range(r) for s in a.seeds(k)}
+    low = floor(arm_runs, sel)
+    return [
+        x
+        for x in arm_runs
+        if x.finished
+        and (low is None or x.lr >= low)
+        and (x.seed in sel or (x.seed in p.failure_seeds and x.lr in edge) or x.seed in earlier)
+    ]
+
+
+def _curve(runs: list) -> tuple[list, list]:
+    return [x.lr for x in runs], [x.failed for x in runs]
+
+
+def adaptive_runs(study: dict, runs: list, extra=()) -> list[dict]:
+    """The adaptive stage's run specs given the finished runs: the first round some of whose runs
+    are not finished yet, for the LR50 claims undecided before it (study/adaptive.py); [] when every
+    claim is decided or spent, or the study has no such stage."""
+    p = study["protocol"]
+    a: Adaptive | None = p.adaptive
+    claims = study.get("claims", [])
+    arms = {}  # the arms by a hashable key
+    pairs = []
+    for c in claims:
+        for A, B in arm_pairs(study, c) if c["metric"] == "lr50" else []:
+            ka, kb = (tuple(sorted(arm.items())) for arm in (A, B))
+            arms |= {ka: A, kb: B}
+            pairs.append((c["expect"], ka, kb))
+    if a is None or not pairs:
+        return []
+    family = sum(max(1, len(arm_pairs(study, c))) for c in claims)
+    margin = float(study.get("ratio_margin") or 2.0)
+    done = {x.name for x in runs if x.finished}
+    for r in range(a.rounds):
+        before = {k: _curve(_before(runs_of(arm, runs), r, p)) for k, arm in arms.items()}
+        plan = round_plan(pairs, before.get, a, family, margin)
+        want = {
+            s["name"]: s
+            for k, lrs in plan.items()
+            for s in specs(study, arms[k], lrs, a.seeds(r), extra)
+        }
+        if not want:
+            return []
+        if not set(want) <= done:
+            return list(want.values())
+    return []
+
+
 def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
     p: Protocol = study["protocol"]
     sel, grid = p.selection_seeds, study["grid"]["optim.lr"]
@@ -275,13 +331,15 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
     if stage == "test":
         best = select_lr(runs, sel)
         return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)
-    return []  # common: for pairs of arms (common_runs)
+    return []  # adaptive, common: for pairs of arms (adaptive_runs, common_runs)
 
 
 def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]:
     """Every run spec a stage wants, given the finished runs (all arms)."""
     if stage == "common":
         return common_runs(study, runs, extra)
+    if stage == "adaptive":
+        return adaptive_runs(study, runs, extra)
     return [
         s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
     ]

@@ -183,6 +183,20 @@ def slope(points: list[tuple[int, float]], steps: int) -> float | None:
     return b * steps / 10
 
 
+def last_half(run: Run, points: list | None = None) -> tuple[list, float | None]:
+    """(the evals of the last half of the run's budget, their slope in nats per 10% of it): < 0
+    while the run is still falling when its budget ends."""
+    if points is None:
+        points = [
+            (r["step"], r["val/loss"])
+            for r in run.records
+            if r.get("val/loss") is not None and r.get("step", 0) > 0
+        ]
+    steps = int(run.config.get("train.steps") or (points[-1][0] if points else 0))
+    half = [(st, v) for st, v in points if st >= steps / 2]
+    return half, slope(half, steps)
+
+
 def failure_kind(run: Run, rule: Rule) -> str:
     """What a failed run's recorded eval curve says it was (docs/METHODS.md, "Failure kinds"):
     non-finite; blew up (an eval above its best so far by the blow-up margin, or above L0); slow
@@ -209,9 +223,7 @@ def failure_kind(run: Run, rule: Rule) -> str:
     l0 = run.init_loss if run.init_kind == "val" else None
     if l0 is not None and points and max(v for _, v in points) > l0:
         return "blew up"
-    steps = int(run.config.get("train.steps") or (points[-1][0] if points else 0))
-    half = [(st, v) for st, v in points if st >= steps / 2]
-    b = slope(half, steps)
+    half, b = last_half(run, points)
     if b is None:
         return "no curve"
     unigram = s.get("unigram_entropy")

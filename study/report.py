@@ -6,14 +6,52 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from study.arms import mean_of
 from study.claims import claim_sentence
 from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.history import history
 from study.lr50 import bound_text
-from study.read import KINDS
+from study.read import KINDS, last_half
 from study.result import StudyResult, compute
-from study.text import fmt, interval
+from study.text import fmt, g, interval
+
+
+def budget_text(path: Path | None) -> str:
+    """The study's budget per run in tokens per parameter, all parameters and non-embedding ones
+    (Kaplan et al. 2020's N), one phrase per distinct budget of its arms; '' without a file."""
+    if path is None:
+        return ""
+    import torch
+
+    from model import Llama
+    from study.studyfile import arm_configs, load_study
+
+    seen: dict = {}
+    for cfg in arm_configs(load_study(path)):
+        with torch.device("meta"):
+            model = Llama(cfg.model)
+        t = cfg.train
+        tokens = t.steps * t.batch_size * t.seq_len
+        total, blocks = model.num_params(), model.num_params(non_embedding=True)
+        key = (tokens, f"{tokens / total:.2g}", f"{tokens / blocks:.2g}")
+        seen.setdefault(key, (t, set(), set()))
+        seen[key][1].add(total)
+        seen[key][2].add(blocks)
+
+    def n(values: set) -> str:
+        return "-".join(f"{v:,}" for v in sorted({min(values), max(values)}))
+
+    return (
+        "Budget per run: "
+        + "; ".join(
+            f"{tokens / 1e6:.3g}M tokens ({t.steps} steps of {t.batch_size} x {t.seq_len}) = {per} "
+            f"tokens per parameter ({n(total)}), {per_block} per non-embedding parameter "
+            f"({n(blocks)})"
+            for (tokens, per, per_block), (t, total, blocks) in seen.items()
+        )
+        + "."
+    )
 
 
 def protocol_text(res: StudyResult) -> str:
@@ -77,6 +115,86 @@ def lr50_cell(fit) -> str:
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
+BUDGET = "train.steps"  # the budget axis: training tokens at a fixed model (docs/METHODS.md)
+BUDGET_PARTS = (
+    "steps=",
+    "schedule_steps=",
+)  # in an arm's label (the LR schedule follows the steps)
+
+
+def by_budget(res: StudyResult) -> list[str]:
+    """Where the arms differ in their budget: each claim's verdict at each budget side by side, and
+    whether it holds at every budget or changes (small-scale verdicts can flip with the budget)."""
+    if BUDGET not in res.keys:
+        return []
+    tested = [c for c in res.claims if c.a is not None]
+
+    def steps(label: str) -> int:
+        return int(res.arms[label].runs[0].config[BUDGET])
+
+    def without(label: str) -> str:
+        return "/".join(p for p in label.split("/") if not p.startswith(BUDGET_PARTS))
+
+    budgets = sorted({steps(c.a) for c in tested})
+    rows: dict[tuple, dict] = {}
+    for c in tested:
+        if steps(c.a) == steps(c.b):
+            rows.setdefault((c.claim["says"], without(c.a), without(c.b)), {})[steps(c.a)] = c
+    if not rows:
+        return []
+    out = [
+        "## Verdicts by budget",
+        "",
+        "| claim | A vs B | " + " | ".join(f"{s} steps" for s in budgets) + " | at every budget |",
+        "|---|---|" + "---|" * len(budgets) + "---|",
+    ]
+    for (says, a, b), at in rows.items():
+        verdicts = [at[s].agreement if s in at else "not run" for s in budgets]
+        same = len(set(verdicts)) == 1 and len(at) == len(budgets)
+        out.append(
+            f"| {says} | {a} vs {b} | "
+            + " | ".join(
+                f"**{v}**, Holm p {fmt(at[s].p_holm, '.2g')}" if s in at else v
+                for s, v in zip(budgets, verdicts, strict=True)
+            )
+            + f" | {f'holds: {verdicts[0]}' if same else 'changes with the budget'} |"
+        )
+    return [*out, ""]
+
+
+def convergence(res: StudyResult) -> list[str]:
+    """At each arm's best LR, the runs' end-of-run slope: have the curves flattened when the budget
+    ends? (Norms compared on runs still falling compare speed, not where they converge.)"""
+    rows = []
+    for label, arm in res.arms.items():
+        if arm.best_lr is None:
+            continue
+        done = [r for r in arm.at(arm.best_lr) if r.trained]
+        slopes = [b for b in (last_half(r)[1] for r in done) if b is not None]
+        if not slopes:
+            continue
+        flat = res.file.rule.slow_slope
+        mean = sum(slopes) / len(slopes)
+        rows.append(
+            f"| {label} | {g(arm.best_lr)} | {fmt(mean_of([r.final for r in done]))} | "
+            f"{mean:+.3f} ({min(slopes):+.3f}..{max(slopes):+.3f}), n = {len(slopes)} | "
+            f"{'flat' if abs(mean) <= flat else 'still falling' if mean < 0 else 'rising'} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Convergence at each arm's best LR",
+        "",
+        "The slope of the last half of each run's evals, in nats per 10% of its budget (flat: "
+        f"within {res.file.rule.slow_slope:g}, the study's `slow_slope`).",
+        "",
+        "| arm | best LR | final val loss | end-of-run slope: mean (min..max) | curve |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
     """The report's first screen: each claim's verdict and number in one table, then the stability
     map."""
@@ -110,6 +228,7 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
                 f"{fmt(c.p_holm, '.2g')} |"
             )
         out.append("")
+    out += by_budget(res)
     if any(f == "stability_map.png" for f, _ in made):
         out += [
             "![stability map: every run's outcome by LR and each arm's failure "
@@ -141,7 +260,9 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         f"{', '.join(map(str, res.selection_seeds)) or 'none'} and test seeds "
         f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
         "",
+        *([budget_text(res.file.path), ""] if res.file.path else []),
         *glance(res, made),
+        *convergence(res),
         protocol_text(res),
         "",
     ]

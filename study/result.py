@@ -159,6 +159,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         file.ratio_margin,
         sens,
         sens_size,
+        file.protocol.adaptive.looks if file.protocol and file.protocol.adaptive else 1,
     )
     res = StudyResult(
         file,

@@ -188,6 +188,65 @@ def excluded(study: dict, combination: dict) -> bool:
 
 
 @dataclass(frozen=True)
+class Adaptive:
+    """The adaptive edge stage (study/adaptive.py): rounds of `seeds_per_round` new seeds at `lrs`
+    LRs `step` apart around each arm's current LR50 estimate, until each LR50 claim is decided or
+    `max_runs` runs per claim are spent; `alpha` is spent equally over the looks (a look after the
+    earlier stages and after each round): a claim's p is its raw p x looks."""
+
+    seeds_per_round: int
+    max_runs: int
+    first_seed: int
+    lrs: int = 3
+    step: float = 10**0.25  # x1.78: the grid the rounds' LRs are snapped to
+    alpha: float = 0.05
+
+    @property
+    def rounds(self) -> int:
+        """The most rounds one claim can take within max_runs (2 arms x lrs x seeds a round)."""
+        return self.max_runs // (2 * self.lrs * self.seeds_per_round)
+
+    @property
+    def looks(self) -> int:
+        return self.rounds + 1
+
+    def seeds(self, r: int) -> tuple:
+        """Round r's seeds (0-based), the same for every arm (runs paired by seed)."""
+        start = self.first_seed + r * self.seeds_per_round
+        return tuple(range(start, start + self.seeds_per_round))
+
+
+ADAPTIVE_KEYS = {"seeds_per_round", "max_runs", "first_seed", "lrs", "step", "alpha"}
+
+
+def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
+    """The protocol's `adaptive:` section; ConfigError on anything else."""
+    allowed = ", ".join(sorted(ADAPTIVE_KEYS))
+    if not isinstance(section, dict) or set(section) - ADAPTIVE_KEYS:
+        raise ConfigError(f"{where}: protocol.adaptive is a mapping of {allowed}")
+    missing = {"seeds_per_round", "max_runs", "first_seed"} - set(section)
+    if missing:
+        raise ConfigError(f"{where}: protocol.adaptive needs {', '.join(sorted(missing))}")
+    ints = ("seeds_per_round", "max_runs", "first_seed", "lrs")
+    if not all(isinstance(section[k], int) for k in ints if k in section):
+        raise ConfigError(f"{where}: protocol.adaptive's {', '.join(ints)} are integers")
+    a = Adaptive(**{k: (v if k in ints else float(v)) for k, v in section.items()})
+    if a.seeds_per_round < 1 or a.lrs < 1 or a.lrs % 2 == 0 or a.step <= 1 or a.rounds < 1:
+        raise ConfigError(
+            f"{where}: protocol.adaptive needs seeds_per_round >= 1, an odd lrs >= 1, step > 1 "
+            f"and max_runs >= 2 x lrs x seeds_per_round (one round), got {section}"
+        )
+    if a.alpha != 0.05:
+        raise ConfigError(f"{where}: protocol.adaptive.alpha must be the claims' level, 0.05")
+    if seeds and a.first_seed <= max(seeds):
+        raise ConfigError(
+            f"{where}: protocol.adaptive.first_seed must be above every other protocol seed "
+            f"(max {max(seeds)}): a round's seeds are its own"
+        )
+    return a
+
+
+@dataclass(frozen=True)
 class Protocol:
     selection_seeds: tuple
     test_seeds: tuple
@@ -201,6 +260,7 @@ class Protocol:
     )
     # the seeds that compare a common_loss claim's arms at their common safe LR
     common_seeds: tuple = ()
+    adaptive: Adaptive | None = None  # the adaptive edge stage; None: the study has none
 
 
 PROTOCOL_KEYS = {
@@ -210,6 +270,7 @@ PROTOCOL_KEYS = {
     "common_seeds",
     "bracket",
     "refine",
+    "adaptive",
 }
 BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
 
@@ -226,7 +287,7 @@ def parse_protocol(section, where: str) -> Protocol:
             "and "
             "optionally failure_seeds, common_seeds, bracket "
             f"{{{', '.join(sorted(BRACKET_KEYS))}}}, "
-            f"refine"
+            f"refine, adaptive {{{', '.join(sorted(ADAPTIVE_KEYS))}}}"
         )
     seeds = {}
     for key in ("selection_seeds", "test_seeds", "failure_seeds", "common_seeds"):
@@ -247,10 +308,14 @@ def parse_protocol(section, where: str) -> Protocol:
     bracket = section.get("bracket") or {}
     if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
         raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
+    adaptive = section.get("adaptive")
     out = Protocol(
         **seeds,
         **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
         refine=float(section.get("refine", Protocol.refine)),
+        adaptive=None
+        if adaptive is None
+        else parse_adaptive(adaptive, {s for v in seeds.values() for s in v}, where),
     )
     if (
         out.factor <= 1
@@ -503,6 +568,7 @@ class StudyFile:
         default_factory=list
     )  # notes on changes made after results (study/history.py)
     given: bool = True  # False: runs compared without a study file (train.py's labels judge them)
+    path: Path | None = None  # the study file (its arms' configs state the budget)
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -535,4 +601,18 @@ def read_study_file(path: Path) -> StudyFile:
         float(study.get("ratio_margin") or 2.0),
         tuple(study["grid"].get("optim.lr", ())),
         list(study.get("history") or []),
+        path=path,
     )
+
+
+def arm_configs(study: dict) -> list:
+    """One training config per arm (every grid field but the LR and the seed, exclusions dropped):
+    what its model and budget are."""
+    axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
+    base = flatten(study.get("overrides") or {})
+    out = []
+    for values in itertools.product(*axes.values()):
+        arm = dict(zip(axes, values, strict=True))
+        if not excluded(study, arm):
+            out.append(load_config(study["config"], base + [f"{k}={v}" for k, v in arm.items()]))
+    return out

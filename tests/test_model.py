@@ -110,6 +110,10 @@ def test_post_norm_has_no_final_norm_and_tied_embeddings_share_weights():
     tied = Llama(tiny(tie_embeddings=True))
     assert tied.output.weight is tied.tok_embeddings.weight
     assert tied.num_params() == Llama(tiny()).num_params() - 64 * 32
+    # non-embedding (Kaplan et al. 2020's N): the blocks and norms, neither embedding nor head
+    untied = Llama(tiny())
+    blocks = sum(p.numel() for p in [*untied.layers.parameters(), *untied.norm.parameters()])
+    assert untied.num_params(non_embedding=True) == blocks == tied.num_params(non_embedding=True)
 
 
 def test_unknown_placement_and_bad_shapes():

@@ -1342,3 +1342,49 @@ def test_a_dyt_study_report_draws_the_saturation_of_a_trained_and_a_failed_run(t
     write_run(tmp_path / "plain", "r", "rmsnorm", 1e-3, 0, "ok", 3.0)
     write_report([tmp_path / "plain"], tmp_path / "out2")
     assert not (tmp_path / "out2" / "dyt_saturation.png").exists()
+
+
+def test_the_report_states_the_budget_in_tokens_per_parameter():
+    """The default study: 300 steps of 16 x 64 tokens on a 0.33M-parameter model whose blocks
+    (Kaplan et al.'s non-embedding N) hold 0.2M: ~0.94 and ~1.6 tokens per parameter."""
+    from study.report import budget_text
+
+    text = budget_text(STUDIES / "pilot-budget.yaml")
+    for steps, per, per_block in ((300, "0.94", "1.6"), (1000, "3.1", "5.2"), (3000, "9.4", "16")):
+        tokens = steps * 16 * 64
+        assert f"{tokens / 1e6:.3g}M tokens ({steps} steps of 16 x 64) = {per} tokens per " in text
+        assert f"{per_block} per non-embedding parameter (197,120-197,184)" in text
+
+
+def test_verdicts_by_budget_sit_side_by_side_and_say_whether_they_hold(tmp_path):
+    """Arms that differ in train.steps: each claim's verdict per budget in one row, and whether it
+    holds at every budget; here the norms tie at 20 steps and part at 40 (it changes)."""
+    from study.report import by_budget
+    from study.result import compute
+
+    (tmp_path / "study.yaml").write_text(
+        f"name: budgets\nconfig: {CONFIGS / 'tiny.yaml'}\n"
+        "grid: {norm: [rmsnorm, layernorm], train.steps: [20, 40], lr: [0.01], "
+        "seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]}\nequivalence_margin: 0.05\n"
+        "claims:\n  - {paper: p, says: RMSNorm matches LayerNorm, a: {norm: rmsnorm}, "
+        "b: {norm: layernorm}, metric: best_loss, expect: same}\n"
+    )
+    for steps, gap in ((20, 0.0), (40, 0.5)):
+        for seed in range(10):
+            noise = {"rmsnorm": 0.002 * ((seed * 3) % 4), "layernorm": 0.003 * ((seed * 7) % 5)}
+            for norm, final in (("rmsnorm", 3.0 + gap), ("layernorm", 3.0)):
+                write_run(
+                    tmp_path,
+                    f"{norm}-{steps}-{seed}",
+                    norm,
+                    0.01,
+                    seed,
+                    "ok",
+                    final + noise[norm],
+                    overrides=(f"train.steps={steps}",),
+                )
+    table = "\n".join(by_budget(compute([tmp_path])))
+    assert "| claim | A vs B | 20 steps | 40 steps | at every budget |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| RMSNorm matches"))
+    assert "rmsnorm vs layernorm" in row and "changes with the budget" in row
+    assert row.index("**agrees**") < row.index("**disagrees**")
