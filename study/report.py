@@ -241,7 +241,10 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     runs, arms = res.runs, res.arms
     lrs = sorted({r.lr for r in runs})
-    steps = runs[0].config.get("train.steps")
+    steps = "/".join(
+        str(s)
+        for s in sorted({int(r.config["train.steps"]) for r in runs if r.config.get("train.steps")})
+    )
     how = (
         "the study's protocol"
         if res.file.protocol
@@ -584,7 +587,12 @@ def as_json(res: StudyResult) -> dict:
         "runs": len(res.runs),
         "arms": len(res.arms),
         "arm_keys": res.keys,
-        "steps": res.runs[0].config.get("train.steps"),
+        "steps": "/".join(  # every budget of the study (its train.steps axis)
+            str(s)
+            for s in sorted(
+                {int(r.config["train.steps"]) for r in res.runs if r.config.get("train.steps")}
+            )
+        ),
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,
