@@ -122,6 +122,13 @@ BUDGET_PARTS = (
 )  # in an arm's label (the LR schedule follows the steps)
 
 
+def budgets_text(runs) -> str:
+    """Every budget of the runs, in steps: '300' or, along a steps axis, '300/1000/3000'."""
+    return "/".join(
+        str(s) for s in sorted({int(r.config[BUDGET]) for r in runs if r.config.get(BUDGET)})
+    )
+
+
 def by_budget(res: StudyResult) -> list[str]:
     """Where the arms differ in their budget: each claim's verdict at each budget side by side, and
     whether it holds at every budget or changes (small-scale verdicts can flip with the budget)."""
@@ -241,10 +248,7 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     runs, arms = res.runs, res.arms
     lrs = sorted({r.lr for r in runs})
-    steps = "/".join(
-        str(s)
-        for s in sorted({int(r.config["train.steps"]) for r in runs if r.config.get("train.steps")})
-    )
+    steps = budgets_text(runs)
     how = (
         "the study's protocol"
         if res.file.protocol
@@ -587,12 +591,7 @@ def as_json(res: StudyResult) -> dict:
         "runs": len(res.runs),
         "arms": len(res.arms),
         "arm_keys": res.keys,
-        "steps": "/".join(  # every budget of the study (its train.steps axis)
-            str(s)
-            for s in sorted(
-                {int(r.config["train.steps"]) for r in res.runs if r.config.get("train.steps")}
-            )
-        ),
+        "steps": budgets_text(res.runs),
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,
