@@ -104,58 +104,45 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
             studyfile.load_study(path)
 
 
-def test_the_dyt_study_decides_the_papers_claim_at_the_papers_scale():
-    """configs/studies/dyt.yaml (issue 35): DyT with its recipe and RMSNorm at the paper's init
-    scale transposed to d = 64, and RMSNorm at the project's default init; an LR grid reaching 3e-2
-    and 1e-1; the claim on both loss metrics between the two paper-scale arms; the first study's
-    verdict withdrawn; a quick version of 4 runs."""
+def test_the_dyt_study_separates_the_norm_from_the_embedding_scalar():
+    """configs/studies/dyt.yaml (issues 35, 40): at the paper's init scale transposed to d = 64, DyT
+    and RMSNorm each with the recipe's embedding scalar and without it, the scalar pair again at 4x
+    the steps; every claim compares two norms with the same scalar; the first study's verdict
+    withdrawn; a quick version of 8 runs."""
     study = studyfile.load_study(STUDIES / "dyt.yaml")
     arms = {
-        (a["model.norm"], a["model.embed_scale"], a["model.init_scale"])
-        for a in protocol.arms_of(study)
+        (a["model.norm"], a["model.embed_scale"], a["train.steps"]) for a in protocol.arms_of(study)
     }
     assert arms == {
-        ("dyt", "sqrt_dim", "width"),
-        ("rmsnorm", "none", "width"),
-        ("rmsnorm", "none", "absolute"),
-    }
+        (norm, scalar, 300) for norm in ("dyt", "rmsnorm") for scalar in ("none", "sqrt_dim")
+    } | {("dyt", "sqrt_dim", 1200), ("rmsnorm", "sqrt_dim", 1200)}
     runs = protocol.first_runs(study)
-    assert len(runs) == 30  # 3 arms x 5 LRs x 2 selection seeds: --dry-run's count
+    assert len(runs) == 60  # 6 arms x 5 LRs x 2 selection seeds: --dry-run's count
     cfg = load_config(
         study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-"))
     )
     assert (
         cfg.model.dim == 64
-        and cfg.train.steps == 300
+        and cfg.model.init_scale == "width"
         and cfg.model.norm_options
         == {"dyt": {"alpha_attn": 0.8, "alpha_ffn": 0.2, "alpha_final": 0.2, "bias": False}}
     )
-    assert (cfg.model.norm_impl, cfg.model.ops_impl) == (
-        "fused",
-        "fused",
-    )  # what its committed runs ran
+    assert (cfg.model.norm_impl, cfg.model.ops_impl) == ("fused", "fused")
     assert (
         cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)
     )  # 0.02 x sqrt(4096 / 64)
     lrs = study["grid"]["optim.lr"]
-    assert (
-        {3.16e-2, 1.0e-1} <= set(lrs)
-        and study["protocol"].max_lr >= 0.1
-        and study["protocol"].common_seeds
-    )
-    paper = (
-        {"model.norm": "dyt", "model.embed_scale": "sqrt_dim", "model.init_scale": "width"},
-        {"model.norm": "rmsnorm", "model.embed_scale": "none", "model.init_scale": "width"},
-    )
+    assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1
+    assert len(study["protocol"].common_seeds) == 10
     assert {c["metric"] for c in study["claims"]} == {"common_loss", "best_loss"}
-    assert all(
-        protocol.arm_pairs(study, c) == [paper] and c["expect"] == "same" for c in study["claims"]
-    )
+    for c in study["claims"]:
+        pairs = protocol.arm_pairs(study, c)
+        assert pairs and c["expect"] == "same"
+        for a, b in pairs:  # the same scalar and budget on both sides: only the norm differs
+            assert {k for k in a if a[k] != b[k]} == {"model.norm"}
     assert study["withdrawn"] and "absorbing" in study["withdrawn"][0]["why"]
-    assert (
-        "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()
-    )  # not only alpha0 depends on the width
-    assert len(studyfile.expand(studyfile.quick_study(study))) == 4
+    assert "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()
+    assert len(studyfile.expand(studyfile.quick_study(study))) == 8
 
 
 def test_bad_study_values_fail_before_anything_runs(tmp_path, capsys):
