@@ -24,36 +24,43 @@ STUDIES = train.REPO / "configs" / "studies"
 
 
 def test_default_study_grid_expands_as_specified():
+    """The default study (issue 40): d 32 at the width init, three budgets 10x apart, 5 LRs on 3
+    selection seeds, 16 common seeds, the adaptive edge stage; the pystdlib replication the same
+    design on the other corpus."""
     study = studyfile.load_study(STUDIES / "norm-placement-lr.yaml")
     runs = protocol.first_runs(study)
     combos = set()
     for r in runs:
         cfg = load_config(study["config"], r["overrides"])
-        combos.add((cfg.model.norm, cfg.model.placement, cfg.optim.lr, cfg.train.seed))
+        combos.add(
+            (cfg.model.norm, cfg.model.placement, cfg.train.steps, cfg.optim.lr, cfg.train.seed)
+        )
         assert (
-            cfg.model.dim == 64 and cfg.train.steps == 300
-        )  # the study's overrides reach every run
-    lrs = {c[2] for c in combos}
-    assert (
-        len(runs) == len(combos) == 84 and len({r["name"] for r in runs}) == 84
-    )  # the grid: selection seeds
-    assert {c[0] for c in combos} == {"rmsnorm", "layernorm"} and {c[1] for c in combos} == {
-        "pre",
-        "post",
-    }
-    assert (
-        len(lrs) == 7
-        and min(lrs) == 1e-3
-        and max(lrs) == 1.0
-        and {c[3] for c in combos} == {0, 1, 2}
-    )
+            cfg.model.dim == 32 and cfg.model.init_scale == "width"
+        )  # the overrides reach every run
+        assert cfg.model.dim // cfg.model.n_heads == 16  # the head dim of the d 64 model, kept
+    lrs = {c[3] for c in combos}
+    assert len(runs) == len(combos) == 180 and len({r["name"] for r in runs}) == 180
+    assert {c[0] for c in combos} == {"rmsnorm", "layernorm"}
+    assert {c[1] for c in combos} == {"pre", "post"}
+    assert {c[2] for c in combos} == {300, 1000, 3000}  # >= 3 budgets spanning >= 10x
+    assert len(lrs) == 5 and min(lrs) == 3.16e-3 and max(lrs) == 0.316
+    assert {c[4] for c in combos} == {0, 1, 2}
     p = study["protocol"]
     assert p.selection_seeds == (0, 1, 2) and set(p.test_seeds).isdisjoint(p.selection_seeds)
-    assert len(p.common_seeds) >= 12 and set(p.common_seeds).isdisjoint(p.selection_seeds)
+    assert len(p.common_seeds) == 16 and set(p.common_seeds).isdisjoint(p.selection_seeds)
+    assert p.adaptive is not None and p.adaptive.max_runs == 120
     assert {c["metric"] for c in study["claims"]} == {"lr50", "lr_sensitivity", "common_loss"}
+    # 4 claims x 2 pairs x 3 budgets: the family the adaptive stop rule and the file's text use
+    assert sum(max(1, len(protocol.arm_pairs(study, c))) for c in study["claims"]) == 24
+    assert "0.05 / 24" in (STUDIES / "norm-placement-lr.yaml").read_text()
     assert study["rule"].learn_margin == 0.25 and len(study["alternatives"]) == 2
     assert study["equivalence_margin"] == 0.02 and study["margin_reason"]
-    assert runs[0]["name"] == "rmsnorm-pre-lr0.001-s0"
+    assert runs[0]["name"].startswith("rmsnorm-pre-")
+    other = studyfile.load_study(STUDIES / "norm-placement-lr-pystdlib.yaml")
+    for key in ("grid", "protocol", "claims", "rule", "equivalence_margin"):
+        assert other[key] == study[key], key
+    assert other["overrides"]["data"] == {**study["overrides"]["data"], "source": "pystdlib"}
 
 
 def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
