@@ -31,7 +31,7 @@ import re
 import sys
 from pathlib import Path
 
-from study.text import g, interval
+from study.text import BUDGET, bare, g, interval, steps_of
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(
@@ -477,6 +477,81 @@ def _difference(c: dict) -> tuple[str, str]:
     return da or c["A"], db or c["B"]
 
 
+def at_longest(report: dict) -> dict:
+    """A report whose arms differ in their budget (train.steps) as read at its longest budget: the
+    claims and arms of that budget, their labels without the budget; any other report unchanged."""
+    steps = sorted({steps_of(c["A"]) for c in report.get("claims", []) if c.get("A")} - {None})
+    if len(steps) < 2:
+        return report
+    top = steps[-1]
+    return {
+        **report,
+        "claims": [
+            {**c, "A": bare(c["A"]), "B": bare(c["B"])}
+            for c in report["claims"]
+            if c.get("A") and steps_of(c["A"]) == top
+        ],
+        "per_arm": {bare(k): v for k, v in report.get("per_arm", {}).items() if steps_of(k) == top},
+        "arm_keys": [
+            k for k in report.get("arm_keys", []) if k not in (BUDGET, "optim.schedule_steps")
+        ],
+    }
+
+
+def _per_token(report: dict, steps: int) -> str | None:
+    """Tokens per non-embedding parameter at a budget of `steps` (report.json's budgets)."""
+    b = next((b for b in report.get("budgets", []) if b["steps"] == steps), None)
+    return b["per_non_embedding"] if b else None
+
+
+def budget_sentence(report: dict) -> str | None:
+    """Where a study asked its claims at several budgets: which verdicts hold at every budget and
+    which change, each with its verdict and Holm p at every budget; None for one budget."""
+    by: dict = {}
+    for c in report.get("claims", []):
+        if c.get("A") and steps_of(c["A"]) is not None:
+            key = (c["metric"], c["expect"], bare(c["A"]), bare(c["B"]))
+            by.setdefault(key, {})[steps_of(c["A"])] = c
+    steps = sorted({s for at in by.values() for s in at})
+    if len(steps) < 2:
+        return None
+    holds, changes = [], []
+    for (metric, _expect, a, b), at in by.items():
+        what = f"{WORDS.get(metric, metric)}, {a} vs {b}"
+        verdicts = [at[s]["agreement"] if s in at else "not run" for s in steps]
+        if len(set(verdicts)) == 1 and len(at) == len(steps):
+            ps = "/".join(f"{at[s]['p_holm']:.2g}" for s in steps)
+            holds.append(f"{what} ({verdicts[0]}, Holm p {ps})")
+        else:
+            changes.append(
+                f"{what} ("
+                + ", ".join(
+                    f"{v} at {s}"
+                    + (f" (Holm p {at[s]['p_holm']:.2g})" if s in at and at[s]["p_holm"] else "")
+                    for s, v in zip(steps, verdicts, strict=True)
+                )
+                + ")"
+            )
+    budgets = ", ".join(str(s) for s in steps[:-1]) + f" and {steps[-1]}"
+    pers = [_per_token(report, s) for s in steps]
+    per = (
+        f" ({', '.join(pers[:-1])} and {pers[-1]} tokens per non-embedding parameter)"
+        if None not in pers
+        else ""
+    )
+    out = (
+        f"**By budget**: every claim was asked at {budgets} steps{per}; the sentences above and "
+        f"the table read the {steps[-1]}-step runs. "
+    )
+    out += (
+        f"Holds at every budget: {'; '.join(holds)}. "
+        if holds
+        else "No verdict holds at every budget. "
+    )
+    out += f"Changes with the budget: {'; '.join(changes)}." if changes else "None changes."
+    return out
+
+
 def found(results: Path, rel: str) -> str:
     """The README's "What it found": three generated sentences (placement, norm, qk-norm), the
     verdict counts, the default study's stability map, then the table of questions.yaml (question |
@@ -486,7 +561,7 @@ def found(results: Path, rel: str) -> str:
     reports = {
         p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))
     }
-    default = reports["norm-placement-lr"]
+    default = at_longest(reports["norm-placement-lr"])
     claims = [c for c in default["claims"] if c.get("A")]
     place = [
         c for c in claims if c["metric"] == "lr50" and c["A"].split("/")[0] == c["B"].split("/")[0]
@@ -495,6 +570,9 @@ def found(results: Path, rel: str) -> str:
     lines = [headline_placement(place)] if place else []
     if norm:
         lines.append(headline_norm(norm, default))
+    budget = budget_sentence(reports["norm-placement-lr"])
+    if budget:
+        lines.append(budget)
     qk = headline_qk(reports["attention-logits"]) if "attention-logits" in reports else None
     if qk:
         lines.append(qk)
@@ -523,6 +601,7 @@ def found(results: Path, rel: str) -> str:
     ]
     for q in OmegaConf.to_container(OmegaConf.load(results / "questions.yaml")):
         r = reports.get(q["study"])
+        r = at_longest(r) if r is not None else None
         if r is None:
             raise ValueError(f"questions.yaml names study {q['study']!r}, which has no report.json")
         cs = _matching(r, q["claims"])

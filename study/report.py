@@ -14,14 +14,15 @@ from study.history import history
 from study.lr50 import bound_text
 from study.read import KINDS, last_half
 from study.result import StudyResult, compute
-from study.text import fmt, g, interval
+from study.text import BUDGET, bare, fmt, g, interval
 
 
-def budget_text(path: Path | None) -> str:
-    """The study's budget per run in tokens per parameter, all parameters and non-embedding ones
-    (Kaplan et al. 2020's N), one phrase per distinct budget of its arms; '' without a file."""
+def budgets(path: Path | None) -> list[dict]:
+    """Each distinct budget of the study's arms, shortest first: steps, tokens, and tokens per
+    parameter, all parameters and non-embedding ones (Kaplan et al. 2020's N), with the ranges of
+    both counts over the arms; [] without a file."""
     if path is None:
-        return ""
+        return []
     import torch
 
     from model import Llama
@@ -34,21 +35,44 @@ def budget_text(path: Path | None) -> str:
         t = cfg.train
         tokens = t.steps * t.batch_size * t.seq_len
         total, blocks = model.num_params(), model.num_params(non_embedding=True)
-        key = (tokens, f"{tokens / total:.2g}", f"{tokens / blocks:.2g}")
-        seen.setdefault(key, (t, set(), set()))
-        seen[key][1].add(total)
-        seen[key][2].add(blocks)
+        b = seen.setdefault(
+            (tokens, f"{tokens / total:.2g}", f"{tokens / blocks:.2g}"),
+            {"steps": t.steps, "batch": [t.batch_size, t.seq_len], "tokens": tokens},
+        )
+        b.setdefault("total", set()).add(total)
+        b.setdefault("blocks", set()).add(blocks)
+    out = []
+    for (_tokens, per, per_block), b in sorted(seen.items()):
+        out.append(
+            {
+                **{k: b[k] for k in ("steps", "batch", "tokens")},
+                "parameters": [min(b["total"]), max(b["total"])],
+                "non_embedding_parameters": [min(b["blocks"]), max(b["blocks"])],
+                "per_parameter": per,
+                "per_non_embedding": per_block,
+            }
+        )
+    return out
 
-    def n(values: set) -> str:
-        return "-".join(f"{v:,}" for v in sorted({min(values), max(values)}))
+
+def budget_text(path: Path | None) -> str:
+    """The study's budget per run in tokens per parameter, all parameters and non-embedding ones
+    (Kaplan et al. 2020's N), one phrase per distinct budget of its arms; '' without a file."""
+    found = budgets(path)
+    if not found:
+        return ""
+
+    def n(values: list) -> str:
+        return "-".join(f"{v:,}" for v in sorted(set(values)))
 
     return (
         "Budget per run: "
         + "; ".join(
-            f"{tokens / 1e6:.3g}M tokens ({t.steps} steps of {t.batch_size} x {t.seq_len}) = {per} "
-            f"tokens per parameter ({n(total)}), {per_block} per non-embedding parameter "
-            f"({n(blocks)})"
-            for (tokens, per, per_block), (t, total, blocks) in seen.items()
+            f"{b['tokens'] / 1e6:.3g}M tokens ({b['steps']} steps of {b['batch'][0]} x "
+            f"{b['batch'][1]}) = {b['per_parameter']} tokens per parameter ({n(b['parameters'])}), "
+            f"{b['per_non_embedding']} per non-embedding parameter "
+            f"({n(b['non_embedding_parameters'])})"
+            for b in found
         )
         + "."
     )
@@ -115,13 +139,6 @@ def lr50_cell(fit) -> str:
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
-BUDGET = "train.steps"  # the budget axis: training tokens at a fixed model (docs/METHODS.md)
-BUDGET_PARTS = (
-    "steps=",
-    "schedule_steps=",
-)  # in an arm's label (the LR schedule follows the steps)
-
-
 def budgets_text(runs) -> str:
     """Every budget of the runs, in steps: '300' or, along a steps axis, '300/1000/3000'."""
     return "/".join(
@@ -139,14 +156,11 @@ def by_budget(res: StudyResult) -> list[str]:
     def steps(label: str) -> int:
         return int(res.arms[label].runs[0].config[BUDGET])
 
-    def without(label: str) -> str:
-        return "/".join(p for p in label.split("/") if not p.startswith(BUDGET_PARTS))
-
     budgets = sorted({steps(c.a) for c in tested})
     rows: dict[tuple, dict] = {}
     for c in tested:
         if steps(c.a) == steps(c.b):
-            rows.setdefault((c.claim["says"], without(c.a), without(c.b)), {})[steps(c.a)] = c
+            rows.setdefault((c.claim["says"], bare(c.a), bare(c.b)), {})[steps(c.a)] = c
     if not rows:
         return []
     out = [
@@ -592,6 +606,7 @@ def as_json(res: StudyResult) -> dict:
         "arms": len(res.arms),
         "arm_keys": res.keys,
         "steps": budgets_text(res.runs),
+        "budgets": budgets(res.file.path),
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,

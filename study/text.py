@@ -23,3 +23,20 @@ def interval(ci, spec: str = ".3g") -> str:
     if not ci:
         return "no CI"
     return "..".join("open" if end is None else format(end, spec) for end in ci)
+
+
+BUDGET = "train.steps"  # the budget axis: training tokens at a fixed model (docs/METHODS.md)
+BUDGET_PARTS = (
+    "steps=",
+    "schedule_steps=",
+)  # in an arm's label (the LR schedule follows the steps)
+
+
+def bare(label: str) -> str:
+    """An arm's label without its budget parts: 'rmsnorm/pre' for 'rmsnorm/pre/steps=300'."""
+    return "/".join(p for p in label.split("/") if not p.startswith(BUDGET_PARTS))
+
+
+def steps_of(label: str) -> int | None:
+    """The budget in an arm's label ('.../steps=300' -> 300); None where the arms share one."""
+    return next((int(p[6:]) for p in label.split("/") if p.startswith("steps=")), None)

@@ -713,3 +713,56 @@ def test_the_readme_answers_in_a_few_short_generated_sentences():
     ]:
         verdict = row.split(" | ")[4]
         assert ";" not in verdict or all(":" in part for part in verdict.split(";")), row
+
+
+def test_a_default_study_with_budgets_is_read_at_its_longest_and_says_what_changes(tmp_path):
+    """Constructed: the default study's claims at 300 and 3000 steps (arm labels carry the budget).
+    The headline and the table read the 3000-step claims only, with labels without the budget; a
+    sentence says which verdicts hold at every budget (with their Holm p at each) and which change,
+    with the budgets in tokens per non-embedding parameter."""
+
+    def at(steps, c):
+        tail = f"/schedule_steps={steps}/steps={steps}"
+        return {**c, "A": c["A"] + tail, "B": c["B"] + tail, "p_holm": 0.001 * steps}
+
+    claims = []
+    for steps, sens in ((300, "disagrees"), (3000, "agrees")):
+        claims += [
+            at(steps, _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.1)),
+            at(
+                steps,
+                _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", ratio=0.2),
+            ),
+            at(steps, _claim("lr_sensitivity", "rmsnorm/pre", "layernorm/pre", sens)),
+        ]
+    report = {
+        "name": "norm-placement-lr",
+        "runs": 10,
+        "claims": claims,
+        "budgets": [
+            {"steps": 300, "per_non_embedding": "6.2"},
+            {"steps": 3000, "per_non_embedding": "62"},
+        ],
+    }
+    (tmp_path / "results" / "norm-placement-lr").mkdir(parents=True)
+    (tmp_path / "results" / "norm-placement-lr" / "report.json").write_text(json.dumps(report))
+    (tmp_path / "results" / "questions.yaml").write_text(
+        "- {question: Q1?, study: norm-placement-lr, claims: {metric: lr_sensitivity}}\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- found: results -->\nold\n<!-- /found -->\n")
+    r = _run(readme)
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    assert "with RMSNorm" in text and "steps=" not in text.split("**By budget**")[0]
+    assert "0.3" not in text.split("**By budget**")[0]  # no 300-step Holm p in the headline
+    assert (
+        "**By budget**: every claim was asked at 300 and 3000 steps (6.2 and 62 tokens per "
+        "non-embedding parameter); the sentences above and the table read the 3000-step runs. "
+        "Holds at every budget: LR50, rmsnorm/post vs rmsnorm/pre (agrees, Holm p 0.3/3); "
+        "LR50, layernorm/post vs layernorm/pre (agrees, Holm p 0.3/3). "
+        "Changes with the budget: LR sensitivity, rmsnorm/pre vs layernorm/pre (disagrees at 300 "
+        "(Holm p 0.3), agrees at 3000 (Holm p 3))."
+    ) in text
+    row = next(line for line in text.splitlines() if line.startswith("| Q1?"))
+    assert "| agrees |" in row and "disagrees" not in row  # the 3000-step verdict alone
