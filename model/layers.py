@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup
+from model.args import ATTN_GATES, QK_NORMS, ModelArgs, lookup
 from model.fused_norms import build_norm
 from model.ops import OPS_IMPLS
 
@@ -76,7 +76,7 @@ class Attention(nn.Module):
     """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value
     heads."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, qkv_norm: str | None = None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
         bias = args.linear_bias
@@ -84,10 +84,28 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default
-        # options: a gain, no bias) bounds the attention logits
-        qk = (args.qk_norm, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision)
-        self.q_norm, self.k_norm = build_norm(*qk), build_norm(*qk)
+        # gated attention: each head's output times sigmoid(x W_g) before wo (ATTN_GATES)
+        gate = lookup(ATTN_GATES, args.attn_gate, "attn_gate")(self)
+        with torch.random.fork_rng(devices=[]):  # Linear's own init draws leave the stream as is
+            self.w_gate = nn.Linear(args.dim, gate, bias=bias) if gate else None
+        impl, precision = args.norm_impl, args.norm_precision
+        if qkv_norm is not None:  # the block's own norm over each head's q, k and v (HybridNorm)
+            opts = args.norm_options.get(qkv_norm)
+            make = lambda: build_norm(
+                qkv_norm, self.head_dim, args.norm_eps, impl, precision, "attention", opts
+            )
+            self.q_norm, self.k_norm, self.v_norm = make(), make(), make()
+            self.full_qk = False
+        else:
+            # qk-norm: a norm over each head's q and k, or over q's and k's whole width before
+            # the head split (OLMo 2) (QK_NORMS: its own eps, its class's default options: a gain,
+            # no bias) bounds the attention logits
+            name, self.full_qk = lookup(QK_NORMS, args.qk_norm, "qk_norm")
+            width = (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim)
+            q_dim, k_dim = width if self.full_qk else (self.head_dim, self.head_dim)
+            self.q_norm = build_norm(name, q_dim, args.qk_eps, impl, precision)
+            self.k_norm = build_norm(name, k_dim, args.qk_eps, impl, precision)
+            self.v_norm = build_norm("none", self.head_dim)
         self.softcap = args.attn_softcap
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
@@ -106,10 +124,17 @@ class Attention(nn.Module):
             q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
                 [h * self.head_dim for h in heads], dim=-1
             )
+        if self.full_qk:  # over the whole width, before the head split (OLMo 2)
+            q, k = self.q_norm(q), self.k_norm(k)
         # heads from the shapes (-1): under tensor parallelism a rank holds n_heads / tp of them
-        q = apply_rope(self.q_norm(q.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
-        k = apply_rope(self.k_norm(k.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
-        return q, k, v[0].view(B, T, -1, self.head_dim).transpose(1, 2) if v else None
+        q, k = q.view(B, T, -1, self.head_dim), k.view(B, T, -1, self.head_dim)
+        if not self.full_qk:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, rope).transpose(1, 2)
+        k = apply_rope(k, rope).transpose(1, 2)
+        if not v:
+            return q, k, None
+        return q, k, self.v_norm(v[0].view(B, T, -1, self.head_dim)).transpose(1, 2)
 
     def qk(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys as attention sees them (used by the attention-logit probe)."""
@@ -128,7 +153,10 @@ class Attention(nn.Module):
                 k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
                 gqa = False
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H * hd)
+        y = y.transpose(1, 2)  # (B, T, H, hd)
+        if self.w_gate is not None:  # per head (B, T, H, 1) or per unit (B, T, H, hd)
+            y = y * torch.sigmoid(self.w_gate(x)).view(B, T, y.shape[2], -1)
+        return self.wo(y.reshape(B, T, -1))  # (B, T, H * hd)
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
