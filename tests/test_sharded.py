@@ -110,8 +110,9 @@ def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path
 def test_tensor_parallel_matches_one_process_for_every_placement(tmp_path):
     """tp = 2 with sequence-parallel norms and qk-norm, the five classic placements, both norms,
     fused kernels on (they step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post),
-    with both logit soft-caps; LayerNorm Scaling, Mix-LN, HybridNorm, Derf and gated attention: first-step gradient norms within 1e-5 relative, losses and parameters
-    after 4 SGD steps within float32 noise."""
+    with both logit soft-caps; LayerNorm Scaling, Mix-LN, HybridNorm, Derf and gated attention:
+    first-step gradient norms within 1e-5 relative, losses and parameters after 4 SGD steps within
+    float32 noise."""
     torchrun("tp_check.py", str(tmp_path / "tp.json"))
     out = json.loads((tmp_path / "tp.json").read_text())
     assert (

@@ -239,9 +239,9 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
         # qk-norm (and HybridNorm's v-norm) gains are shared by every head, and a rank holds its own
-        # heads (dim 2 of q, k and v before the transpose): Replicate DTensors fed a head-sharded input, as torchtitan shards
-        # qwen3's q/k norms, so autograd sums their gradients over the group and FSDP / clipping /
-        # DCP see DTensors like every other
+        # heads (dim 2 of q, k and v before the transpose): Replicate DTensors fed a head-sharded
+        # input, as torchtitan shards qwen3's q/k norms, so autograd sums their gradients over the
+        # group and FSDP / clipping / DCP see DTensors like every other
         for name in ("attention.q_norm", "attention.k_norm", "attention.v_norm"):
             if any(True for _ in block.get_submodule(name).parameters()):
                 plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
