@@ -107,6 +107,9 @@ class Attention(nn.Module):
             self.k_norm = build_norm(name, k_dim, args.qk_eps, impl, precision)
             self.v_norm = build_norm("none", self.head_dim)
         self.softcap = args.attn_softcap
+        # QK-Clip (training/controls.py): each head's max logit over the training forward passes
+        # since the last step, recorded only when asked for
+        self.track_max_logit, self.max_logit = False, None
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or
@@ -143,6 +146,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, rope)
+        if self.track_max_logit and torch.is_grad_enabled():  # training passes, not evals
+            peak = max_logit(q, k)
+            self.max_logit = peak if self.max_logit is None else torch.maximum(self.max_logit, peak)
         if self.softcap:  # SDPA's fused kernels never materialize the logits: nothing to cap there
             y = explicit_attention(q, k, v, self.softcap)
         else:
@@ -157,6 +163,16 @@ class Attention(nn.Module):
         if self.w_gate is not None:  # per head (B, T, H, 1) or per unit (B, T, H, hd)
             y = y * torch.sigmoid(self.w_gate(x)).view(B, T, y.shape[2], -1)
         return self.wo(y.reshape(B, T, -1))  # (B, T, H * hd)
+
+
+@torch.no_grad()
+def max_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Each query head's largest causal logit q k^T / sqrt(d_head) over the batch: (n_heads,)."""
+    H, T, hd = q.shape[1], q.shape[2], q.shape[3]
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hd)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~causal, float("-inf")).amax(dim=(0, 2, 3))
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
