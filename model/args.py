@@ -27,13 +27,17 @@ class ModelArgs:
         "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     )
     placement: str = (
-        "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm
+        "pre"  # a name in model/blocks.py BLOCKS: pre | post | peri | reordered | deepnorm | ...
     )
     # a name in model/layers.py FFNS: swiglu (LLaMA) | relu (the Transformer's) | gelu | relu2
     ffn: str = "swiglu"
     # biases in every linear layer of the blocks, initialized to 0 (GPT-2); LLaMA has none
     linear_bias: bool = False
-    qk_norm: str = "none"  # none | rmsnorm | layernorm per head on q and k (QK_NORMS), its defaults
+    # none | rmsnorm | layernorm per head on q and k | olmo2: RMSNorm over q's and k's whole width
+    # (QK_NORMS), its class's defaults
+    qk_norm: str = "none"
+    attn_gate: str = "none"  # none | elementwise | headwise: sigmoid gate on attention (ATTN_GATES)
+    mix_ln_alpha: float = 0.25  # placement mixln: the share of layers (first) that are post-norm
     qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
     # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
     embed_scale: str = "none"
@@ -142,6 +146,14 @@ class ModelArgs:
         lookup(RESIDUAL_INITS, self.init_residual, "init_residual")
         lookup(EMBED_SCALES, self.embed_scale, "embed_scale")
         lookup(QK_NORMS, self.qk_norm, "qk_norm")
+        lookup(ATTN_GATES, self.attn_gate, "attn_gate")
+        if not 0 <= self.mix_ln_alpha <= 1:
+            raise ValueError(f"model.mix_ln_alpha must be in [0, 1], got {self.mix_ln_alpha}")
+        if self.placement == "hybrid" and self.qk_norm != "none":
+            raise ValueError(
+                "model.placement=hybrid normalizes q, k and v with the block norm itself: "
+                f"model.qk_norm must be none, got {self.qk_norm}"
+            )
         if self.qk_norm_eps is not None and self.qk_norm_eps <= 0:
             raise ValueError(f"model.qk_norm_eps must be > 0 or null, got {self.qk_norm_eps}")
         for name in ("attn_softcap", "logit_softcap"):
@@ -166,7 +178,22 @@ RESIDUAL_INITS = {
 # qk-norm: the norm over each head's queries and keys (Dehghani et al. 2023; Wortsman et al. 2023's
 # qk-layernorm), chosen apart from the block norm; a gain per head dimension, shared by the heads,
 # no bias
-QK_NORMS = {"none": "none", "rmsnorm": "rmsnorm", "layernorm": "layernorm"}
+# (the norm, whether over q's and k's whole width before the head split: OLMo 2's, Team OLMo 2024)
+QK_NORMS = {
+    "none": ("none", False),
+    "rmsnorm": ("rmsnorm", False),
+    "layernorm": ("layernorm", False),
+    "olmo2": ("rmsnorm", True),
+}
+# gated attention (Qiu et al. 2025, arXiv 2505.06708, its best variant G1: after SDPA, head-
+# specific, multiplicative sigmoid): y_h <- y_h * sigmoid(x W_g) before wo, W_g's width per
+# attention (elementwise: one gate per unit of each head, the paper's headline; headwise: one per
+# head); none: no gate
+ATTN_GATES = {
+    "none": lambda att: 0,
+    "elementwise": lambda att: att.n_heads * att.head_dim,
+    "headwise": lambda att: att.n_heads,
+}
 # The paper-scale reference width: LLaMA 7B's d (Touvron et al. 2023). Its std 0.02 (every matrix,
 # the embedding and the head: the init Zhu et al. 2025's DyT LLaMA code inherits) makes each matrix
 # give a unit-RMS input outputs of RMS 0.02 x sqrt(4096) = 1.28, and the embedding times DyT's

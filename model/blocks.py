@@ -28,11 +28,12 @@ class Block(nn.Module):
     """The sublayers every placement shares: attention, feed_forward and one norm per sublayer."""
 
     final_norm = True  # whether the decoder normalizes the residual stream before the output head
+    qkv_norm = False  # whether attention normalizes each head's q, k and v with the block norm
 
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
-        self.attention = Attention(args)
+        self.attention = Attention(args, qkv_norm=args.norm if self.qkv_norm else None)
         self.feed_forward = lookup(FFNS, args.ffn, "ffn")(args)
         self.attention_norm = model_norm(args, "attention")
         self.ffn_norm = model_norm(args, "ffn")
@@ -47,6 +48,8 @@ class Block(nn.Module):
         placement with its own init rule (e.g. DeepNorm's beta) overrides this method."""
         scale = lookup(RESIDUAL_INITS, residual, "init_residual")(n_layers)
         for name, module in self.named_modules():
+            if name == "attention.w_gate":  # drawn after the head (Llama.reset_parameters)
+                continue
             if isinstance(module, nn.Linear):
                 is_residual = name in ("attention.wo", "feed_forward.w2")
                 nn.init.normal_(module.weight, 0.0, init_std * scale if is_residual else init_std)
@@ -115,6 +118,8 @@ class DeepNormBlock(Block):
     def reset_parameters(self, init_std: float, n_layers: int, residual: str = "scaled") -> None:
         beta = (8 * n_layers) ** -0.25
         for name, module in self.named_modules():
+            if name == "attention.w_gate":
+                continue
             if isinstance(
                 module, nn.Linear
             ):  # same draws as Block's (normal_ scales one stream of numbers)
@@ -130,12 +135,68 @@ class DeepNormBlock(Block):
         return self.ffn_norm(self.alpha * h + self.feed_forward(h))
 
 
+class ScaledPreNormBlock(PreNormBlock):
+    """h = x + f(norm(x) / sqrt(l)) for f = attention, then feed-forward, l = layer_id + 1:
+    LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", arXiv 2502.05795, Eq. 12; OLMo-core's
+    scaled block). Pre-norm whose norm outputs shrink with depth, so the stream's variance grows
+    polynomially rather than exponentially and deep layers stay more than an identity. The final
+    norm is not scaled."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.scale = (layer_id + 1) ** -0.5
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x) * self.scale, rope)
+        return h + self.feed_forward(self.ffn_norm(h) * self.scale)
+
+
+class MixNormBlock(Block):
+    """Post-norm in the first round(alpha L) layers, pre-norm after them: Mix-LN (Li et al. 2025,
+    arXiv 2412.13795; alpha = model.mix_ln_alpha, 0.25 in the paper's LLaMA runs: 3 of 12 layers at
+    71M, 6 of 24 at 1B). Post-norm's large gradients where pre-norm's are small (early layers
+    under-train in post-norm, deep ones in pre-norm). The final norm is kept (the last layers are
+    pre-norm)."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.post = layer_id < round(args.mix_ln_alpha * args.n_layers)
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        if self.post:
+            h = self.attention_norm(x + self.attention(x, rope))
+            return self.ffn_norm(h + self.feed_forward(h))
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class HybridNormBlock(Block):
+    """h = x + attention_qkv(x); out = norm(h) + f(norm(h)) for f the feed-forward: HybridNorm (Zhuo
+    et al. 2025, arXiv 2503.04598, its OLMo configs: no norm before attention, the block norm over
+    each head's q, k and v, and a post-norm feed-forward whose residual is the normalized stream).
+    `attention_norm` is the identity (no parameters); the final norm is kept, as in its code."""
+
+    qkv_norm = True
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.attention_norm = model_norm(args, "attention", "none")
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        h = self.ffn_norm(h)
+        return h + self.feed_forward(h)
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "peri": PeriNormBlock,
     "reordered": ReorderedNormBlock,
     "deepnorm": DeepNormBlock,
+    "lns": ScaledPreNormBlock,
+    "mixln": MixNormBlock,
+    "hybrid": HybridNormBlock,
 }
 
 

@@ -35,6 +35,7 @@ def check_expressible(args: ModelArgs) -> None:
         "norm": (args.norm, "rmsnorm"),
         "placement": (args.placement, "pre"),
         "qk_norm": (args.qk_norm, "none"),
+        "attn_gate": (args.attn_gate, "none"),
         "ffn": (args.ffn, "swiglu"),
         "linear_bias": (args.linear_bias, False),
         "embed_scale": (args.embed_scale, "none"),

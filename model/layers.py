@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.args import ModelArgs, lookup
+from model.args import ATTN_GATES, QK_NORMS, ModelArgs, lookup
 from model.fused_norms import build_norm
 from model.ops import OPS_IMPLS
 
@@ -76,7 +76,7 @@ class Attention(nn.Module):
     """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value
     heads."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, qkv_norm: str | None = None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
         bias = args.linear_bias
@@ -84,11 +84,32 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
-        # qk-norm: a norm over each head's q and k (its own choice and eps, its class's default
-        # options: a gain, no bias) bounds the attention logits
-        qk = (args.qk_norm, self.head_dim, args.qk_eps, args.norm_impl, args.norm_precision)
-        self.q_norm, self.k_norm = build_norm(*qk), build_norm(*qk)
+        # gated attention: each head's output times sigmoid(x W_g) before wo (ATTN_GATES)
+        gate = lookup(ATTN_GATES, args.attn_gate, "attn_gate")(self)
+        with torch.random.fork_rng(devices=[]):  # Linear's own init draws leave the stream as is
+            self.w_gate = nn.Linear(args.dim, gate, bias=bias) if gate else None
+        impl, precision = args.norm_impl, args.norm_precision
+        if qkv_norm is not None:  # the block's own norm over each head's q, k and v (HybridNorm)
+            opts = args.norm_options.get(qkv_norm)
+            make = lambda: build_norm(
+                qkv_norm, self.head_dim, args.norm_eps, impl, precision, "attention", opts
+            )
+            self.q_norm, self.k_norm, self.v_norm = make(), make(), make()
+            self.full_qk = False
+        else:
+            # qk-norm: a norm over each head's q and k, or over q's and k's whole width before
+            # the head split (OLMo 2) (QK_NORMS: its own eps, its class's default options: a gain,
+            # no bias) bounds the attention logits
+            name, self.full_qk = lookup(QK_NORMS, args.qk_norm, "qk_norm")
+            width = (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim)
+            q_dim, k_dim = width if self.full_qk else (self.head_dim, self.head_dim)
+            self.q_norm = build_norm(name, q_dim, args.qk_eps, impl, precision)
+            self.k_norm = build_norm(name, k_dim, args.qk_eps, impl, precision)
+            self.v_norm = build_norm("none", self.head_dim)
         self.softcap = args.attn_softcap
+        # QK-Clip (training/controls.py): each head's max logit over the training forward passes
+        # since the last step, recorded only when asked for
+        self.track_max_logit, self.max_logit = False, None
 
     def project(self, x: torch.Tensor, rope: Rope, values: bool = True):
         """q (B, n_heads, T, hd) and k (B, n_kv_heads, T, hd), normalized and rotated, and v (or
@@ -106,10 +127,17 @@ class Attention(nn.Module):
             q, k, *v = F.linear(x, torch.cat([m.weight for m in linears]), bias).split(
                 [h * self.head_dim for h in heads], dim=-1
             )
+        if self.full_qk:  # over the whole width, before the head split (OLMo 2)
+            q, k = self.q_norm(q), self.k_norm(k)
         # heads from the shapes (-1): under tensor parallelism a rank holds n_heads / tp of them
-        q = apply_rope(self.q_norm(q.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
-        k = apply_rope(self.k_norm(k.view(B, T, -1, self.head_dim)), rope).transpose(1, 2)
-        return q, k, v[0].view(B, T, -1, self.head_dim).transpose(1, 2) if v else None
+        q, k = q.view(B, T, -1, self.head_dim), k.view(B, T, -1, self.head_dim)
+        if not self.full_qk:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, rope).transpose(1, 2)
+        k = apply_rope(k, rope).transpose(1, 2)
+        if not v:
+            return q, k, None
+        return q, k, self.v_norm(v[0].view(B, T, -1, self.head_dim)).transpose(1, 2)
 
     def qk(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys as attention sees them (used by the attention-logit probe)."""
@@ -118,6 +146,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, rope)
+        if self.track_max_logit and torch.is_grad_enabled():  # training passes, not evals
+            peak = max_logit(q, k)
+            self.max_logit = peak if self.max_logit is None else torch.maximum(self.max_logit, peak)
         if self.softcap:  # SDPA's fused kernels never materialize the logits: nothing to cap there
             y = explicit_attention(q, k, v, self.softcap)
         else:
@@ -128,7 +159,20 @@ class Attention(nn.Module):
                 k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
                 gqa = False
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H * hd)
+        y = y.transpose(1, 2)  # (B, T, H, hd)
+        if self.w_gate is not None:  # per head (B, T, H, 1) or per unit (B, T, H, hd)
+            y = y * torch.sigmoid(self.w_gate(x)).view(B, T, y.shape[2], -1)
+        return self.wo(y.reshape(B, T, -1))  # (B, T, H * hd)
+
+
+@torch.no_grad()
+def max_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Each query head's largest causal logit q k^T / sqrt(d_head) over the batch: (n_heads,)."""
+    H, T, hd = q.shape[1], q.shape[2], q.shape[3]
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hd)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~causal, float("-inf")).amax(dim=(0, 2, 3))
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:

@@ -81,8 +81,9 @@ class Llama(nn.Module):
         ~ N(0, head_std^2); each block initializes its own parameters with matrix_std
         (Block.reset_parameters); the final norm resets itself. The stds are ModelArgs' (init_std,
         or c / sqrt(dim) under init_scale=width; init_embedding_std and init_head_std when given).
-        The order of random draws (embedding, blocks in order, head) makes models that differ only
-        in their norm or placement start from identical weights."""
+        The order of random draws (embedding, blocks in order, head, then any attention gates)
+        makes models that differ only in their norm, placement or gate start from identical
+        weights."""
         a = self.args
         nn.init.normal_(self.tok_embeddings.weight, a.init_embedding_mean, a.embedding_std)
         for layer in self.layers:
@@ -93,6 +94,12 @@ class Llama(nn.Module):
             nn.init.constant_(self.embed_scale, EMBED_SCALES[self.args.embed_scale](self.args.dim))
         if not self.args.tie_embeddings:
             nn.init.normal_(self.output.weight, 0.0, a.head_std)
+        for layer in self.layers:  # attention gates last: the other weights as without them
+            gate = layer.attention.w_gate
+            if gate is not None:
+                nn.init.normal_(gate.weight, 0.0, a.matrix_std)
+                if gate.bias is not None:
+                    nn.init.zeros_(gate.bias)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

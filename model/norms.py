@@ -231,6 +231,57 @@ class DyT(_Norm):
         return torch.tanh(self.alpha.to(x.dtype) * x)
 
 
+@dataclass(frozen=True)
+class DerfOptions(DyTOptions):
+    """model.norm_options.derf: alpha0 by location and s0 (the paper's GPT-2 code: 1.0 and 0)."""
+
+    alpha_attn: float = 1.0  # alpha0 before attention (Chen et al.'s language-model setting)
+    alpha_ffn: float = 1.0  # ... before the feed-forward
+    alpha_final: float = 1.0  # ... of the final norm
+    shift: float = 0.0  # s0, the learnable shift's initial value
+    bias: bool = True  # b (the paper's code keeps it)
+
+    def at(self, location: str) -> dict:
+        return {**super().at(location), "shift0": self.shift}
+
+
+class Derf(_Norm):
+    """y = g * erf(alpha x + s) (+ b), alpha and s learnable scalars from alpha0 and s0
+    (Chen et al. 2025, "Stronger Normalization-Free Transformers", arXiv 2512.10938).
+
+    DyT's form with erf for tanh and a learnable shift inside it; torch.erf, not the Gaussian CDF.
+    The paper's language model (its nanoGPT patch) starts alpha at 1.0 everywhere, s at 0, and
+    keeps DyT's learnable sqrt(d) scalar on the embedding (model.embed_scale: sqrt_dim)."""
+
+    Options = DerfOptions
+
+    def __init__(
+        self,
+        normalized_shape: Shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        precision: str = "float32",
+        alpha0: float = 1.0,
+        shift0: float = 0.0,
+    ):
+        self.alpha = self.shift = None
+        self.alpha0, self.shift0 = alpha0, shift0
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=bias, precision=precision)
+        # 1-D: FSDP2 cannot shard a 0-dim parameter
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
+        self.shift = nn.Parameter(torch.full((1,), self.shift0))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.alpha is not None:
+            nn.init.constant_(self.alpha, self.alpha0)
+            nn.init.constant_(self.shift, self.shift0)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erf(self.alpha.to(x.dtype) * x + self.shift.to(x.dtype))
+
+
 class NoNorm(nn.Module):
     """y = x: the no-normalization control; takes a norm's arguments and has no parameters."""
 
@@ -256,6 +307,7 @@ NORMS: dict[str, type[nn.Module]] = {
     "layernorm": LayerNorm,
     "prmsnorm": PRMSNorm,
     "dyt": DyT,
+    "derf": Derf,
     "none": NoNorm,
 }
 

@@ -12,6 +12,7 @@ from study.figures import figures
 from study.findings import findings, margin_sentence
 from study.history import history
 from study.lr50 import bound_text
+from study.precursors import table as precursor_table
 from study.read import KINDS, last_half
 from study.result import StudyResult, compute
 from study.text import BUDGET, bare, fmt, g, interval
@@ -377,6 +378,19 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             rule_sensitivity(res),
         ]
     lines += kinds_table(res)
+    lines += precursor_table(
+        {
+            label: [
+                (
+                    r.records,
+                    int(r.config.get("log.spike_window", 5)),
+                    float(r.config.get("log.spike_k", 5.0)),
+                )
+                for r in arm.runs
+            ]
+            for label, arm in res.arms.items()
+        }
+    )
     if res.comparisons:
         lines += [
             "",

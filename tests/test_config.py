@@ -44,7 +44,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
         ),
         (
             "model.placement=middle",
-            "model.placement='middle' is not one of: deepnorm, peri, post, pre, reordered",
+            "model.placement='middle' is not one of: deepnorm, hybrid, lns, mixln, peri, post,",
         ),
         ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float16, float32"),
         ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),

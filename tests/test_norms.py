@@ -284,3 +284,39 @@ def test_each_implementation_is_a_registry_of_classes_chosen_by_name():
         assert cls.__doc__ and "=" in cls.__doc__.splitlines()[0], (
             f"{name}'s docstring gives no formula"
         )
+
+
+def test_derf_is_its_formula_in_float64_with_the_papers_defaults():
+    """Derf (Chen et al. 2025, arXiv 2512.10938): y = g erf(alpha x + s) + b, against the formula
+    written with math.erf in float64 at random parameters; gradcheck on x and every parameter;
+    the paper's language-model defaults (alpha0 1.0 everywhere, s0 0, b) and its options."""
+    import math
+
+    gen = torch.Generator().manual_seed(5)
+    norm = build_norm("derf", 6, options={"alpha_ffn": 0.7, "shift": 0.2}, location="ffn")
+    norm = _affine(norm, (6,), gen).double()
+    norm.alpha.data.fill_(0.9)
+    norm.shift.data.fill_(-0.3)
+    x = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    w, b = norm.weight.tolist(), norm.bias.tolist()
+    want = torch.tensor(
+        [[w[j] * math.erf(0.9 * v - 0.3) + b[j] for j, v in enumerate(row)] for row in x.tolist()],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(norm(x), want, rtol=1e-12, atol=1e-12)
+    names = [n for n, _ in norm.named_parameters()]
+    assert names == ["weight", "bias", "alpha", "shift"]
+    params = [p.detach().clone().requires_grad_() for p in norm.parameters()]
+    f = lambda x, *ps: torch.func.functional_call(norm, dict(zip(names, ps, strict=True)), (x,))
+    assert torch.autograd.gradcheck(f, (x.clone().requires_grad_(), *params))
+    fresh = build_norm("derf", 6, options={"alpha_ffn": 0.7, "shift": 0.2}, location="ffn")
+    assert (fresh.alpha.item(), fresh.shift.item()) == pytest.approx((0.7, 0.2))
+    paper = build_norm("derf", 6, location="attention")
+    assert (paper.alpha.item(), paper.shift.item(), paper.bias is not None) == (1.0, 0.0, True)
+    assert parse_options("derf", {"bias": False}).at("final") == {
+        "alpha0": 1.0,
+        "bias": False,
+        "shift0": 0.0,
+    }
+    with pytest.raises(ValueError, match="norm derf: unknown option.s. tau; valid: alpha_attn"):
+        parse_options("derf", {"tau": 1.0})

@@ -108,14 +108,17 @@ def test_fsdp_matches_one_process_and_dcp_checkpoints_reshard_both_ways(tmp_path
 
 @pytest.mark.slow
 def test_tensor_parallel_matches_one_process_for_every_placement(tmp_path):
-    """tp = 2 with sequence-parallel norms and qk-norm, all five placements, both norms, fused
-    kernels on (they step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post), and
-    with both logit soft-caps: first-step gradient norms within 1e-5 relative, losses and parameters
-    after 4 SGD steps within float32 noise."""
+    """tp = 2 with sequence-parallel norms and qk-norm, the five classic placements, both norms,
+    fused kernels on (they step aside for DTensors); qk-LayerNorm under RMSNorm blocks (pre, post),
+    with both logit soft-caps; LayerNorm Scaling, Mix-LN, HybridNorm, Derf and gated attention:
+    first-step gradient norms within 1e-5 relative, losses and parameters after 4 SGD steps within
+    float32 noise."""
     torchrun("tp_check.py", str(tmp_path / "tp.json"))
     out = json.loads((tmp_path / "tp.json").read_text())
     assert (
-        len(out) == 13 and "pre/rmsnorm/qk_norm=layernorm/attn_softcap=1.0/logit_softcap=0.1" in out
+        len(out) == 19
+        and "pre/rmsnorm/qk_norm=layernorm/attn_softcap=1.0/logit_softcap=0.1" in out
+        and "hybrid/rmsnorm/qk_norm=none" in out
     )
     for case, d in out.items():
         assert d["loss"] < 1e-5 and d["grad_norm_rel"] < 1e-5 and d["param"] < 1e-4, (case, d)

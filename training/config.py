@@ -59,6 +59,11 @@ class OptimConfig:
     mup_base_width: int = 64  # mup_simple's base width: the width whose LRs are the configured ones
     decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
     grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
+    # stability controls (training/controls.py), all off by default
+    update_clip: bool = False  # StableAdamW: each tensor's step / max(1, RMS_t)
+    skip_step_sigma: float = 0.0  # > 0: skip an update whose loss or grad norm z-score exceeds it
+    skip_step_window: int = 128  # ... over the last this many steps (OLMo-core: 6 sigma, 128)
+    qk_clip_tau: float = 0.0  # > 0: QK-Clip, a head's logits scaled back to this max (Kimi K2: 100)
 
 
 @dataclass
@@ -272,6 +277,8 @@ def validate(cfg: Config) -> Config:
         "optim.schedule_steps": cfg.optim.schedule_steps,
         "optim.weight_decay": cfg.optim.weight_decay,
         "optim.grad_clip": cfg.optim.grad_clip,
+        "optim.skip_step_sigma": cfg.optim.skip_step_sigma,
+        "optim.qk_clip_tau": cfg.optim.qk_clip_tau,
         "log.stats_every": cfg.log.stats_every,
     }
     for key, value in nonneg.items():
@@ -283,6 +290,13 @@ def validate(cfg: Config) -> Config:
             f"train.micro_batch_size={t.micro_batch_size}"
         )
     o = cfg.optim
+    if o.skip_step_window < 2:
+        raise ConfigError(f"optim.skip_step_window must be >= 2, got {o.skip_step_window}")
+    if (o.update_clip or o.qk_clip_tau) and t.parallel != "ddp":
+        raise ConfigError(
+            "optim.update_clip and optim.qk_clip_tau act on whole parameters: they run with "
+            f"train.parallel=ddp, got {t.parallel}"
+        )
     o.schedule_steps = (
         o.schedule_steps or t.steps
     )  # resolved once, recorded in config.yaml: a resume keeps it

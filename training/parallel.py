@@ -92,6 +92,11 @@ def check_layout(how: str, world: int, tp_size: int, args, seq_len: int) -> None
             "tensor parallelism needs model.tie_embeddings=false (the embedding is "
             "sharded by rows of the vocabulary, the head by its output columns)"
         )
+    if args.qk_norm == "olmo2":
+        raise ConfigError(
+            "model.qk_norm=olmo2 normalizes q and k over every head at once, and tensor "
+            "parallelism splits the heads over ranks: use model.qk_norm=rmsnorm (per head) with tp"
+        )
     for name, count in (
         ("n_heads", args.n_heads),
         ("n_kv_heads", args.kv_heads),
@@ -233,13 +238,15 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
         )
         if hasattr(block.feed_forward, "w3"):
             plan["feed_forward.w3"] = ColwiseParallel()
-        # qk-norm gains are shared by every head, and a rank holds its own heads (dim 2 of q and k
-        # before the transpose): Replicate DTensors fed a head-sharded input, as torchtitan shards
-        # qwen3's q/k norms, so autograd sums their gradients over the group and FSDP / clipping /
-        # DCP see DTensors like every other
-        for name in ("attention.q_norm", "attention.k_norm"):
+        # qk-norm (and HybridNorm's v-norm) gains are shared by every head, and a rank holds its own
+        # heads (dim 2 of q, k and v before the transpose): Replicate DTensors fed a head-sharded
+        # input, as torchtitan shards qwen3's q/k norms, so autograd sums their gradients over the
+        # group and FSDP / clipping / DCP see DTensors like every other
+        for name in ("attention.q_norm", "attention.k_norm", "attention.v_norm"):
             if any(True for _ in block.get_submodule(name).parameters()):
                 plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        if block.attention.w_gate is not None:  # its columns are per head, as wq's: the same split
+            plan["attention.w_gate"] = ColwiseParallel()
         parallelize_module(block, mesh, plan)
     return model
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from training import distributed
+from training.controls import Controls, controls_for
 from training.flops import flops_per_token, peak_flops
 from training.monitor import is_finite
 from training.optim import build_optimizer, set_lr
@@ -55,6 +56,7 @@ class StepParts:
     scaler: torch.amp.GradScaler = field(
         default_factory=lambda: torch.amp.GradScaler(enabled=False)
     )
+    controls: Controls | None = None  # skip-step, update clipping, QK-Clip (training/controls.py)
     flops_per_step: float = 0.0  # model FLOPs of one optimizer step (training/flops.py)
     peak_flops: float | None = None  # per device; known: train/mfu is logged
 
@@ -158,10 +160,16 @@ def train_step(
     ):  # stop before the optimizer sees a non-finite grad
         probe.finish()  # detach the hooks
         return StepResult(record, diverged=True)
+    skipped = p.controls is not None and p.controls.before(
+        p.model, p.opt, probe is not NO_PROBE, loss_value, norm_value, record
+    )
     if not overflow:
         probe.snapshot()  # parameters before the update, for update/ratio
-    scaler.step(p.opt)  # disabled: p.opt.step()
+    if not skipped:
+        scaler.step(p.opt)  # disabled: p.opt.step()
     scaler.update()
+    if p.controls is not None:
+        p.controls.after(p.model, record)
     if scaling:
         record["amp/skipped"] = float(overflow)
     p.opt.zero_grad(set_to_none=True)
@@ -195,6 +203,7 @@ def step_parts(cfg, d, model: torch.nn.Module, wrapped: torch.nn.Module, split: 
         clip=no_clip(cfg.optim.grad_clip),
         tokens_per_step=tokens,
         scaler=scaler_for(d.device, tc.dtype),
+        controls=controls_for(model, cfg.optim),
         flops_per_step=flops_per_token(cfg.model, tc.seq_len) * tokens,
         peak_flops=peak_flops(torch.cuda.get_device_name(d.device), tc.dtype) if cuda else None,
     )

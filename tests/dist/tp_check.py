@@ -48,6 +48,11 @@ def main() -> None:
              for norm in ("rmsnorm", "layernorm")]
     cases += [(placement, "rmsnorm", {"qk_norm": "layernorm"}) for placement in ("pre", "post")]
     cases += [("pre", "rmsnorm", {"qk_norm": "layernorm", "attn_softcap": 1.0, "logit_softcap": 0.1})]
+    # issue 43: LayerNorm Scaling, Mix-LN (1 of 2 layers post), HybridNorm (per-head q/k/v norms),
+    # Derf, gated attention per unit and per head
+    cases += [("lns", "rmsnorm", {}), ("mixln", "layernorm", {"mix_ln_alpha": 0.5}),
+              ("hybrid", "rmsnorm", {"qk_norm": "none"}), ("pre", "derf", {"qk_norm": "none"}),
+              ("pre", "rmsnorm", {"attn_gate": "elementwise"}), ("post", "rmsnorm", {"attn_gate": "headwise"})]
     for placement, norm, extra in cases:
         ref, par = train(placement, norm, None, **extra), train(placement, norm, "tp", **extra)
         name = "/".join([placement, norm, *(f"{k}={v}" for k, v in extra.items())])
