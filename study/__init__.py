@@ -4,5 +4,5 @@ define    studyfile                                                 schema, clai
 run       protocol, adaptive, runner, worker, cli                   stage runs; workers; commands
 read      read, archive                                             run dirs, committed runs.json
 analyse   arms, lr50, sensitivity, paired, claims, trend, result    LR50, sensitivity, claims
-render    text, findings, figures, history, report, readme          sentences, plots, README
+render    text, findings, figures, history, precursors, report, readme  sentences, plots, README
 """

@@ -1382,3 +1382,33 @@ def test_verdicts_by_budget_sit_side_by_side_and_say_whether_they_hold(tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| RMSNorm matches"))
     assert "rmsnorm vs layernorm" in row and "changes with the budget" in row
     assert row.index("**agrees**") < row.index("**disagrees**")
+
+
+def test_the_2025_studies_are_designed_as_their_files_say():
+    """norms-2025: six arms a budget at 12 layers (the placements without the embedding scalar,
+    RMSNorm and Derf with it), every claim against pre-norm RMSNorm with the same scalar, at both
+    budgets; controls-2025: seven arms a budget, each changing at most one control."""
+    norms = studyfile.load_study(STUDIES / "norms-2025.yaml")
+    arms = protocol.arms_of(norms)
+    assert len(arms) == 12 and {a["train.steps"] for a in arms} == {300, 1000}
+    for c in norms["claims"]:
+        pairs = protocol.arm_pairs(norms, c)
+        assert len(pairs) == 2 and {a["train.steps"] for a, _ in pairs} == {300, 1000}
+        for a, b in pairs:
+            assert (
+                b["model.placement"] == "pre" and a["model.embed_scale"] == b["model.embed_scale"]
+            )
+    cfg = load_config(norms["config"], protocol.first_runs(norms)[0]["overrides"])
+    assert cfg.model.n_layers == 12 and cfg.model.init_scale == "width" and cfg.model.dim == 32
+    controls = studyfile.load_study(STUDIES / "controls-2025.yaml")
+    default = {
+        "model.qk_norm": "none",
+        "model.attn_gate": "none",
+        "optim.update_clip": False,
+        "optim.skip_step_sigma": 0.0,
+        "optim.qk_clip_tau": 0.0,
+    }
+    arms = protocol.arms_of(controls)
+    assert len(arms) == 14
+    assert all(sum(a[k] != v for k, v in default.items()) <= 1 for a in arms)
+    assert sum(len(protocol.arm_pairs(controls, c)) for c in controls["claims"]) == 14
