@@ -478,20 +478,27 @@ def _difference(c: dict) -> tuple[str, str]:
 
 
 def at_longest(report: dict) -> dict:
-    """A report whose arms differ in their budget (train.steps) as read at its longest budget: the
-    claims and arms of that budget, their labels without the budget; any other report unchanged."""
+    """A report whose arms differ in their budget (train.steps) as read at its longest budgets:
+    each claim (metric, expectation, arms) at the longest budget it was asked at, each arm at its
+    longest, labels without the budget; any other report unchanged."""
     steps = sorted({steps_of(c["A"]) for c in report.get("claims", []) if c.get("A")} - {None})
     if len(steps) < 2:
         return report
-    top = steps[-1]
+    claims: dict = {}
+    for c in report["claims"]:
+        if not c.get("A"):
+            continue
+        key = (c["metric"], c["expect"], bare(c["A"]), bare(c["B"]))
+        if key not in claims or steps_of(c["A"]) > steps_of(claims[key]["A"]):
+            claims[key] = c
+    arms: dict = {}
+    for label in report.get("per_arm", {}):
+        if bare(label) not in arms or steps_of(label) > steps_of(arms[bare(label)]):
+            arms[bare(label)] = label
     return {
         **report,
-        "claims": [
-            {**c, "A": bare(c["A"]), "B": bare(c["B"])}
-            for c in report["claims"]
-            if c.get("A") and steps_of(c["A"]) == top
-        ],
-        "per_arm": {bare(k): v for k, v in report.get("per_arm", {}).items() if steps_of(k) == top},
+        "claims": [{**c, "A": bare(c["A"]), "B": bare(c["B"])} for c in claims.values()],
+        "per_arm": {name: report["per_arm"][label] for name, label in arms.items()},
         "arm_keys": [
             k for k in report.get("arm_keys", []) if k not in (BUDGET, "optim.schedule_steps")
         ],

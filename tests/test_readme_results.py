@@ -766,3 +766,32 @@ def test_a_default_study_with_budgets_is_read_at_its_longest_and_says_what_chang
     ) in text
     row = next(line for line in text.splitlines() if line.startswith("| Q1?"))
     assert "| agrees |" in row and "disagrees" not in row  # the 3000-step verdict alone
+
+
+def test_a_claim_asked_only_at_a_shorter_budget_is_read_there():
+    """at_longest keeps each claim at the longest budget it was asked at (a study may carry only
+    some of its arms to the longest budget, as the DyT study its scalar pair)."""
+    from study.readme import at_longest
+
+    def c(a, b, steps, agreement):
+        tail = f"/schedule_steps={steps}/steps={steps}"
+        return {**_claim("common_loss", a + tail, b + tail, agreement), "p_holm": steps / 1e4}
+
+    report = {
+        "claims": [
+            c("dyt/sqrt_dim", "rmsnorm/sqrt_dim", 300, "disagrees"),
+            c("dyt/sqrt_dim", "rmsnorm/sqrt_dim", 1200, "agrees"),
+            c("dyt/none", "rmsnorm/none", 300, "cannot tell"),
+        ],
+        "per_arm": {
+            "dyt/none/schedule_steps=300/steps=300": 1,
+            "dyt/sqrt_dim/steps=1200": 2,
+            "dyt/sqrt_dim/steps=300": 3,
+        },
+    }
+    got = at_longest(report)
+    assert [(x["A"], x["agreement"]) for x in got["claims"]] == [
+        ("dyt/sqrt_dim", "agrees"),
+        ("dyt/none", "cannot tell"),
+    ]
+    assert got["per_arm"] == {"dyt/none": 1, "dyt/sqrt_dim": 2}
