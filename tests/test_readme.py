@@ -56,9 +56,9 @@ SLOW = {
     ),
     "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": (
-        "176 runs on the study protocol (77 min)"
+        "the default study: a 180-run grid at 3 budgets and the protocol's stages (hours)"
     ),
-    "python scripts/compare.py studies/norm-placement-lr": "needs the 176-run study above",
+    "python scripts/compare.py studies/norm-placement-lr": "needs the default study above",
     "python scripts/bench_norms.py --save docs/results/bench/norms.md": BENCH,
     "python scripts/bench_study.py --save docs/results/bench/study.md": BENCH,
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": BENCH,
