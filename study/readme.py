@@ -353,6 +353,56 @@ def headline_qk(report: dict) -> str | None:
     )
 
 
+def headline_dyt(report: dict) -> str | None:
+    """Sentences on the DyT study's common-LR claims: DyT minus RMSNorm with the same embedding
+    scalar, per scalar setting and budget, each with its CI, n, verdict and Holm p; where DyT leads
+    at the shortest budget and not at the longest, that it is the recipe's early speed. None
+    without such claims."""
+    cs = [
+        c
+        for c in report.get("claims", [])
+        if c.get("A") and c["metric"] == "common_loss" and c.get("loss", {}).get("mean") is not None
+    ]
+    if not cs:
+        return None
+
+    def part(c: dict) -> str:
+        p, steps = c["loss"], steps_of(c["A"])
+        ci = f"{p['ci'][0]:+.3f}..{p['ci'][1]:+.3f}, " if p["ci"] else ""
+        at = f" at {steps} steps" if steps else ""
+        return (
+            f"{p['mean']:+.3f} nats{at} ({ci}n = {p['n']}, {c['agreement']}, "
+            f"Holm p {c['p_holm']:.2g})"
+        )
+
+    with_, without = (
+        sorted(
+            (c for c in cs if ("sqrt_dim" in c["A"]) == scalar), key=lambda c: steps_of(c["A"]) or 0
+        )
+        for scalar in (True, False)
+    )
+    out = []
+    if with_:
+        out.append(
+            "**DyT** (its LLaMA recipe, d = 64) minus RMSNorm at a common safe LR, both with the "
+            "recipe's embedding scalar: " + "; ".join(part(c) for c in with_) + "."
+        )
+    if without:
+        out.append("Both without it: " + "; ".join(part(c) for c in without) + ".")
+    first, last = (with_[0], with_[-1]) if len(with_) > 1 else (None, None)
+    if (
+        first
+        and first["agreement"] == "disagrees"
+        and first["loss"]["mean"] < 0
+        and not (last["agreement"] == "disagrees" and last["loss"]["mean"] < 0)
+    ):
+        out.append(
+            "A lead gone at the longer budget is the recipe's early speed, not Zhu et al.'s "
+            "parity at 7B-70B."
+        )
+    return " ".join(out) if out else None
+
+
 def _cell(cs: list[dict]) -> str:
     """Verdict cell naming each sub-test: 'post: agrees; pre: cannot tell'."""
     if len(cs) == 1:
@@ -583,6 +633,9 @@ def found(results: Path, rel: str) -> str:
     qk = headline_qk(reports["attention-logits"]) if "attention-logits" in reports else None
     if qk:
         lines.append(qk)
+    dyt = headline_dyt(reports["dyt"]) if "dyt" in reports else None
+    if dyt:
+        lines.append(dyt)
     counts: dict[str, int] = {}
     for r in reports.values():
         for c in r.get("claims", []):

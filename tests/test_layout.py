@@ -58,7 +58,6 @@ def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
 AWAITING_RERUN: dict[str, str] = {
     "norm-placement-lr": "issue 40: the adaptive edge stage added before the study's rerun",
     "norm-placement-lr-pystdlib": "issue 40: the default study's redesign, before its rerun",
-    "dyt": "issue 40: norm x embedding scalar at the width init, 1200 steps, before its rerun",
 }
 
 
