@@ -24,7 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
+
+from training import distributed
 
 
 @dataclass
@@ -120,14 +123,17 @@ class UpdateClip:
 
 @torch.no_grad()
 def qk_clip(model: nn.Module, tau: float) -> dict[str, float]:
-    """QK-Clip after a step: per layer, each head whose recorded max logit exceeds tau has W_q's
-    rows (and bias) of that head times tau / max; the number of heads rescaled per layer."""
+    """QK-Clip after a step: per layer, each head whose recorded max logit (the largest over the
+    data-parallel ranks) exceeds tau has W_q's rows (and bias) of that head times tau / max; the
+    number of heads rescaled per layer."""
     out = {}
     for i, block in enumerate(model.layers):
         att = block.attention
         peak = att.max_logit
         if peak is None:
             continue
+        # data parallel: every rank saw its own batch; all rescale by the largest max (same weights)
+        peak = distributed.all_reduce(peak.clone(), dist.ReduceOp.MAX)
         gamma = (tau / peak).clamp(max=1.0)  # (n_heads,)
         rescaled = int((gamma < 1).sum())
         if rescaled:
