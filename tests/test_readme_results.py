@@ -799,8 +799,8 @@ def test_a_claim_asked_only_at_a_shorter_budget_is_read_there():
 
 def test_the_dyt_sentence_states_each_budget_and_calls_a_vanished_lead_early_speed():
     """headline_dyt on constructed claims: DyT - RMSNorm with the same scalar per budget, with CI,
-    n, verdict and Holm p; the early-speed clause only where DyT leads at the short budget and not at
-    the long one."""
+    n, verdict and Holm p; the early-speed clause only where DyT leads at the short budget and not
+    at the long one."""
     from study.readme import headline_dyt
 
     def c(scalar, steps, mean, agreement):
@@ -819,8 +819,8 @@ def test_the_dyt_sentence_states_each_budget_and_calls_a_vanished_lead_early_spe
     }
     text = headline_dyt(report)
     assert (
-        "both with the recipe's embedding scalar: -0.104 nats at 300 steps (-0.010..+0.030, n = 12, "
-        "disagrees, Holm p 0.01); +0.016 nats at 1200 steps" in text
+        "both with the recipe's embedding scalar: -0.104 nats at 300 steps (-0.010..+0.030, "
+        "n = 12, disagrees, Holm p 0.01); +0.016 nats at 1200 steps" in text
     )
     assert "Both without it: +0.398 nats at 300 steps" in text
     assert text.endswith("the recipe's early speed, not Zhu et al.'s parity at 7B-70B.")
