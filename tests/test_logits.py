@@ -67,13 +67,15 @@ def test_the_old_boolean_qk_norm_is_refused_with_the_valid_names(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(load_config(None)).replace("qk_norm: none", "qk_norm: true"))
     with pytest.raises(
-        ConfigError, match="unknown qk_norm 'True'; valid: layernorm, none, rmsnorm"
+        ConfigError, match="unknown qk_norm 'True'; valid: layernorm, none, olmo2, rmsnorm"
     ):
         load_config(path)
 
 
 def test_a_bad_qk_norm_or_softcap_is_one_line():
-    with pytest.raises(ConfigError, match="unknown qk_norm 'lay'; valid: layernorm, none, rmsnorm"):
+    with pytest.raises(
+        ConfigError, match="unknown qk_norm 'lay'; valid: layernorm, none, olmo2, rmsnorm"
+    ):
         load_config(None, ["model.qk_norm=lay"])
     with pytest.raises(ConfigError, match="model.attn_softcap must be >= 0"):
         load_config(None, ["model.attn_softcap=-1"])
