@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.protocol import first_runs, next_stage
+from study.protocol import budget_of, first_runs, next_stage
 from study.report import write_report
 from study.runner import parse_shard, run_study, sbatch_script, shown, state
 from study.studyfile import expected_time, load_study, quick_study
@@ -177,28 +177,11 @@ def sweep(argv: list[str] | None = None) -> int:
     shutil.copy(a.study, study_dir / "study.yaml")
     t0 = time.time()
     try:
-        counts = run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
-        while counts is not None and study.get(
-            "protocol"
-        ):  # the protocol's next stage, from the finished runs
-            stage = next_stage(study, study_dir, runs, a.set)
-            if stage is None:
-                break
-            name, more = stage
-            print(
-                f"{name}: {len(more)} more runs "
-                f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
-                file=sys.stderr,
-            )
-            runs = runs + more
-            more_counts = run_study(
-                study, runs, study_dir, a.workers, process_per_run=a.process_per_run
-            )
-            counts = (
-                None
-                if more_counts is None
-                else {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
-            )
+        counts = (
+            _run_stages(a, study, study_dir)
+            if study.get("protocol")
+            else run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
+        )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -213,6 +196,31 @@ def sweep(argv: list[str] | None = None) -> int:
     if not a.no_report:
         print(f"report: {shown(write_report([study_dir], study_dir))}")
     return 0
+
+
+def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
+    """The protocol's stages in order (budget by budget, shortest first), each chosen from the
+    finished runs: the outcome counts, or None when interrupted."""
+    made: list[dict] = []
+    counts: dict[str, int] = {}
+    while (stage := next_stage(study, study_dir, made, a.set)) is not None:
+        name, more = stage
+        made = made + more
+        if all(state(study_dir / "runs" / r["name"]) == "finished" for r in more):
+            continue  # a resumed sweep passes over the stages it finished
+        budget = budget_of(more[0])
+        print(
+            f"{name}{'' if budget is None else f' at {budget:g} steps'}: {len(more)} more runs "
+            f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
+            file=sys.stderr,
+        )
+        more_counts = run_study(
+            study, made, study_dir, a.workers, process_per_run=a.process_per_run
+        )
+        if more_counts is None:
+            return None
+        counts = {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
+    return counts
 
 
 def _lr_of(run: dict) -> str:

@@ -18,7 +18,9 @@ test (docs/METHODS.md, "A study's runs").
              the common seeds have run)
 
 Every stage is computed from the finished runs alone, so a rerun of the sweep makes the same
-choices."""
+choices. A study with a budget axis (train.steps) runs every stage of its shortest budget before
+the next budget's grid: each budget's arms are arms of their own, so the runs made are the same in
+any order, and a study stopped early has its short budgets complete."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from study.adaptive import round_plan
 from study.lr50 import p_fail_upper
 from study.read import Run, find_runs, same
 from study.studyfile import Adaptive, Protocol, excluded, expand
+from study.text import BUDGET
 
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
@@ -283,10 +286,11 @@ def _curve(runs: list) -> tuple[list, list]:
     return [x.lr for x in runs], [x.failed for x in runs]
 
 
-def adaptive_runs(study: dict, runs: list, extra=()) -> list[dict]:
+def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:
     """The adaptive stage's run specs given the finished runs: the first round some of whose runs
     are not finished yet, for the LR50 claims undecided before it (study/adaptive.py); [] when every
-    claim is decided or spent, or the study has no such stage."""
+    claim is decided or spent, or the study has no such stage. With a budget, only the claims'
+    pairs at that budget (their rounds are their own; the Holm family stays the whole study's)."""
     p = study["protocol"]
     a: Adaptive | None = p.adaptive
     claims = study.get("claims", [])
@@ -294,6 +298,8 @@ def adaptive_runs(study: dict, runs: list, extra=()) -> list[dict]:
     pairs = []
     for c in claims:
         for A, B in arm_pairs(study, c) if c["metric"] == "lr50" else []:
+            if budget is not None and not same(A.get(BUDGET), budget):
+                continue
             ka, kb = (tuple(sorted(arm.items())) for arm in (A, B))
             arms |= {ka: A, kb: B}
             pairs.append((c["expect"], ka, kb))
@@ -334,32 +340,51 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
     return []  # adaptive, common: for pairs of arms (adaptive_runs, common_runs)
 
 
-def stage_runs(study: dict, stage: str, runs: list[Run], extra=()) -> list[dict]:
-    """Every run spec a stage wants, given the finished runs (all arms)."""
-    if stage == "common":
-        return common_runs(study, runs, extra)
+def budgets(study: dict) -> list:
+    """The study's budgets, shortest first; [None] for a study without a budget axis."""
+    values = study["grid"].get(BUDGET, [])
+    return sorted(values) if len(values) > 1 else [None]
+
+
+def budget_of(spec: dict) -> float | None:
+    """A run spec's budget (its train.steps override); None without one."""
+    key = BUDGET + "="
+    value = next((o[len(key) :] for o in reversed(spec["overrides"]) if o.startswith(key)), None)
+    return None if value is None else float(value)
+
+
+def stage_runs(study: dict, stage: str, runs: list[Run], extra=(), budget=None) -> list[dict]:
+    """Every run spec a stage wants, given the finished runs (all arms; with a budget, that
+    budget's arms)."""
     if stage == "adaptive":
-        return adaptive_runs(study, runs, extra)
-    return [
-        s for arm in arms_of(study) for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
-    ]
+        return adaptive_runs(study, runs, extra, budget)
+    if stage == "common":
+        out = common_runs(study, runs, extra)
+    else:
+        out = [
+            s
+            for arm in arms_of(study)
+            for s in wanted(study, stage, arm, runs_of(arm, runs), extra)
+        ]
+    return [s for s in out if budget is None or same(budget_of(s), budget)]
 
 
 def next_stage(
     study: dict, study_dir: Path, made: list[dict], extra=()
 ) -> tuple[str, list[dict]] | None:
-    """(the stage, its runs not yet made) for the first stage that still wants runs, given the
-    finished runs in study_dir; None when the study is complete. `made`: the run specs launched so
-    far (none is asked for twice)."""
+    """(the stage, its runs not yet made) for the first stage that still wants runs, budget by
+    budget (shortest first), given the finished runs in study_dir; None when the study is complete.
+    `made`: the run specs launched so far (none is asked for twice)."""
     runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
-    for stage in STAGES:
-        more: list[dict] = []
-        for s in stage_runs(study, stage, runs, extra):
-            if s["name"] not in names and s["name"] not in {m["name"] for m in more}:
-                more.append(s)
-        if more:
-            return stage, more
+    for budget in budgets(study):
+        for stage in STAGES:
+            more: list[dict] = []
+            for s in stage_runs(study, stage, runs, extra, budget):
+                if s["name"] not in names and s["name"] not in {m["name"] for m in more}:
+                    more.append(s)
+            if more:
+                return stage, more
     return None
 
 

@@ -201,7 +201,10 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
 
 
 def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None:
-    entries = [index[r["name"]] for r in runs if r["name"] in index]
+    """sweep.json: the runs' entries in their order, then those the file had of runs not asked
+    for yet (a resumed sweep reaches a stage's runs later than a first one did)."""
+    names = [r["name"] for r in runs]
+    entries = [index[n] for n in dict.fromkeys(names + list(index)) if n in index]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(
         json.dumps({"study": study, "runs": entries}, indent=2, default=dataclasses.asdict) + "\n"

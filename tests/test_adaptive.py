@@ -238,3 +238,59 @@ def test_the_simulation_reproduces_the_first_committed_studies():
         again = simulate(d, row["ratio"], 2, row["slope"], sim["lr50"], seed=row["seed"])
         assert [outcome_row(o, row["ratio"], d.margin) for o in again] == row["studies"][:2], i
     assert re.match(r"\d", str(sim["reps"]))
+
+
+def _drive_by(study, outcome, budgets):
+    """The stages to the end, budget by budget (the sweep's order) or all at once ([None])."""
+    runs, made, order = [], set(), []
+    for budget in budgets:
+        for stage in protocol.STAGES:
+            while specs := [
+                s
+                for s in protocol.stage_runs(study, stage, runs, budget=budget)
+                if s["name"] not in made
+            ]:
+                made |= {s["name"] for s in specs}
+                order += [(s["name"], int(_value(s, "train.steps"))) for s in specs]
+                for s in specs:
+                    v = {k: _value(s, k) for k in ("model.norm", "optim.lr", "train.seed")}
+                    steps = int(_value(s, "train.steps"))
+                    lr, seed = float(v["optim.lr"]), int(v["train.seed"])
+                    config = {"model.norm": v["model.norm"], "optim.lr": lr, "train.seed": seed}
+                    failed = outcome(v["model.norm"], lr, seed, steps)
+                    runs.append(
+                        FakeRun(s["name"], lr, seed, failed, {**config, "train.steps": steps})
+                    )
+    return order
+
+
+def test_a_study_with_budgets_runs_each_budget_to_its_end_first_and_makes_the_same_runs(tmp_path):
+    """Budget by budget, every stage of the shortest first: the same runs as all budgets at once
+    (each budget's rounds are its own), and a study stopped early has its short budgets complete."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"config: {CONFIGS / 'tiny.yaml'}\n"
+        "grid: {norm: [rmsnorm, layernorm], train.steps: [20, 10], lr: [1.0e-3, 1.0e-2, 1.0e-1]}\n"
+        "protocol: {selection_seeds: [0, 1, 2], test_seeds: [3, 4], failure_seeds: [3, 4], "
+        "common_seeds: [5, 6], refine: 0, bracket: {steps: 0}, "
+        "adaptive: {seeds_per_round: 1, max_runs: 12, first_seed: 100}}\n"
+        "claims:\n  - {paper: p, says: s, a: {norm: rmsnorm}, b: {norm: layernorm}, "
+        "metric: lr50, expect: same}\n"
+        "  - {paper: p, says: s, a: {norm: rmsnorm}, b: {norm: layernorm}, "
+        "metric: common_loss, expect: same}\n"
+    )
+    study = load_study(path)
+    edges = {("rmsnorm", 10): 0.01, ("layernorm", 10): 0.03, ("rmsnorm", 20): 0.02}
+
+    def outcome(norm, lr, seed, steps):  # a rising curve, the same draw in any order
+        x = math.log10(lr / edges.get((norm, steps), 0.02))
+        u = np.random.default_rng([seed, steps, round(lr * 1e6)]).random()
+        return bool(u < 1 / (1 + math.exp(-6 * x)))
+
+    assert protocol.budgets(study) == [10, 20]
+    by_budget = _drive_by(study, outcome, protocol.budgets(study))
+    at_once = _drive_by(study, outcome, [None])
+    assert sorted(by_budget) == sorted(at_once)
+    steps = [b for _, b in by_budget]
+    assert steps == sorted(steps)  # every run at 10 steps before any at 20
+    assert {b for n, b in by_budget if "100" in n.rsplit("seed", 1)[-1]} == {10, 20}  # rounds ran
