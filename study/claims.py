@@ -32,7 +32,7 @@ from study.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from study.protocol import common_lr
 from study.read import same
 from study.sensitivity import Sensitivity
-from study.text import g
+from study.text import BUDGET, g
 
 
 @dataclass
@@ -244,6 +244,19 @@ class Context:
         default_factory=dict
     )  # the same with L* the best of the model size
     looks: int = 1  # the adaptive edge stage's looks (study/adaptive.py); 1: no such stage
+    running: dict = field(
+        default_factory=dict
+    )  # {budget: stage}: budgets whose stages have not all run (their claims wait)
+
+
+def _running(arm: Arm, running: dict) -> str | None:
+    """The stage an arm's budget waits on, if its stages have not all run."""
+    if not running:
+        return None
+    if None in running:
+        return running[None]
+    steps = arm.runs[0].config.get(BUDGET)
+    return next((s for b, s in running.items() if steps is not None and float(steps) == b), None)
 
 
 def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list[Checked]:
@@ -256,6 +269,11 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
             out.append(Checked(claim, None, None))
         for A, B in pairs:
             c = Checked(claim, A.label, B.label)
+            wait = _running(A, ctx.running)
+            if wait:  # interim: in the family with p = 1 (conservative for the others)
+                c.note = f"its budget's {wait} stage has not run"
+                out.append(c)
+                continue
             metric = claim["metric"]
             if metric == "lr50":
                 c.ratio = ratio(A, B)
@@ -273,13 +291,17 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
         c.p_holm = adjusted
     for c in out:
         if c.a is not None:
-            c.agreement = _agreement(c)
+            c.agreement = "running" if c.note.endswith("has not run") else _agreement(c)
     if (
         ctx.sensitivity_size
     ):  # the family again, each LR-sensitivity claim with L* its model size's best
         again = []
         for c in out:
-            if c.a is not None and c.claim["metric"] == "lr_sensitivity":
+            if (
+                c.a is not None
+                and c.claim["metric"] == "lr_sensitivity"
+                and c.agreement != "running"
+            ):
                 c.size = Checked(
                     c.claim,
                     c.a,
@@ -293,7 +315,11 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
         for c, adjusted in zip(
             again, holm([1.0 if c.p is None else c.p for c in again]), strict=True
         ):
-            if c.a is not None and c.claim["metric"] == "lr_sensitivity":
+            if (
+                c.a is not None
+                and c.claim["metric"] == "lr_sensitivity"
+                and c.agreement != "running"
+            ):
                 c.p_holm = adjusted
                 c.agreement = _agreement(c)
     return out
@@ -325,6 +351,8 @@ def claim_sentence(c: Checked) -> str:
         return (
             f"{head}: **not run** (no arms of these runs match it; in the Holm family with p = 1)."
         )
+    if c.agreement == "running":
+        return f"{head}: **running** ({c.a} vs {c.b}: {c.note}; in the Holm family with p = 1)."
     expect = "the same as" if claim["expect"] == "same" else f"{claim['expect']} than"
     tests = (
         f" (p = {c.p:.2g}, Holm-adjusted {c.p_holm:.2g})"

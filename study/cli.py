@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from data.sources import DataError
-from study.protocol import budget_of, first_runs, next_stage
+from study.protocol import budget_of, budgets, first_runs, next_stage
 from study.report import write_report
-from study.runner import parse_shard, run_study, sbatch_script, shown, state
+from study.runner import mark_finished, parse_shard, run_study, sbatch_script, shown, state
 from study.studyfile import expected_time, load_study, quick_study
 from training.config import ConfigError
 
@@ -209,17 +209,20 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
         if all(state(study_dir / "runs" / r["name"]) == "finished" for r in more):
             continue  # a resumed sweep passes over the stages it finished
         budget = budget_of(more[0])
+        later = [b for b in budgets(study) if b is not None and budget is not None and b > budget]
+        running = {budget: name, **{b: "grid" for b in later}}
         print(
             f"{name}{'' if budget is None else f' at {budget:g} steps'}: {len(more)} more runs "
             f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
             file=sys.stderr,
         )
         more_counts = run_study(
-            study, made, study_dir, a.workers, process_per_run=a.process_per_run
+            study, made, study_dir, a.workers, process_per_run=a.process_per_run, running=running
         )
         if more_counts is None:
             return None
         counts = {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
+    mark_finished(study_dir)
     return counts
 
 

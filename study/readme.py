@@ -530,19 +530,23 @@ def _difference(c: dict) -> tuple[str, str]:
 def at_longest(report: dict) -> dict:
     """A report whose arms differ in their budget (train.steps) as read at its longest budgets:
     each claim (metric, expectation, arms) at the longest budget it was asked at, each arm at its
-    longest, labels without the budget; any other report unchanged."""
+    longest, labels without the budget; any other report unchanged. Budgets whose stages are still
+    running (an interim report) are passed over while a finished one is there."""
     steps = sorted({steps_of(c["A"]) for c in report.get("claims", []) if c.get("A")} - {None})
     if len(steps) < 2:
         return report
+    done = [s for s in steps if not _running(report, s)] or steps
     claims: dict = {}
     for c in report["claims"]:
-        if not c.get("A"):
+        if not c.get("A") or steps_of(c["A"]) not in done:
             continue
         key = (c["metric"], c["expect"], bare(c["A"]), bare(c["B"]))
         if key not in claims or steps_of(c["A"]) > steps_of(claims[key]["A"]):
             claims[key] = c
     arms: dict = {}
     for label in report.get("per_arm", {}):
+        if steps_of(label) not in done:
+            continue
         if bare(label) not in arms or steps_of(label) > steps_of(arms[bare(label)]):
             arms[bare(label)] = label
     return {
@@ -553,6 +557,12 @@ def at_longest(report: dict) -> dict:
             k for k in report.get("arm_keys", []) if k not in (BUDGET, "optim.schedule_steps")
         ],
     }
+
+
+def _running(report: dict, steps) -> bool:
+    """Whether a budget's protocol stages are still running (report.json's running)."""
+    running = report.get("running") or {}
+    return "all" in running or any(float(b) == steps for b in running)
 
 
 def _per_token(report: dict, steps: int) -> str | None:
@@ -569,7 +579,9 @@ def budget_sentence(report: dict) -> str | None:
         if c.get("A") and steps_of(c["A"]) is not None:
             key = (c["metric"], c["expect"], bare(c["A"]), bare(c["B"]))
             by.setdefault(key, {})[steps_of(c["A"])] = c
-    steps = sorted({s for at in by.values() for s in at})
+    asked = sorted({s for at in by.values() for s in at})
+    steps = [s for s in asked if not _running(report, s)]
+    later = [s for s in asked if _running(report, s)]
     if len(steps) < 2:
         return None
     holds, changes = [], []
@@ -597,8 +609,13 @@ def budget_sentence(report: dict) -> str | None:
         else ""
     )
     out = (
-        f"**By budget**: every claim was asked at {budgets} steps{per}; the sentences above and "
-        f"the table read the {steps[-1]}-step runs. "
+        f"**By budget**: every claim was asked at {budgets} steps{per}"
+        + (
+            f" (at {' and '.join(map(str, later))} steps the study is still running)"
+            if later
+            else ""
+        )
+        + f"; the sentences above and the table read the {steps[-1]}-step runs. "
     )
     out += (
         f"Holds at every budget: {'; '.join(holds)}. "

@@ -173,13 +173,20 @@ def by_budget(res: StudyResult) -> list[str]:
     for (says, a, b), at in rows.items():
         verdicts = [at[s].agreement if s in at else "not run" for s in budgets]
         same = len(set(verdicts)) == 1 and len(at) == len(budgets)
+        whole = (
+            "not known yet (stages running)"
+            if "running" in verdicts
+            else f"holds: {verdicts[0]}"
+            if same
+            else "changes with the budget"
+        )
         out.append(
             f"| {says} | {a} vs {b} | "
             + " | ".join(
-                f"**{v}**, Holm p {fmt(at[s].p_holm, '.2g')}" if s in at else v
+                f"**{v}**, Holm p {fmt(at[s].p_holm, '.2g')}" if s in at and v != "running" else v
                 for s, v in zip(budgets, verdicts, strict=True)
             )
-            + f" | {f'holds: {verdicts[0]}' if same else 'changes with the budget'} |"
+            + f" | {whole} |"
         )
     return [*out, ""]
 
@@ -217,6 +224,23 @@ def convergence(res: StudyResult) -> list[str]:
     ]
 
 
+def interim(res: StudyResult) -> list[str]:
+    """Where the protocol's stages have not all run: which, at which budgets, and what that means
+    for the claims there."""
+    if not res.running:
+        return []
+    where = "; ".join(
+        f"{'' if b is None else f'at {b:g} steps, '}from the {stage} stage on"
+        for b, stage in sorted(res.running.items(), key=lambda x: (x[0] is not None, x[0] or 0))
+    )
+    return [
+        f"**Interim report**: the protocol's stages have not all run ({where}); the sweep resumes "
+        "them. The claims there are `running`: not decided, in the Holm family with p = 1 (the "
+        "others' Holm p can only fall when they are decided).",
+        "",
+    ]
+
+
 def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
     """The report's first screen: each claim's verdict and number in one table, then the stability
     map."""
@@ -230,7 +254,9 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for c in tested:
-            if c.ratio is not None:
+            if c.agreement == "running":
+                est = "-"
+            elif c.ratio is not None:
                 r = c.ratio
                 est = (
                     f"ratio {fmt(r.ratio, '.3g')} ({interval(r.ci)})"
@@ -283,6 +309,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
         "",
         *([budget_text(res.file.path), ""] if res.file.path else []),
+        *interim(res),
         *glance(res, made),
         *convergence(res),
         protocol_text(res),
@@ -621,6 +648,7 @@ def as_json(res: StudyResult) -> dict:
         "arm_keys": res.keys,
         "steps": budgets_text(res.runs),
         "budgets": budgets(res.file.path),
+        "running": {("all" if b is None else f"{b:g}"): st for b, st in res.running.items()},
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,

@@ -63,6 +63,9 @@ class StudyResult:
         default_factory=dict
     )  # LR50 for instability alone, slow censored
     common_seeds: list = field(default_factory=list)
+    running: dict = field(
+        default_factory=dict
+    )  # {budget (steps; None: the study's one): the first stage not run}: an interim report there
 
     @property
     def margin(self) -> float:
@@ -112,16 +115,30 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
     except ConfigError as e:
         raise ValueError(str(e)) from None
     runs = find_runs(paths, file.rule)
+    running = next((r for p in paths if (r := sweep_running(p)) is not None), {})
     if not runs:
         raise ValueError(
             f"no run directories (with config.yaml) under {', '.join(map(str, paths))}"
         )
     if margin is not None:
         file.margin = margin
-    return compute_runs(runs, file)
+    return compute_runs(runs, file, running)
 
 
-def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
+def sweep_running(path: Path) -> dict | None:
+    """What a study's sweep.json says is still to run: {budget (steps; None: the whole study): the
+    first stage not finished}, {} when its sweep finished; None without one (runs made by hand,
+    an archive, a sweep from before this was recorded)."""
+    index = path / "sweep.json"
+    if not index.is_file():
+        return None
+    running = json.loads(index.read_text()).get("running")
+    if running is None:
+        return None
+    return {(None if b == "all" else float(b)): stage for b, stage in running.items()}
+
+
+def compute_runs(runs: list[Run], file: StudyFile, running: dict | None = None) -> StudyResult:
     """The result of these runs under this study file (its failure rule, claims, margins and
     protocol)."""
     judge(runs, file.rule)  # every run, live or archived, judged by the study file's rule
@@ -148,6 +165,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         for lr in a.lrs
         if lr in b.lrs
     ]
+    running = running or {}
     ctx = Context(
         keys,
         test,
@@ -160,6 +178,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         sens,
         sens_size,
         file.protocol.adaptive.looks if file.protocol and file.protocol.adaptive else 1,
+        running,
     )
     res = StudyResult(
         file,
@@ -176,6 +195,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         sensitivity=sens,
         common_seeds=common_seeds,
         sensitivity_size=sens_size,
+        running=running,
     )
     best = arm_bests(runs)
     rules = {
@@ -193,7 +213,7 @@ def compute_runs(runs: list[Run], file: StudyFile) -> StudyResult:
         else:
             res.alternatives[name] = fits
     for c in res.claims:
-        if c.a is not None and c.claim["metric"] == "lr50":
+        if c.a is not None and c.claim["metric"] == "lr50" and c.agreement != "running":
             c.rules = {
                 name: lr50_ratio(
                     *arms[c.a].curve(failed, selection), *arms[c.b].curve(failed, selection)

@@ -200,16 +200,31 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
         kernel_available()
 
 
-def _write_index(path: Path, study: dict, runs: list[dict], index: dict) -> None:
+def _write_index(
+    path: Path, study: dict, runs: list[dict], index: dict, running: dict | None = None
+) -> None:
     """sweep.json: the runs' entries in their order, then those the file had of runs not asked
-    for yet (a resumed sweep reaches a stage's runs later than a first one did)."""
+    for yet (a resumed sweep reaches a stage's runs later than a first one did); with a protocol,
+    `running`: {budget ('all' without a budget axis): the first stage not finished}, {} when the
+    sweep has finished (a report of the runs is interim until then)."""
     names = [r["name"] for r in runs]
     entries = [index[n] for n in dict.fromkeys(names + list(index)) if n in index]
+    out = {"study": study, "runs": entries}
+    if running is not None:
+        out["running"] = {("all" if b is None else f"{b:g}"): st for b, st in running.items()}
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps({"study": study, "runs": entries}, indent=2, default=dataclasses.asdict) + "\n"
-    )
+    tmp.write_text(json.dumps(out, indent=2, default=dataclasses.asdict) + "\n")
     os.replace(tmp, path)
+
+
+def mark_finished(study_dir: Path) -> None:
+    """Record in sweep.json that every stage of the study has run."""
+    path = study_dir / "sweep.json"
+    if path.is_file():
+        index = json.loads(path.read_text())
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({**index, "running": {}}, indent=2) + "\n")
+        os.replace(tmp, path)
 
 
 def _raise_interrupt(signum, frame):
@@ -289,6 +304,7 @@ def run_study(
     workers: int | None = None,
     index_name: str = "sweep.json",
     process_per_run: bool = False,
+    running: dict | None = None,
 ) -> dict[str, int] | None:
     """Run every unfinished run of the study on its workers, updating sweep.json as each ends; the
     outcome counts of this session, or None when interrupted (Ctrl-C / SIGTERM: the runs in flight
@@ -355,7 +371,7 @@ def run_study(
                 bar.write(
                     f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}"
                 )
-            _write_index(index_path, study, runs, index)
+            _write_index(index_path, study, runs, index, running)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler
         pool.shutdown(wait=False, cancel_futures=True)
         stop_runs()  # runs checkpoint and exit; a rerun resumes them
@@ -370,5 +386,5 @@ def run_study(
                 worker.close()
     pool.shutdown()
     bar.close()
-    _write_index(index_path, study, runs, index)
+    _write_index(index_path, study, runs, index, running)
     return counts

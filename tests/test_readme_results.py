@@ -768,6 +768,38 @@ def test_a_default_study_with_budgets_is_read_at_its_longest_and_says_what_chang
     assert "| agrees |" in row and "disagrees" not in row  # the 3000-step verdict alone
 
 
+def test_a_budget_still_running_is_named_and_the_longest_finished_one_is_read():
+    """An interim default study (its 3000-step stages still running): the sentence sets the
+    finished budgets side by side and names the one still running; the headline reads 1000."""
+    from study.readme import at_longest, budget_sentence
+
+    def at(steps, agreement):
+        tail = f"/schedule_steps={steps}/steps={steps}"
+        c = _claim("lr50", "rmsnorm/post", "rmsnorm/pre", agreement, "lower", ratio=0.1)
+        return {**c, "A": c["A"] + tail, "B": c["B"] + tail, "p_holm": 0.001 * steps}
+
+    report = {
+        "claims": [at(300, "agrees"), at(1000, "cannot tell"), at(3000, "running")],
+        "budgets": [{"steps": s, "per_non_embedding": str(s)} for s in (300, 1000, 3000)],
+        "running": {"3000": "adaptive"},
+        "per_arm": {
+            f"rmsnorm/{p}/schedule_steps={s}/steps={s}": s
+            for p in ("pre", "post")
+            for s in (300, 1000, 3000)
+        },
+    }
+    got = at_longest(report)
+    assert [c["agreement"] for c in got["claims"]] == ["cannot tell"]
+    assert got["per_arm"] == {"rmsnorm/pre": 1000, "rmsnorm/post": 1000}
+    sentence = budget_sentence(report)
+    assert sentence.startswith(
+        "**By budget**: every claim was asked at 300 and 1000 steps (300 and 1000 tokens per "
+        "non-embedding parameter) (at 3000 steps the study is still running); the sentences "
+        "above and the table read the 1000-step runs."
+    )
+    assert "running at" not in sentence and "agrees at 300" in sentence
+
+
 def test_a_claim_asked_only_at_a_shorter_budget_is_read_there():
     """at_longest keeps each claim at the longest budget it was asked at (a study may carry only
     some of its arms to the longest budget, as the DyT study its scalar pair)."""

@@ -1384,6 +1384,98 @@ def test_verdicts_by_budget_sit_side_by_side_and_say_whether_they_hold(tmp_path)
     assert row.index("**agrees**") < row.index("**disagrees**")
 
 
+BUDGETS_STUDY = (
+    "name: budgets\nconfig: {tiny}\n"
+    "grid: {{norm: [rmsnorm, layernorm], train.steps: [20, 40], lr: [0.01]}}\n"
+    "protocol: {{selection_seeds: [0, 1, 2, 3, 4], test_seeds: [5, 6, 7, 8, 9], refine: 0, "
+    "bracket: {{steps: 0}}}}\nequivalence_margin: 0.05\n"
+    "claims:\n  - {{paper: p, says: RMSNorm matches LayerNorm, a: {{norm: rmsnorm}}, "
+    "b: {{norm: layernorm}}, metric: best_loss, expect: same}}\n"
+)
+
+
+def _fake_run(root, spec):
+    """A finished run for a spec of BUDGETS_STUDY (no training): the norms' losses differ by a
+    little seed noise."""
+    v = dict(o.split("=", 1) for o in spec["overrides"])
+    seed, norm = int(v["train.seed"]), v["model.norm"]
+    noise = {"rmsnorm": 0.002 * ((seed * 3) % 4), "layernorm": 0.003 * ((seed * 7) % 5)}
+    write_run(
+        root,
+        spec["name"],
+        norm,
+        0.01,
+        seed,
+        "ok",
+        3.0 + noise[norm],
+        overrides=(f"train.steps={v['train.steps']}",),
+    )
+
+
+def test_a_sweep_runs_budget_by_budget_and_records_what_is_still_running(tmp_path, monkeypatch):
+    """The sweep's stages along a budget axis (run_study faked: it writes each run's directory):
+    20 steps' grid and test stage, then 40's; sweep.json's `running` says at each stage which
+    budgets are not finished, and {} when the sweep has finished."""
+    (tmp_path / "s.yaml").write_text(BUDGETS_STUDY.format(tiny=CONFIGS / "tiny.yaml"))
+    seen = []
+
+    def fake(study, runs, study_dir, workers=None, process_per_run=False, running=None):
+        for spec in runs:
+            if not (study_dir / "runs" / spec["name"]).exists():
+                _fake_run(study_dir, spec)
+        seen.append(dict(running))
+        runner._write_index(study_dir / "sweep.json", study, runs, {}, running)
+        return {"ok": 1}
+
+    monkeypatch.setattr(cli, "run_study", fake)
+    assert cli.sweep([str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-report"]) == 0
+    assert seen == [
+        {20: "grid", 40: "grid"},
+        {20: "test", 40: "grid"},
+        {40: "grid"},
+        {40: "test"},
+    ]
+    index = json.loads((tmp_path / "out" / "budgets" / "sweep.json").read_text())
+    assert (
+        index["running"] == {}
+        and len(list((tmp_path / "out" / "budgets" / "runs").iterdir())) == 40
+    )
+
+
+def test_a_study_stopped_between_its_budgets_reports_the_unfinished_one_as_running(tmp_path):
+    """The 20-step budget's stages all ran, the 40-step one's test stage did not (sweep.json says
+    so): its claim is `running` (in the Holm family with p = 1), the report says it is interim and
+    where, the table by budget does not say whether the verdict holds, and the README reads the
+    20-step runs."""
+    from study.readme import at_longest, budget_sentence
+    from study.report import as_json, by_budget
+    from study.result import compute
+
+    (tmp_path / "study.yaml").write_text(BUDGETS_STUDY.format(tiny=CONFIGS / "tiny.yaml"))
+    study = studyfile.load_study(tmp_path / "study.yaml")
+    for arm in protocol.arms_of(study):
+        seeds = range(10) if arm["train.steps"] == 20 else range(5)  # 40 steps: the grid alone
+        for spec in protocol.specs(study, arm, [0.01], seeds):
+            _fake_run(tmp_path, spec)
+    runner._write_index(tmp_path / "sweep.json", study, [], {}, {40: "test"})
+    res = compute([tmp_path])
+    assert res.running == {40: "test"}
+    at = {c.a.split("/")[-1]: c for c in res.claims}
+    assert at["steps=40"].agreement == "running" and at["steps=40"].p is None
+    assert at["steps=20"].agreement == "agrees"
+    row = next(x for x in by_budget(res) if x.startswith("| RMSNorm matches"))
+    assert "| running |" in row and "not known yet" in row and "holds" not in row
+    report = as_json(res)
+    assert report["running"] == {"40": "test"}
+    (tmp_path / "out").mkdir()
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "**Interim report**" in text and "at 40 steps, from the test stage on" in text
+    report["budgets"] = [{"steps": 20}, {"steps": 40}]
+    assert [c["A"] for c in at_longest(report)["claims"]] == ["rmsnorm"]
+    assert at_longest(report)["claims"][0]["agreement"] == "agrees"  # read at 20 steps
+    assert budget_sentence(report) is None  # one budget finished: nothing to set side by side
+
+
 def test_the_2025_studies_are_designed_as_their_files_say():
     """norms-2025: six arms a budget at 12 layers (the placements without the embedding scalar,
     RMSNorm and Derf with it), every claim against pre-norm RMSNorm with the same scalar, at both
