@@ -126,6 +126,14 @@ def sweep(argv: list[str] | None = None) -> int:
         metavar="key=value",
         help="extra config overrides for every run (e.g. data.source=text:corpus.txt)",
     )
+    p.add_argument(
+        "--up-to",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="along a budget axis (train.steps), run only the budgets up to STEPS (every stage "
+        "of each); a later sweep without it goes on to the rest",
+    )
     a = p.parse_args(argv)
     if a.workers is not None and a.workers < 1:  # as a study file's workers: 0 is not "auto"
         print(
@@ -203,7 +211,7 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
     finished runs: the outcome counts, or None when interrupted."""
     made: list[dict] = []
     counts: dict[str, int] = {}
-    while (stage := next_stage(study, study_dir, made, a.set)) is not None:
+    while (stage := next_stage(study, study_dir, made, a.set, a.up_to)) is not None:
         name, more = stage
         made = made + more
         if all(state(study_dir / "runs" / r["name"]) == "finished" for r in more):
@@ -222,7 +230,12 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
         if more_counts is None:
             return None
         counts = {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
-    mark_finished(study_dir)
+    rest = [b for b in budgets(study) if None not in (a.up_to, b) and b > a.up_to]
+    if rest:
+        print(f"stopped before the budgets above {a.up_to} steps: rerun without --up-to for them")
+        mark_finished(study_dir, {b: "grid" for b in rest})
+    else:
+        mark_finished(study_dir)
     return counts
 
 

@@ -370,14 +370,17 @@ def stage_runs(study: dict, stage: str, runs: list[Run], extra=(), budget=None) 
 
 
 def next_stage(
-    study: dict, study_dir: Path, made: list[dict], extra=()
+    study: dict, study_dir: Path, made: list[dict], extra=(), up_to: int | None = None
 ) -> tuple[str, list[dict]] | None:
     """(the stage, its runs not yet made) for the first stage that still wants runs, budget by
     budget (shortest first), given the finished runs in study_dir; None when the study is complete.
-    `made`: the run specs launched so far (none is asked for twice)."""
+    `made`: the run specs launched so far (none is asked for twice); `up_to`: no budget above
+    these steps."""
     runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
     for budget in budgets(study):
+        if None not in (up_to, budget) and budget > up_to:
+            break
         for stage in STAGES:
             more: list[dict] = []
             for s in stage_runs(study, stage, runs, extra, budget):

@@ -217,13 +217,15 @@ def _write_index(
     os.replace(tmp, path)
 
 
-def mark_finished(study_dir: Path) -> None:
-    """Record in sweep.json that every stage of the study has run."""
+def mark_finished(study_dir: Path, rest: dict | None = None) -> None:
+    """Record in sweep.json that every stage of the study has run (or all but `rest`'s budgets:
+    {budget: the first stage not run})."""
     path = study_dir / "sweep.json"
     if path.is_file():
         index = json.loads(path.read_text())
+        running = {f"{b:g}": st for b, st in (rest or {}).items()}
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({**index, "running": {}}, indent=2) + "\n")
+        tmp.write_text(json.dumps({**index, "running": running}, indent=2) + "\n")
         os.replace(tmp, path)
 
 

@@ -1415,7 +1415,7 @@ def _fake_run(root, spec):
 def test_a_sweep_runs_budget_by_budget_and_records_what_is_still_running(tmp_path, monkeypatch):
     """The sweep's stages along a budget axis (run_study faked: it writes each run's directory):
     20 steps' grid and test stage, then 40's; sweep.json's `running` says at each stage which
-    budgets are not finished, and {} when the sweep has finished."""
+    budgets are not finished, and {} when the sweep has finished; --up-to stops between them."""
     (tmp_path / "s.yaml").write_text(BUDGETS_STUDY.format(tiny=CONFIGS / "tiny.yaml"))
     seen = []
 
@@ -1428,13 +1428,13 @@ def test_a_sweep_runs_budget_by_budget_and_records_what_is_still_running(tmp_pat
         return {"ok": 1}
 
     monkeypatch.setattr(cli, "run_study", fake)
-    assert cli.sweep([str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-report"]) == 0
-    assert seen == [
-        {20: "grid", 40: "grid"},
-        {20: "test", 40: "grid"},
-        {40: "grid"},
-        {40: "test"},
-    ]
+    argv = [str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-report"]
+    assert cli.sweep([*argv, "--up-to", "20"]) == 0  # the short budget alone...
+    assert seen == [{20: "grid", 40: "grid"}, {20: "test", 40: "grid"}]
+    index = json.loads((tmp_path / "out" / "budgets" / "sweep.json").read_text())
+    assert index["running"] == {"40": "grid"}
+    assert cli.sweep(argv) == 0  # ...then the rest
+    assert seen[2:] == [{40: "grid"}, {40: "test"}]
     index = json.loads((tmp_path / "out" / "budgets" / "sweep.json").read_text())
     assert (
         index["running"] == {}
