@@ -140,6 +140,8 @@ def loss_text(p: dict) -> str:
 
 def _short(c: dict) -> str:
     """A claim's estimate in a table cell: the ratio or difference with its CI, n and Holm p."""
+    if c.get("agreement") == "running":
+        return "running (its stages have not all run)"
     if "lr50_ratio" in c:
         r = c["lr50_ratio"]
         if r["ratio"] is None:
@@ -274,133 +276,75 @@ def headline_placement(place: list[dict]) -> str:
     p = max(c["p_holm"] for c in place)
     names = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
     return (
-        "**Placement decides stability.** Post-LN fails at learning rates lower than those Pre-LN "
-        "trains at, "
-        "by "
+        "**Placement decides stability.** Post-LN's LR50 is below Pre-LN's by "
         + " and ".join(f"{_span(c)} with {names.get(_common(c), _common(c))}" for c in place)
         + f" (Holm p <= {p:.2g}; ranges over the pre-registered failure rules)."
     )
 
 
+def _num(c: dict) -> str:
+    """A claim's number with its CI, compact: '1.12 (0.889..1.41)', '-0.015 (-0.023..-0.007)', or
+    the bracket where the ratio is not identified."""
+    if "lr50_ratio" in c:
+        r = c["lr50_ratio"]
+        if r["ratio"] is None or not r.get("identified", True):
+            return bracket_text(r.get("bounds") or [None, None])
+        return f"{g(r['ratio'])} ({interval(r['ci'])})"
+    p = c["loss"]
+    if p["mean"] is None:
+        return "no seed where both trained"
+    return f"{p['mean']:+.3f}" + (f" ({p['ci'][0]:+.3f}..{p['ci'][1]:+.3f})" if p["ci"] else "")
+
+
 def headline_norm(norm: list[dict], report: dict) -> str:
-    """One sentence: what RMSNorm vs LayerNorm's claims decided, with the common LR's distance from
-    the best."""
-    m, r = report.get("margin", 0.02), report.get("ratio_margin", 2)
-    common = [c for c in norm if c["metric"] == "common_loss"]
+    """The mission's answer, one sentence per claim of RMSNorm vs LayerNorm (stability, the loss at
+    an LR safe for both, LR sensitivity): its verdict in each placement with the numbers, their CIs,
+    n and Holm p, and where the common LR sits below an arm's best."""
+    m, r, sm = (
+        report.get("margin", 0.02),
+        report.get("ratio_margin", 2),
+        report.get("sensitivity_margin", 0.1),
+    )
+    what = {
+        "lr50": (f"as stable as LayerNorm (LR50 within x{r:g})", "LR50 ratio", ""),
+        "common_loss": (f"as good at an LR safe for both (within {m:g} nats)", "loss", " nats"),
+        "lr_sensitivity": (f"as sensitive to the LR (within {sm:g} nats)", "sensitivity", " nats"),
+    }
     out = []
-    if common and all(c["agreement"] == "agrees" for c in common):
-        nums = ", ".join(f"{_common(c)} {c['loss']['mean']:+.3f}" for c in common)
-        n = min(c["loss"]["n"] for c in common)
+    for metric in ("lr50", "common_loss", "lr_sensitivity"):
+        cs = [c for c in norm if c["metric"] == metric and c["agreement"] != "running"]
+        if not cs:
+            continue
+        claim, name, unit = what[metric]
+        ns = {c["loss"]["n"] for c in cs if c.get("loss")}
+        nums = (
+            f"{name} "
+            + ", ".join(f"{_common(c)} {_num(c)}" for c in cs)
+            + unit
+            + (f", n = {ns.pop()}" if len(ns) == 1 else "")
+            + ", Holm p "
+            + ", ".join(f"{c['p_holm']:.2g}" for c in cs)
+        )
+        verdicts = [c["agreement"] for c in cs]
+        if len(set(verdicts)) == 1:
+            v = verdicts[0]
+            where = "in both placements" if len(cs) == 2 else "in every placement"
+            head = {
+                "agrees": f"RMSNorm is {claim} {where}",
+                "disagrees": f"RMSNorm is not {claim} {where}",
+            }.get(v, f"{claim[0].upper()}{claim[1:]}: {v}")
+        else:
+            head = f"{claim[0].upper()}{claim[1:]}: " + ", ".join(
+                f"{v} in {_common(c)}" for c, v in zip(cs, verdicts, strict=True)
+            )
         far = [
-            c for c in common if any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))
+            f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR"
+            for c in cs
+            if metric == "common_loss"
+            and any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))
         ]
-        where = "; ".join(
-            f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR, "
-            f"{min(gp[3] for gp in c['gaps']):+.2f} nats off its best"
-            for c in far
-        )
-        out.append(
-            f"**The norm**: at an LR safe for both, RMSNorm's loss is "
-            f"LayerNorm's within {m:g} nats in both placements ({nums} nats, n = {n}"
-            + (f"; {where}" if where else "")
-            + ")"
-        )
-    elif common:
-        out.append(
-            "**The norm**: the loss at a common safe LR: "
-            + "; ".join(f"{_common(c)}: {c['agreement']}" for c in common)
-        )
-    open_ = [
-        WORDS[mt]
-        for mt in ("lr50", "lr_sensitivity")
-        if any(c["metric"] == mt and c["agreement"] == "cannot tell" for c in norm)
-    ]
-    if open_:
-        out.append(
-            f"equal stability (LR50 within x{r:g}) and LR sensitivity: cannot tell"
-            if len(open_) == 2
-            else f"equal {open_[0]}: cannot tell"
-        )
-    return "; ".join(out) + "."
-
-
-def headline_qk(report: dict) -> str | None:
-    """One sentence on qk-norm's LR50 claims (the attention-logits study), or None without them."""
-    cs = [
-        c
-        for c in report.get("claims", [])
-        if c.get("A") and c["metric"] == "lr50" and c["expect"] == "higher"
-    ]
-    if not cs:
-        return None
-    agree = [c for c in cs if c["agreement"] == "agrees"]
-    nums = [c["lr50_ratio"]["ratio"] for c in agree if c["lr50_ratio"].get("identified")]
-    size = (
-        f" (x{min(nums):.2g}-{max(nums):.2g} where identified)"
-        if len(nums) > 1
-        else (f" (x{nums[0]:.2g} where identified)" if nums else "")
-    )
-    rest = len(cs) - len(agree)
-    return (
-        f"**qk-norm**: qk-LayerNorm raises LR50 in {len(agree)} of {len(cs)} block-norm x width "
-        "settings"
-        f"{size}, as Wortsman et al. 2023 (Sec. 3.1.1) report"
-        + (
-            f"; {rest} cannot tell, where runs separate and only brackets are known."
-            if rest
-            else "."
-        )
-    )
-
-
-def headline_dyt(report: dict) -> str | None:
-    """Sentences on the DyT study's common-LR claims: DyT minus RMSNorm with the same embedding
-    scalar, per scalar setting and budget, each with its CI, n, verdict and Holm p; where DyT leads
-    at the shortest budget and not at the longest, that it is the recipe's early speed. None
-    without such claims."""
-    cs = [
-        c
-        for c in report.get("claims", [])
-        if c.get("A") and c["metric"] == "common_loss" and c.get("loss", {}).get("mean") is not None
-    ]
-    if not cs:
-        return None
-
-    def part(c: dict) -> str:
-        p, steps = c["loss"], steps_of(c["A"])
-        ci = f"{p['ci'][0]:+.3f}..{p['ci'][1]:+.3f}, " if p["ci"] else ""
-        at = f" at {steps} steps" if steps else ""
-        return (
-            f"{p['mean']:+.3f} nats{at} ({ci}n = {p['n']}, {c['agreement']}, "
-            f"Holm p {c['p_holm']:.2g})"
-        )
-
-    with_, without = (
-        sorted(
-            (c for c in cs if ("sqrt_dim" in c["A"]) == scalar), key=lambda c: steps_of(c["A"]) or 0
-        )
-        for scalar in (True, False)
-    )
-    out = []
-    if with_:
-        out.append(
-            "**DyT** (its LLaMA recipe, d = 64) minus RMSNorm at a common safe LR, both with the "
-            "recipe's embedding scalar: " + "; ".join(part(c) for c in with_) + "."
-        )
-    if without:
-        out.append("Both without it: " + "; ".join(part(c) for c in without) + ".")
-    first, last = (with_[0], with_[-1]) if len(with_) > 1 else (None, None)
-    if (
-        first
-        and first["agreement"] == "disagrees"
-        and first["loss"]["mean"] < 0
-        and not (last["agreement"] == "disagrees" and last["loss"]["mean"] < 0)
-    ):
-        out.append(
-            "A lead gone at the longer budget is the recipe's early speed, not Zhu et al.'s "
-            "parity at 7B-70B."
-        )
-    return " ".join(out) if out else None
+        out.append(f"{head} ({nums}{'; ' + ', '.join(far) if far else ''}).")
+    return "**The norm**: " + " ".join(out) if out else ""
 
 
 def _cell(cs: list[dict]) -> str:
@@ -471,6 +415,8 @@ def _measured(report: dict, c: dict, label: str) -> str:
 
 def _key(c: dict) -> str:
     """A claim's key number: its ratio or difference, a bracket where no ratio is identified."""
+    if c.get("agreement") == "running":
+        return "running"
     if "lr50_ratio" in c:
         r = c["lr50_ratio"]
         if r.get("identified") and r.get("ratio") is not None:
@@ -568,12 +514,13 @@ def _running(report: dict, steps) -> bool:
 def _per_token(report: dict, steps: int) -> str | None:
     """Tokens per non-embedding parameter at a budget of `steps` (report.json's budgets)."""
     b = next((b for b in report.get("budgets", []) if b["steps"] == steps), None)
-    return b["per_non_embedding"] if b else None
+    return b.get("per_non_embedding") if b else None
 
 
 def budget_sentence(report: dict) -> str | None:
-    """Where a study asked its claims at several budgets: which verdicts hold at every budget and
-    which change, each with its verdict and Holm p at every budget; None for one budget."""
+    """Where a study asked its claims at several finished budgets: which verdicts change with the
+    budget (each with its verdict at every budget; the others hold), and which budgets are still
+    running; None for one budget."""
     by: dict = {}
     for c in report.get("claims", []):
         if c.get("A") and steps_of(c["A"]) is not None:
@@ -582,48 +529,46 @@ def budget_sentence(report: dict) -> str | None:
     asked = sorted({s for at in by.values() for s in at})
     steps = [s for s in asked if not _running(report, s)]
     later = [s for s in asked if _running(report, s)]
+    if len(steps) == 1 and later:
+        per = _per_token(report, steps[0])
+        return (
+            f"**By budget**: the sentences above and the table read the {steps[0]}-step runs"
+            + (f" ({per} tokens per non-embedding parameter)" if per else "")
+            + f"; at {' and '.join(map(str, later))} steps the study is still running."
+        )
     if len(steps) < 2:
         return None
     holds, changes = [], []
     for (metric, _expect, a, b), at in by.items():
         what = f"{WORDS.get(metric, metric)}, {a} vs {b}"
         verdicts = [at[s]["agreement"] if s in at else "not run" for s in steps]
-        if len(set(verdicts)) == 1 and len(at) == len(steps):
-            ps = "/".join(f"{at[s]['p_holm']:.2g}" for s in steps)
-            holds.append(f"{what} ({verdicts[0]}, Holm p {ps})")
+        if len(set(verdicts)) == 1 and all(s in at for s in steps):
+            holds.append(what)
         else:
             changes.append(
                 f"{what} ("
-                + ", ".join(
-                    f"{v} at {s}"
-                    + (f" (Holm p {at[s]['p_holm']:.2g})" if s in at and at[s]["p_holm"] else "")
-                    for s, v in zip(steps, verdicts, strict=True)
-                )
+                + ", ".join(f"{v} at {s}" for s, v in zip(steps, verdicts, strict=True))
                 + ")"
             )
     budgets = ", ".join(str(s) for s in steps[:-1]) + f" and {steps[-1]}"
     pers = [_per_token(report, s) for s in steps]
-    per = (
-        f" ({', '.join(pers[:-1])} and {pers[-1]} tokens per non-embedding parameter)"
-        if None not in pers
-        else ""
-    )
+    notes = []
+    if None not in pers:
+        notes.append(f"{', '.join(pers[:-1])} and {pers[-1]} tokens per non-embedding parameter")
+    if later:
+        notes.append(f"{' and '.join(map(str, later))} still running")
     out = (
-        f"**By budget**: every claim was asked at {budgets} steps{per}"
-        + (
-            f" (at {' and '.join(map(str, later))} steps the study is still running)"
-            if later
-            else ""
-        )
-        + f"; the sentences above and the table read the {steps[-1]}-step runs. "
+        f"**By budget**: asked at {budgets} steps"
+        + (f" ({'; '.join(notes)})" if notes else "")
+        + f"; the sentences above read the {steps[-1]}-step runs. "
     )
-    out += (
-        f"Holds at every budget: {'; '.join(holds)}. "
-        if holds
-        else "No verdict holds at every budget. "
+    if not changes:
+        return out + f"Every verdict holds at every budget ({len(holds)})."
+    return (
+        out
+        + f"These change with the budget: {'; '.join(changes)}"
+        + (f"; the other {len(holds)} hold at every budget." if holds else "; none holds.")
     )
-    out += f"Changes with the budget: {'; '.join(changes)}." if changes else "None changes."
-    return out
 
 
 def found(results: Path, rel: str) -> str:
@@ -647,12 +592,6 @@ def found(results: Path, rel: str) -> str:
     budget = budget_sentence(reports["norm-placement-lr"])
     if budget:
         lines.append(budget)
-    qk = headline_qk(reports["attention-logits"]) if "attention-logits" in reports else None
-    if qk:
-        lines.append(qk)
-    dyt = headline_dyt(reports["dyt"]) if "dyt" in reports else None
-    if dyt:
-        lines.append(dyt)
     counts: dict[str, int] = {}
     for r in reports.values():
         for c in r.get("claims", []):
@@ -890,6 +829,13 @@ def replication(paths: str) -> str:
     reports = [json.loads((f / "report.json").read_text()) for f in folders]
     factors = [bits_per_nat(f / "study.yaml") for f in folders]
     names = [f.name for f in folders]
+    asked = [{(c["A"], c["B"], c["metric"]) for c in r["claims"] if c.get("A")} for r in reports]
+    if not set.intersection(*asked):
+        return (
+            f"The reports ask no claim in common: {' and '.join(names)} were run on different "
+            "designs (a study file redesigned and not yet rerun on both corpora); the side by side "
+            "waits for both runs of one design.\n"
+        )
     rows = ["| claim | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     keyed = []
     for c in reports[0]["claims"]:
@@ -909,7 +855,7 @@ def replication(paths: str) -> str:
         for o, k in zip(others, factors, strict=True):
             if o is None:
                 cells.append("-")
-            elif o["metric"] == "common_loss" and o["loss"]["mean"] is not None:
+            elif o["metric"] == "common_loss" and (o.get("loss") or {}).get("mean") is not None:
                 p = o["loss"]
                 ci = f" ({p['ci'][0] * k:+.4f}..{p['ci'][1] * k:+.4f})" if p["ci"] else ""
                 lr = f" at lr {g(o['lrs'][0])}" if o.get("lrs") else ""

@@ -1473,7 +1473,10 @@ def test_a_study_stopped_between_its_budgets_reports_the_unfinished_one_as_runni
     report["budgets"] = [{"steps": 20}, {"steps": 40}]
     assert [c["A"] for c in at_longest(report)["claims"]] == ["rmsnorm"]
     assert at_longest(report)["claims"][0]["agreement"] == "agrees"  # read at 20 steps
-    assert budget_sentence(report) is None  # one budget finished: nothing to set side by side
+    assert budget_sentence(report) == (
+        "**By budget**: the sentences above and the table read the 20-step runs; at 40 steps the "
+        "study is still running."
+    )
 
 
 def test_the_2025_studies_are_designed_as_their_files_say():
