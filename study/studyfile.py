@@ -10,6 +10,7 @@ results still reads)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -531,6 +532,13 @@ def _slug(key: str, value) -> str:
     return f"{short.get(key, key.rsplit('.', 1)[-1])}{value}"
 
 
+@functools.lru_cache(maxsize=65536)
+def _validate(config: str, overrides: tuple) -> None:
+    """A run's config loads (once per config and overrides: the protocol's stages ask again and
+    again)."""
+    load_config(config, list(overrides))
+
+
 def expand(study: dict, extra: list[str] = ()) -> list[dict]:
     """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config
     validated up front."""
@@ -542,7 +550,7 @@ def expand(study: dict, extra: list[str] = ()) -> list[dict]:
             continue
         name = "-".join(_slug(k, v) for k, v in zip(keys, values, strict=True))
         overrides = base + [f"{k}={v}" for k, v in zip(keys, values, strict=True)]
-        load_config(study["config"], overrides)  # raises ConfigError on a bad value
+        _validate(str(study["config"]), tuple(overrides))  # raises ConfigError on a bad value
         runs.append({"name": name, "overrides": overrides})
     return runs
 
