@@ -29,7 +29,7 @@ import math
 import statistics
 from pathlib import Path
 
-from study.adaptive import round_plan
+from study.adaptive import decided, round_plan
 from study.lr50 import p_fail_upper
 from study.read import Run, find_runs, same
 from study.studyfile import Adaptive, Protocol, excluded, expand
@@ -284,6 +284,25 @@ def _before(arm_runs: list, r: int, p: Protocol) -> list:
 
 def _curve(runs: list) -> tuple[list, list]:
     return [x.lr for x in runs], [x.failed for x in runs]
+
+
+def adaptive_outcome(
+    arm_a: list, arm_b: list, expect: str, p: Protocol, margin: float, family: int
+) -> tuple[str, int]:
+    """How the adaptive stage ended for one LR50 claim, from its arms' runs: decided at which look,
+    its maximum spent, or not finished; and the runs its rounds made at its two arms."""
+    a, used = p.adaptive, 0
+    for r in range(a.rounds + 1):
+        curves = [_curve(_before(arm, r, p)) for arm in (arm_a, arm_b)]
+        if decided(*curves, expect, margin, a, family):
+            return ("decided before any round" if r == 0 else f"decided after round {r}"), used
+        if r == a.rounds:
+            return f"maximum spent ({a.rounds} rounds)", used
+        mine = [x for x in arm_a + arm_b if x.seed in a.seeds(r) and x.finished]
+        if not mine:
+            return f"not finished (round {r + 1} not run yet)", used
+        used += len(mine)
+    raise AssertionError("unreachable")
 
 
 def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:

@@ -13,6 +13,7 @@ from study.findings import findings, margin_sentence
 from study.history import history
 from study.lr50 import bound_text
 from study.precursors import table as precursor_table
+from study.protocol import adaptive_outcome
 from study.read import KINDS, last_half
 from study.result import StudyResult, compute
 from study.text import BUDGET, bare, fmt, g, interval
@@ -191,6 +192,45 @@ def by_budget(res: StudyResult) -> list[str]:
     return [*out, ""]
 
 
+def adaptive_stage(res: StudyResult) -> list[str]:
+    """Per LR50 claim, how the adaptive edge stage ended (decided at which look, its maximum spent)
+    and the runs its rounds made, beside the verdict it reached."""
+    p = res.file.protocol
+    if p is None or p.adaptive is None:
+        return []
+    rows = []
+    for c in res.claims:
+        if c.a is None or c.claim["metric"] != "lr50" or c.agreement == "running":
+            continue
+        ended, used = adaptive_outcome(
+            res.arms[c.a].runs,
+            res.arms[c.b].runs,
+            c.claim["expect"],
+            p,
+            res.file.ratio_margin,
+            len(res.claims),
+        )
+        rows.append(
+            f"| {c.claim['says']} | {c.a} vs {c.b} | {ended} | {used} | **{c.agreement}**, Holm "
+            f"p {fmt(c.p_holm, '.2g')} |"
+        )
+    a = p.adaptive
+    return [
+        "## The adaptive edge stage",
+        "",
+        f"Rounds of {a.seeds_per_round} new seeds at {a.lrs} LRs x{a.step:.3g} apart around each "
+        f"arm's LR50 estimate, at most {a.max_runs} runs a claim ({a.rounds} rounds, {a.looks} "
+        f"looks); a claim stops at the first look where looks x p < {a.alpha:g} / "
+        f"{len(res.claims)} (the Holm family). Runs: those its rounds made at its two arms (an arm "
+        "shared by two claims serves both).",
+        "",
+        "| claim | A vs B | the stage | runs | verdict |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def convergence(res: StudyResult) -> list[str]:
     """At each arm's best LR, the runs' end-of-run slope: have the curves flattened when the budget
     ends? (Norms compared on runs still falling compare speed, not where they converge.)"""
@@ -312,6 +352,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         *interim(res),
         *glance(res, made),
         *convergence(res),
+        *adaptive_stage(res),
         protocol_text(res),
         "",
     ]

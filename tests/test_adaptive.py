@@ -110,6 +110,15 @@ def test_a_round_is_three_lrs_x178_apart_around_each_arms_estimate_on_shared_new
     assert len(rounds) == study["protocol"].adaptive.rounds == 2
     assert {int(_value(s, "train.seed")) for s in rounds[1]} == {102, 103}
     assert sum(len(r) for r in rounds) == 24
+    arm = {n: [r for r in runs if r.config["model.norm"] == n] for n in ("rmsnorm", "layernorm")}
+    outcome = protocol.adaptive_outcome(
+        arm["rmsnorm"], arm["layernorm"], "same", study["protocol"], 2.0, 1
+    )
+    assert outcome == ("maximum spent (2 rounds)", 24)  # what the report says of it
+    half = [r for r in arm["rmsnorm"] if r.seed < 102]  # as if round 2 had not run yet
+    assert protocol.adaptive_outcome(
+        half, [r for r in arm["layernorm"] if r.seed < 102], "same", study["protocol"], 2.0, 1
+    ) == ("not finished (round 2 not run yet)", 12)
 
 
 def test_a_decided_claim_stops_and_a_resume_asks_for_nothing_new(tmp_path):
@@ -136,6 +145,9 @@ def test_a_decided_claim_stops_and_a_resume_asks_for_nothing_new(tmp_path):
     )
     p, direction, _ = lr50_test(fit, "same", 2.0)
     assert direction == "different" and p * study["protocol"].adaptive.looks < 0.05
+    ended, used = protocol.adaptive_outcome(ra, rb, "same", study["protocol"], 2.0, 1)
+    assert ended == f"decided after round {len(rounds)}"
+    assert used == sum(len(r) for r in rounds)  # every run of its rounds, none of the later stages
 
 
 def test_center_and_snapping():
