@@ -862,8 +862,12 @@ def replication(paths: str) -> str:
                 cells.append(
                     f"**{o['agreement']}**: {p['mean'] * k:+.4f} bpb{ci}, n = {p['n']}{lr}"
                 )
+            elif o["agreement"] == "running":
+                cells.append("running")
             else:
                 cells.append(f"**{o['agreement']}**: {_short(o)}")
+        if all(o is None or o["agreement"] == "running" for o in others):
+            continue  # asked at a budget neither corpus has finished
         keyed.append((c, [o["agreement"] if o else None for o in others]))
         rows.append(
             f"| {c['A']} vs {c['B']}: {WORDS.get(c['metric'], c['metric'])} ({c['expect']}) | "
@@ -876,6 +880,9 @@ def replication(paths: str) -> str:
         "|---|" + "---|" * len(names),
     ]
     for label in reports[0]["per_arm"]:
+        steps = steps_of(label)
+        if steps is not None and any(_running(r, steps) for r in reports):
+            continue  # an arm of a budget still running: its fit is of part of its runs
         cells = []
         for r, k in zip(reports, factors, strict=True):
             a = r["per_arm"].get(label) or {}
@@ -898,14 +905,14 @@ def replication(paths: str) -> str:
         + " / ".join(str(x) for x in v)
         + ")"
         for c, v in keyed
-        if len(set(v)) > 1
+        if len(set(v)) > 1 and None not in v and "running" not in v
     ]
     sentence = (
         "Holds on both corpora: "
         + ("; ".join(both) or "no verdict")
         + ". On one only: "
         + ("; ".join(one) or "none")
-        + ". Where neither corpus decides a claim, it is in neither list."
+        + ". A claim neither corpus decides, or one still running, is in neither list."
     )
     note = (
         "Losses in bits per byte (nats per token x the eval set's tokens / bytes / ln 2: "

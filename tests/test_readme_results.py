@@ -848,3 +848,27 @@ def test_a_replication_of_two_designs_says_it_waits_for_one(tmp_path):
     text = replication(f"{tmp_path / 'a'},{tmp_path / 'b'}")
     assert text.startswith("The reports ask no claim in common: a and b were run on different")
     assert "|" not in text
+
+
+def test_a_replication_leaves_a_budget_still_running_out_of_its_lists(tmp_path):
+    """One corpus has finished its 1000-step budget, the other not: that claim's row says running
+    and it is in neither list; the 300-step claim both decided holds on both."""
+    from study.readme import replication
+
+    def at(steps, agreement):
+        c = _claim("lr50", "rmsnorm/post", "layernorm/post", agreement, ratio=1.0, ci=[0.8, 1.2])
+        return {**c, "A": f"{c['A']}/steps={steps}", "B": f"{c['B']}/steps={steps}"}
+
+    for name, late, running in (("a", "cannot tell", {}), ("b", "running", {"1000": "adaptive"})):
+        f = tmp_path / name
+        f.mkdir()
+        (f / "study.yaml").write_text(f"name: {name}\nconfig: {TINY}\ngrid: {{lr: [0.01]}}\n")
+        report = {"name": name, "claims": [at(300, "agrees"), at(1000, late)], "per_arm": {}}
+        (f / "report.json").write_text(json.dumps({**report, "running": running}))
+    text = replication(f"{tmp_path / 'a'},{tmp_path / 'b'}")
+    assert text.startswith(
+        "Holds on both corpora: rmsnorm/post/steps=300 vs layernorm/post/steps=300 (LR50: "
+        "agrees). On one only: none."
+    )
+    row = next(x for x in text.splitlines() if x.startswith("| rmsnorm/post/steps=1000"))
+    assert row.endswith("| **cannot tell**: LR50 ratio 1 (0.8..1.2), Holm p = 0.04 | running |")
