@@ -692,7 +692,17 @@ def test_the_readme_prints_no_lr50_the_committed_data_do_not_identify():
     assert (
         unidentified
     )  # the committed studies have separated arms: the check has something to find
+    identified = set()  # what the README may print: a penalised point that reads the same is
+    for path in sorted((REPO / "docs" / "results").glob("*/report.json")):  # not told apart
+        r = json.loads(path.read_text())
+        for c in r.get("claims", []):
+            f = c.get("lr50_ratio") or {}
+            if f.get("identified") and f.get("ratio"):
+                identified |= {g(f["ratio"]), f"{1 / f['ratio']:.1f}"}
+        identified |= {g(a["lr50"]) for a in r.get("per_arm", {}).values() if a.get("lr50")}
     for x in unidentified:
+        if g(x) in identified or f"{1 / x:.1f}" in identified:
+            continue
         for text in (f"ratio {g(x)} (", f"LR50 {g(x)} (", f" {1 / x:.1f}x", f"-{1 / x:.1f}x"):
             assert text not in found, (x, text)
 
