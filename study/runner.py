@@ -330,6 +330,7 @@ def run_study(
         file=sys.stderr,
     )
     prepare_once(study, runs)
+    _write_index(index_path, study, runs, index, running)  # what is running, before any run ends
     free = list(range(n_workers))  # worker slots, for GPU assignment
     slots = [
         None if process_per_run else Worker(threads, gpus[i], str(study_dir / "runs"))
