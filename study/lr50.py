@@ -506,8 +506,11 @@ def lr50_test(r: RatioFit, expect: str, ratio_margin: float) -> tuple:
     lo, hi = r.bounds
     if r.identified:
         return r.p, ("higher" if r.ratio > 1 else "lower"), None
-    if lo is not None and lo > 1:
+    # a bracket end is a strict statement (all runs trained at lo: LR50 > lo; all failed at hi:
+    # LR50 < hi), so brackets that meet at one LR, where one arm's runs all trained and the
+    # other's all failed, order the arms: a ratio bound of exactly 1 orders them too
+    if lo is not None and lo >= 1:
         return r.p, "higher", None
-    if hi is not None and hi < 1:
+    if hi is not None and hi <= 1:
         return r.p, "lower", None
     return r.p, None, "an arm's LR50 is only bounded and the bounds do not order the arms"

@@ -305,6 +305,13 @@ def adaptive_outcome(
     raise AssertionError("unreachable")
 
 
+def round_runs(arm_a: list, arm_b: list, a: Adaptive) -> int:
+    """Every finished run of the adaptive rounds at a claim's two arms (what the stage spent there,
+    whichever claim asked for it)."""
+    seeds = {s for r in range(a.rounds) for s in a.seeds(r)}
+    return sum(x.seed in seeds and x.finished for x in arm_a + arm_b)
+
+
 def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:
     """The adaptive stage's run specs given the finished runs: the first round some of whose runs
     are not finished yet, for the LR50 claims undecided before it (study/adaptive.py); [] when every

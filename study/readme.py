@@ -528,7 +528,8 @@ def budget_sentence(report: dict) -> str | None:
             by.setdefault(key, {})[steps_of(c["A"])] = c
     asked = sorted({s for at in by.values() for s in at})
     steps = [s for s in asked if not _running(report, s)]
-    later = [s for s in asked if _running(report, s)]
+    unfinished = {int(float(b)) for b in report.get("running") or {} if b != "all"}
+    later = sorted({s for s in asked if _running(report, s)} | unfinished)
     if len(steps) == 1 and later:
         per = _per_token(report, steps[0])
         return (

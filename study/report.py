@@ -13,7 +13,7 @@ from study.findings import findings, margin_sentence
 from study.history import history
 from study.lr50 import bound_text
 from study.precursors import table as precursor_table
-from study.protocol import adaptive_outcome
+from study.protocol import adaptive_outcome, round_runs
 from study.read import KINDS, last_half
 from study.result import StudyResult, compute
 from study.text import BUDGET, bare, fmt, g, interval
@@ -158,7 +158,8 @@ def by_budget(res: StudyResult) -> list[str]:
     def steps(label: str) -> int:
         return int(res.arms[label].runs[0].config[BUDGET])
 
-    budgets = sorted({steps(c.a) for c in tested})
+    pending = {int(b) for b in res.running if b is not None}  # a budget not begun has no arms
+    budgets = sorted({steps(c.a) for c in tested} | pending)
     rows: dict[tuple, dict] = {}
     for c in tested:
         if steps(c.a) == steps(c.b):
@@ -172,7 +173,10 @@ def by_budget(res: StudyResult) -> list[str]:
         "|---|---|" + "---|" * len(budgets) + "---|",
     ]
     for (says, a, b), at in rows.items():
-        verdicts = [at[s].agreement if s in at else "not run" for s in budgets]
+        verdicts = [
+            at[s].agreement if s in at else ("running" if s in pending else "not run")
+            for s in budgets
+        ]
         same = len(set(verdicts)) == 1 and len(at) == len(budgets)
         whole = (
             "not known yet (stages running)"
@@ -210,9 +214,10 @@ def adaptive_stage(res: StudyResult) -> list[str]:
             res.file.ratio_margin,
             len(res.claims),
         )
+        spent = round_runs(res.arms[c.a].runs, res.arms[c.b].runs, p.adaptive)
         rows.append(
-            f"| {c.claim['says']} | {c.a} vs {c.b} | {ended} | {used} | **{c.agreement}**, Holm "
-            f"p {fmt(c.p_holm, '.2g')} |"
+            f"| {c.claim['says']} | {c.a} vs {c.b} | {ended} | {used} | {spent} | "
+            f"**{c.agreement}**, Holm p {fmt(c.p_holm, '.2g')} |"
         )
     a = p.adaptive
     return [
@@ -221,11 +226,13 @@ def adaptive_stage(res: StudyResult) -> list[str]:
         f"Rounds of {a.seeds_per_round} new seeds at {a.lrs} LRs x{a.step:.3g} apart around each "
         f"arm's LR50 estimate, at most {a.max_runs} runs a claim ({a.rounds} rounds, {a.looks} "
         f"looks); a claim stops at the first look where looks x p < {a.alpha:g} / "
-        f"{len(res.claims)} (the Holm family). Runs: those its rounds made at its two arms (an arm "
-        "shared by two claims serves both).",
+        f"{len(res.claims)} (the Holm family). Its runs: those of the rounds up to where it "
+        "stops, at its two arms; at its arms: every round's runs there (an arm shared by two "
+        "claims serves both; a rule changed after the runs can stop a claim earlier than the "
+        "sweep did).",
         "",
-        "| claim | A vs B | the stage | runs | verdict |",
-        "|---|---|---|---|---|",
+        "| claim | A vs B | the stage | its runs | at its arms | verdict |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
     ]

@@ -257,3 +257,24 @@ def test_the_upper_bound_of_p_fail_falls_below_the_edge():
         < p_fail_upper(lrs, failed, 1e-2)
         < p_fail_upper(lrs, failed, 3e-2)
     )
+
+
+def test_brackets_that_meet_at_one_lr_with_opposite_outcomes_order_the_arms():
+    """At lr 0.1 every run of A trained and every run of B failed: LR50_A > 0.1 > LR50_B (each end
+    a strict binomial statement), so the ratio's lower bound of exactly 1 orders the arms; brackets
+    that overlap do not."""
+    from study.lr50 import lr50_ratio, lr50_test
+
+    def runs(outcomes):
+        lrs = [lr for lr, fails in outcomes for _ in fails]
+        return lrs, [f for _, fails in outcomes for f in fails]
+
+    a = runs([(0.01, [0] * 5), (0.1, [0] * 5), (0.316, [1] * 5)])
+    b = runs([(0.01, [0] * 5), (0.1, [1] * 5), (0.316, [1] * 5)])
+    fit = lr50_ratio(*a, *b)
+    assert not fit.identified and fit.bounds[0] == 1.0
+    assert lr50_test(fit, "higher", 2.0)[1:] == ("higher", None)
+    c = runs([(0.01, [0] * 5), (0.0316, [1] * 5), (0.316, [1] * 5)])  # B's bracket below 0.0316
+    overlap = lr50_ratio(*runs([(0.01, [0] * 5), (0.1, [1] * 5)]), *c)  # A's below 0.1: overlap
+    p, direction, note = lr50_test(overlap, "higher", 2.0)
+    assert direction is None and "do not order" in note

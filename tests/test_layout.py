@@ -56,7 +56,6 @@ def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
 # design that made them until the study is rerun (then its entry goes, and the copies must agree
 # again).
 AWAITING_RERUN: dict[str, str] = {
-    "norm-placement-lr-pystdlib": "issue 40: the default study's redesign, before its rerun",
 }
 
 
