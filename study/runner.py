@@ -211,9 +211,19 @@ def _write_index(
     entries = [index[n] for n in dict.fromkeys(names + list(index)) if n in index]
     out = {"study": study, "runs": entries}
     if running is not None:
-        out["running"] = {("all" if b is None else f"{b:g}"): st for b, st in running.items()}
+        out["running"] = _running(running)
+    _write_json(path, out)
+
+
+def _running(running: dict) -> dict:
+    """{budget (None without a budget axis): stage} as sweep.json's `running` ('all', '300')."""
+    return {("all" if b is None else f"{b:g}"): st for b, st in running.items()}
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write `path` whole or not at all (a .tmp beside it, then an atomic rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=2, default=dataclasses.asdict) + "\n")
+    tmp.write_text(json.dumps(obj, indent=2, default=dataclasses.asdict) + "\n")
     os.replace(tmp, path)
 
 
@@ -222,11 +232,7 @@ def mark_finished(study_dir: Path, rest: dict | None = None) -> None:
     {budget: the first stage not run})."""
     path = study_dir / "sweep.json"
     if path.is_file():
-        index = json.loads(path.read_text())
-        running = {f"{b:g}": st for b, st in (rest or {}).items()}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({**index, "running": running}, indent=2) + "\n")
-        os.replace(tmp, path)
+        _write_json(path, {**json.loads(path.read_text()), "running": _running(rest or {})})
 
 
 def _raise_interrupt(signum, frame):
