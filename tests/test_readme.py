@@ -61,6 +61,10 @@ SLOW = {
     "python scripts/compare.py studies/norm-placement-lr": "needs the default study above",
     "python scripts/bench_norms.py --save docs/results/bench/norms.md": BENCH,
     "python scripts/bench_study.py --save docs/results/bench/study.md": BENCH,
+    "PYTHONPATH=$PWD python scripts/bench_study.py --runs 6 --rounds 1 --workers 2": (
+        "a benchmark: 12 runs of the default model, 300 steps each (~2-3 min); "
+        "tests/test_bench.py runs it small"
+    ),
     "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": BENCH,
     "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
     "current --save docs/results/bench/step.md": BENCH,
