@@ -257,17 +257,38 @@ def judge(runs: list[Run], rule: Rule) -> list[Run]:
     return runs
 
 
+def _ended(study_dir: Path) -> set[str] | None:
+    """The runs a study folder's index (sweep.json, or a job array's sweep-K-of-N.json) has an
+    outcome for; None without an index. A run folder without a summary that no index lists is in
+    flight or was interrupted: not an outcome yet (the sweep reruns it)."""
+    names, found = set(), False
+    for index in study_dir.glob("sweep*.json"):
+        try:
+            names |= {r["name"] for r in json.loads(index.read_text()).get("runs", [])}
+            found = True
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return names if found else None
+
+
 def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
-    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder,
-    judged by `rule` (the default Rule where no study file gives one)."""
+    """Every run directory (one with config.yaml) given directly, or inside a study's runs/ folder
+    (less those in flight or interrupted: _ended), judged by `rule` (the default Rule where no
+    study file gives one)."""
     dirs = []
     for p in paths:
         if RunDir(p).config.is_file():
             dirs.append(p)
         else:
             base = p / "runs" if (p / "runs").is_dir() else p
+            ended = _ended(p)
             dirs += (
-                sorted(d for d in base.iterdir() if RunDir(d).config.is_file())
+                sorted(
+                    d
+                    for d in base.iterdir()
+                    if RunDir(d).config.is_file()
+                    and (ended is None or d.name in ended or RunDir(d).summary.is_file())
+                )
                 if base.is_dir()
                 else []
             )

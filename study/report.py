@@ -283,7 +283,8 @@ def interim(res: StudyResult) -> list[str]:
     return [
         f"**Interim report**: the protocol's stages have not all run ({where}); the sweep resumes "
         "them. The claims there are `running`: not decided, in the Holm family with p = 1 (the "
-        "others' Holm p can only fall when they are decided).",
+        "others' Holm p can only fall when they are decided). Runs in flight or interrupted (no "
+        "outcome in sweep.json yet) are not read.",
         "",
     ]
 

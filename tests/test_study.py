@@ -1063,6 +1063,23 @@ def _curve_run(root, name, curve, l0=6.9, unigram=5.88, lr=1e-2, seed=0, norm="r
     )
 
 
+def test_a_run_in_flight_is_not_read_and_a_crashed_one_is_listed(tmp_path):
+    """A run folder without a summary is read as crashed (status failed: listed as such, no
+    training outcome) where the study's index lists it, and left out where it does not (in
+    flight, or interrupted: the sweep reruns it); without an index every run folder is read."""
+    for name, seed in (("done", 0), ("crashed", 1), ("in-flight", 2)):
+        write_run(tmp_path, name, "rmsnorm", 1e-3, seed, "ok", 3.5)
+    for name in ("crashed", "in-flight"):
+        (tmp_path / "runs" / name / "summary.json").unlink()
+    assert {r.name for r in study_runs.find_runs([tmp_path])} == {"done", "crashed", "in-flight"}
+    index = {"study": "s", "runs": [{"name": "done"}, {"name": "crashed", "status": "crashed"}]}
+    (tmp_path / "sweep.json").write_text(json.dumps(index))
+    runs = {r.name: r for r in study_runs.find_runs([tmp_path])}
+    assert set(runs) == {"done", "crashed"}
+    assert runs["crashed"].status == "failed" and not runs["crashed"].finished
+    assert runs["done"].finished and runs["done"].final == 3.5
+
+
 @pytest.mark.parametrize(
     "curve,why",
     [
