@@ -147,3 +147,20 @@ def test_a_control_under_fsdp_or_tp_is_refused_in_one_line(tmp_path, run_tiny, c
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("they run with train.parallel=ddp, got fsdp")
+
+
+def test_a_run_without_controls_logs_rms_t_on_the_probes_steps_only(tmp_path, run_tiny):
+    """RMS_t is a spike precursor in every run: with every control off, train.py logs it per layer
+    on the probe's steps (log.stats_every) and nothing a control would log."""
+    from conftest import logged
+
+    from training.rundir import read_metrics
+
+    code = run_tiny("--name", "n", "train.steps=6", "log.stats_every=2", "train.sample_tokens=0")
+    assert code == 0
+    run = tmp_path / "n"
+    steps = {r["step"] for r in read_metrics(run / "metrics.jsonl") if "optim/rms_t/layer_0" in r}
+    probed = {r["step"] for r in read_metrics(run / "metrics.jsonl") if "grad/norm/layer_0" in r}
+    assert steps == probed == {1, 2, 4, 6}  # the probe's steps: the first, then every 2nd
+    assert logged(run, "optim/skipped") == [] and logged(run, "optim/update_clipped") == []
+    assert all(0 < v < 10 for v in logged(run, "optim/rms_t/layer_1"))

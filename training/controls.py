@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training import distributed
+from training.parallel import is_sharded
 
 
 @dataclass
@@ -178,10 +179,12 @@ class Controls:
 
 
 def controls_for(model: nn.Module, optim) -> Controls | None:
-    """The run's Controls from its optim config (None: every control off); QK-Clip asks each
-    attention to record its heads' max logits."""
+    """The run's Controls from its optim config; with every control off, one that only measures
+    RMS_t on the probe's steps (a spike precursor in every run), None for a sharded model (its
+    DTensor shards are not measured). QK-Clip asks each attention to record its heads' max
+    logits."""
     if not (optim.skip_step_sigma or optim.update_clip or optim.qk_clip_tau):
-        return None
+        return None if is_sharded(model) else Controls()
     for block in model.layers:
         block.attention.track_max_logit = bool(optim.qk_clip_tau)
     return Controls(
