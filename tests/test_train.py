@@ -62,7 +62,11 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
         "grad/norm/head",
         "logits/max",
         "logits/log_z",
+        "optim/rms_t/tok_embeddings",
+        "optim/rms_t/output",
+        "optim/rms_t/norm",
     }
+    per_layer += ["optim/rms_t/layer_{i}"]
     per_layer += [
         f"update/ratio/layer_{{i}}/{m}"
         for m in (
