@@ -778,23 +778,39 @@ def by_norm(paths: list[Path], rels: list[str]) -> str:
 def bits_per_nat(study_yaml: Path) -> float:
     """The factor that turns a study's val loss (nats per token) into bits per byte: its fixed eval
     set's target tokens over the UTF-8 bytes they encode, over ln 2 (the same tokens at every eval,
-    so one constant per study; runs that logged val/bpb agree with it)."""
-    import math
+    so one constant per study). Read from the study's report.json where its runs logged val/bpb;
+    else counted on the prepared data (preparing it if need be)."""
+    report = study_yaml.parent / "report.json"
+    if report.is_file():
+        measured = json.loads(report.read_text()).get("bits_per_nat")
+        if measured:
+            return float(measured)
+    return counted_bits_per_nat(study_yaml)
 
-    import numpy as np
+
+def counted_bits_per_nat(study_yaml: Path) -> float:
+    """bits_per_nat counted on the study's prepared eval set (its base config and overrides)."""
     from omegaconf import OmegaConf
 
-    from data.loader import load_tokens
-    from data.prepare import prepare
-    from data.tokenizer import Tokenizer
     from study.studyfile import flatten, load_study
     from training.config import load_config
 
     study = load_study(study_yaml)
-    cfg = load_config(
-        study["config"],
-        flatten(OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))),
-    )
+    overrides = OmegaConf.to_container(OmegaConf.create(study.get("overrides") or {}))
+    return eval_bits_per_nat(load_config(study["config"], flatten(overrides)))
+
+
+def eval_bits_per_nat(cfg) -> float:
+    """A training config's eval set, counted: its target tokens / the UTF-8 bytes they encode /
+    ln 2 (the evals' fixed val tokens: train.eval_tokens of them, in seq_len rows)."""
+    import math
+
+    import numpy as np
+
+    from data.loader import load_tokens
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+
     prepared = prepare(**vars(cfg.data), verbose=False)
     tokens = load_tokens(prepared, "val")
     seq, budget = cfg.train.seq_len, cfg.train.eval_tokens

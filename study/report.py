@@ -648,6 +648,18 @@ def fit_json(f) -> dict:
     }
 
 
+def bits_per_nat(runs) -> float | None:
+    """The factor from a val loss (nats per token) to bits per byte, as the runs measured it: their
+    final val/bpb over their final val loss (one fixed eval set per study, so one constant; the
+    median over runs that logged both), None where no run logged val/bpb."""
+    ratios = sorted(
+        r.summary["final_val_bpb"] / r.summary["final_val_loss"]
+        for r in runs
+        if r.summary.get("final_val_bpb") and r.summary.get("final_val_loss")
+    )
+    return ratios[len(ratios) // 2] if ratios else None
+
+
 def as_json(res: StudyResult) -> dict:
     """report.json: what readme_results.py and the index read."""
 
@@ -699,6 +711,7 @@ def as_json(res: StudyResult) -> dict:
         "budgets": budgets(res.file.path),
         "running": {("all" if b is None else f"{b:g}"): st for b, st in res.running.items()},
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
+        "bits_per_nat": bits_per_nat(res.runs),
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,
         "sensitivity_margin": res.file.sensitivity_margin,
@@ -822,6 +835,7 @@ SUMMARY = (
     "status",
     "final_val_loss",
     "best_val_loss",
+    "final_val_bpb",
     "unigram_entropy",
     "diverged_at",
     "dead_gradients_at",

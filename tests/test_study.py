@@ -216,6 +216,13 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
         assert (study / f"{fig}.png").stat().st_size > 1000 and f"({fig}.png)" in report
     for arm in ("rmsnorm/pre", "rmsnorm/post", "layernorm/pre", "layernorm/post"):
         assert f"| {arm} |" in report
+    # the bits-per-byte factor the runs measured is the one counted on their eval set's bytes
+    from study.readme import eval_bits_per_nat
+    from training.config import load_config
+
+    run = next(study.glob("runs/*/config.yaml"))
+    measured = json.loads((study / "report.json").read_text())["bits_per_nat"]
+    assert measured == pytest.approx(eval_bits_per_nat(load_config(run)), rel=1e-9)
     stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
     capsys.readouterr()
     assert (
