@@ -19,9 +19,11 @@ from study.lr50 import fit_failure_curve, lr50_ratio, lr50_test
 from study.studyfile import Adaptive
 
 
-def center(lrs, failed, step: float) -> float | None:
+def center(lrs, failed, step: float, seek_edge: bool = False) -> float | None:
     """Where an arm's next round is centred: its LR50 where identified, else the middle of its
-    bracket, else one step beyond its runs on the side its edge must lie; None without runs."""
+    bracket; with failures but no all-failed LR (or no all-trained one) Firth's LR50 held within a
+    step of its runs, or with seek_edge its highest (lowest) LR, so that the round tries one step
+    beyond; with no failure (or no success) one step beyond its runs; None without runs."""
     if not len(lrs):
         return None
     fit = fit_failure_curve(lrs, failed)
@@ -34,6 +36,10 @@ def center(lrs, failed, step: float) -> float | None:
         return bottom / step
     if lo is not None and hi is not None:
         return math.sqrt(lo * hi)
+    if seek_edge and hi is None:  # no all-failed LR: the round reaches one step above the top
+        return top
+    if seek_edge and lo is None:  # no all-trained LR: one step below the bottom
+        return bottom
     if fit.lr50 is not None:  # mixed outcomes but no all-failed LR (or none all trained)
         return min(max(fit.lr50, bottom / step), top * step)
     return hi / step if hi is not None else (lo * step if lo is not None else top)
@@ -66,7 +72,7 @@ def round_plan(pairs, curve_of, a: Adaptive, family: int, margin: float) -> dict
         if decided(curve_of(A), curve_of(B), expect, margin, a, family):
             continue
         for arm in (A, B):
-            mid = center(*curve_of(arm), a.step)
+            mid = center(*curve_of(arm), a.step, a.seek_edge)
             if mid is not None:
                 plan[arm] = sorted({*plan.get(arm, []), *round_lrs(mid, a)})
     return plan

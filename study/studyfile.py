@@ -201,6 +201,10 @@ class Adaptive:
     lrs: int = 3
     step: float = 10**0.25  # x1.78: the grid the rounds' LRs are snapped to
     alpha: float = 0.05
+    # an arm with failures but no all-failed LR (or no all-trained one) is centred on its highest
+    # (lowest) LR, so its round tries one step beyond, where the edge identification asks for lies;
+    # False: on Firth's penalised LR50 (the studies run before this option)
+    seek_edge: bool = False
 
     @property
     def rounds(self) -> int:
@@ -217,7 +221,7 @@ class Adaptive:
         return tuple(range(start, start + self.seeds_per_round))
 
 
-ADAPTIVE_KEYS = {"seeds_per_round", "max_runs", "first_seed", "lrs", "step", "alpha"}
+ADAPTIVE_KEYS = {"seeds_per_round", "max_runs", "first_seed", "lrs", "step", "alpha", "seek_edge"}
 
 
 def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
@@ -231,7 +235,9 @@ def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
     ints = ("seeds_per_round", "max_runs", "first_seed", "lrs")
     if not all(isinstance(section[k], int) for k in ints if k in section):
         raise ConfigError(f"{where}: protocol.adaptive's {', '.join(ints)} are integers")
-    a = Adaptive(**{k: (v if k in ints else float(v)) for k, v in section.items()})
+    if not isinstance(section.get("seek_edge", False), bool):
+        raise ConfigError(f"{where}: protocol.adaptive.seek_edge is true or false")
+    a = Adaptive(**{k: (v if k in (*ints, "seek_edge") else float(v)) for k, v in section.items()})
     if a.seeds_per_round < 1 or a.lrs < 1 or a.lrs % 2 == 0 or a.step <= 1 or a.rounds < 1:
         raise ConfigError(
             f"{where}: protocol.adaptive needs seeds_per_round >= 1, an odd lrs >= 1, step > 1 "

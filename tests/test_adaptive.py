@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from study import protocol
-from study.adaptive import center, round_lrs
-from study.lr50 import lr50_ratio, lr50_test
+from study.adaptive import center, round_lrs, round_plan
+from study.lr50 import fit_failure_curve, lr50_ratio, lr50_test
 from study.studyfile import Adaptive, load_study
 from training.config import ConfigError
 
@@ -162,6 +162,29 @@ def test_center_and_snapping():
     assert center([], [], a.step) is None
 
 
+def test_seek_edge_takes_a_round_past_a_mixed_top_lr_to_where_identification_needs_runs():
+    """The pystdlib replication's pre-norm arm at 300 steps: all trained at 0.1, 3/20 failed at
+    0.178, 23/25 at 0.316, no all-failed LR, so its LR50 is not identified (study/lr50.py). Its
+    rounds stayed at 0.1-0.316; with seek_edge the round reaches 0.562 (and, mirrored, below a
+    mixed bottom LR); an identified or bracketed arm is centred as before."""
+    a = Adaptive(seeds_per_round=4, max_runs=120, first_seed=100)
+    seek = Adaptive(seeds_per_round=4, max_runs=120, first_seed=100, seek_edge=True)
+    lrs = [0.1] * 39 + [0.178] * 20 + [0.316] * 25
+    failed = [False] * 39 + [True] * 3 + [False] * 17 + [True] * 23 + [False] * 2
+    assert not fit_failure_curve(lrs, failed).identified
+    assert round_lrs(center(lrs, failed, a.step), a) == [0.1, 0.178, 0.316]
+    assert round_lrs(center(lrs, failed, seek.step, True), seek) == [0.178, 0.316, 0.562]
+    low = [1e-3] * 10 + [3e-3] * 10  # failures at the lowest LR: the edge lies below it
+    low_failed = [True] * 2 + [False] * 8 + [True] * 10
+    assert round_lrs(center(low, low_failed, seek.step, True), seek)[0] < 1e-3
+    separated = [lr > 0.02 for lr in [1e-3, 1e-2, 1e-1] * 3]
+    assert center([1e-3, 1e-2, 1e-1] * 3, separated, a.step, True) == pytest.approx(
+        math.sqrt(1e-2 * 1e-1)
+    )
+    plan = round_plan([("same", "A", "B")], lambda arm: (lrs, failed), seek, family=24, margin=2.0)
+    assert plan == {"A": [0.178, 0.316, 0.562], "B": [0.178, 0.316, 0.562]}
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -172,6 +195,7 @@ def test_center_and_snapping():
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, alpha: 0.1}", "0.05"),
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, rounds: 3}", "a mapping of"),
         ("{seeds_per_round: 2.5, max_runs: 24, first_seed: 100}", "are integers"),
+        ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, seek_edge: 1}", "true or false"),
     ],
 )
 def test_bad_adaptive_sections_are_one_line_errors(tmp_path, text, message):
