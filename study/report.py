@@ -141,6 +141,14 @@ def lr50_cell(fit) -> str:
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
 
 
+def ratio_cells(r) -> tuple[str, str]:
+    """(LR50 ratio, its 95% CI) for a table: numbers only where both LR50s are identified, else
+    the ratios the arms' brackets allow and no interval."""
+    if r.identified:
+        return fmt(r.ratio, ".3g"), interval(r.ci)
+    return f"{bound_text(*r.bounds)} (brackets)", "-"
+
+
 def budgets_text(runs) -> str:
     """Every budget of the runs, in steps: '300' or, along a steps axis, '300/1000/3000'."""
     return "/".join(
@@ -475,7 +483,8 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
             "Pairs of arms that differ in one field, every such pair: not the study's claims, not "
             "corrected for "
             "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; "
-            "`open`: the data bound it on one side only). Loss: A - B at each one's best LR on the "
+            "`open`: the data bound it on one side only; where an arm's LR50 is only bracketed, "
+            "the ratios its brackets allow). Loss: A - B at each one's best LR on the "
             "test seeds "
             "where both trained (nested, paired).",
             "",
@@ -487,7 +496,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         for c in res.comparisons:
             r, p = c.ratio, c.loss.paired
             lines.append(
-                f"| {c.a.label} | {c.b.label} | {c.key} | {fmt(r.ratio, '.3g')} | {interval(r.ci)} "
+                f"| {c.a.label} | {c.b.label} | {c.key} | {' | '.join(ratio_cells(r))} "
                 "| "
                 f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
                 f"{p.verdict} | "

@@ -228,6 +228,25 @@ def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     assert not lr50_ratio([1e-2] * 4, [True, False] * 2, [1e-2] * 4, [False] * 4).identified
 
 
+def test_a_reports_table_prints_a_ratio_only_where_both_lr50s_are_identified():
+    """The exploratory "Arms compared" table once printed Firth's ratio and CI for arms that are
+    only bracketed (pystdlib's pre-norm pair at 300 steps: "0.969 (0.812..1.16)")."""
+    from study.report import ratio_cells
+
+    lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
+    separated = lr50_ratio(lrs, [False] * 10 + [True] * 10, lrs, [False] * 15 + [True] * 5)
+    assert separated.ratio is not None  # the penalised point exists, and is not printed
+    assert ratio_cells(separated) == ("between 0.1 and 1 (brackets)", "-")
+    mixed = lr50_ratio(
+        lrs,
+        [False] * 5 + [True] + [False] * 4 + [True] * 10,
+        lrs,
+        [False] * 10 + [True] + [False] * 4 + [True] * 5,
+    )
+    ratio, ci = ratio_cells(mixed)
+    assert float(ratio) == pytest.approx(mixed.ratio, rel=2e-3) and ".." in ci
+
+
 def test_the_equivalence_of_two_lr50s_within_a_factor():
     """TOST on the log ratio by the profile's signed root: two arms with the same mixed edge
     (per-seed thresholds between grid LRs) are within x4 of each other (p < 0.05) and not outside
