@@ -313,12 +313,8 @@ def glance(res: StudyResult, made: list[tuple[str, str]]) -> list[str]:
             if c.agreement == "running":
                 est = "-"
             elif c.ratio is not None:
-                r = c.ratio
-                est = (
-                    f"ratio {fmt(r.ratio, '.3g')} ({interval(r.ci)})"
-                    if r.identified
-                    else f"ratio {bound_text(*r.bounds)} (brackets)"
-                )
+                ratio, ci = ratio_cells(c.ratio)
+                est = f"ratio {ratio}" + (f" ({ci})" if c.ratio.identified else "")
             else:
                 p = c.nested.paired
                 est = (
@@ -657,7 +653,7 @@ def fit_json(f) -> dict:
     }
 
 
-def bits_per_nat(runs) -> float | None:
+def measured_bits_per_nat(runs) -> float | None:
     """The factor from a val loss (nats per token) to bits per byte, as the runs measured it: their
     final val/bpb over their final val loss (one fixed eval set per study, so one constant; the
     median over runs that logged both), None where no run logged val/bpb."""
@@ -720,7 +716,7 @@ def as_json(res: StudyResult) -> dict:
         "budgets": budgets(res.file.path),
         "running": {("all" if b is None else f"{b:g}"): st for b, st in res.running.items()},
         "wall_min": round(res.wall_s / 60, 1) if res.wall_s else None,
-        "bits_per_nat": bits_per_nat(res.runs),
+        "bits_per_nat": measured_bits_per_nat(res.runs),
         "margin": res.margin,
         "ratio_margin": res.file.ratio_margin,
         "sensitivity_margin": res.file.sensitivity_margin,
