@@ -340,8 +340,7 @@ def headline_norm(norm: list[dict], report: dict) -> str:
         far = [
             f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR"
             for c in cs
-            if metric == "common_loss"
-            and any(gp[2] is not None and gp[2] < 0.99 for gp in c.get("gaps", []))
+            if metric == "common_loss" and any(not _at_best(gp) for gp in c.get("gaps", []))
         ]
         out.append(f"{head} ({nums}{'; ' + ', '.join(far) if far else ''}).")
     return "**The norm**: " + " ".join(out) if out else ""
@@ -391,6 +390,12 @@ def _lr50(fit: dict) -> str:
     return f"LR50 > {g(lo)}" if lo else (f"LR50 < {g(hi)}" if hi else "LR50 not bounded")
 
 
+def _at_best(gap: list) -> bool:
+    """Whether a common_loss claim's gap entry [arm, best LR, common / best, nats] puts the common
+    LR at the arm's best (above it as well as below it is a distance the reader is told)."""
+    return gap[2] is None or abs(gap[2] - 1) < 0.01
+
+
 def _measured(report: dict, c: dict, label: str) -> str:
     """One arm's own number for a claim: its LR50 or bracket, LR sensitivity, or its loss's LR."""
     arm = (report.get("per_arm") or {}).get(label) or {}
@@ -407,7 +412,7 @@ def _measured(report: dict, c: dict, label: str) -> str:
     if lr is None:
         return "no common LR"
     gap = next((gp for gp in c.get("gaps") or [] if gp[0] == label), None)
-    if c["metric"] == "best_loss" or not gap or gap[2] is None or gap[2] >= 0.99:
+    if c["metric"] == "best_loss" or not gap or _at_best(gap):
         return f"lr {g(lr)} (its best)"
     above = f", +{gap[3]:.2f} nats" if gap[3] is not None else ""
     return f"lr {g(lr)} (x{g(gap[2])} its best{above})"
@@ -497,7 +502,15 @@ def at_longest(report: dict) -> dict:
             arms[bare(label)] = label
     return {
         **report,
-        "claims": [{**c, "A": bare(c["A"]), "B": bare(c["B"])} for c in claims.values()],
+        "claims": [
+            {
+                **c,
+                "A": bare(c["A"]),
+                "B": bare(c["B"]),
+                **({"gaps": [[bare(gp[0]), *gp[1:]] for gp in c["gaps"]]} if c.get("gaps") else {}),
+            }
+            for c in claims.values()
+        ],
         "per_arm": {name: report["per_arm"][label] for name, label in arms.items()},
         "arm_keys": [
             k for k in report.get("arm_keys", []) if k not in (BUDGET, "optim.schedule_steps")

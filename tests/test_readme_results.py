@@ -344,6 +344,32 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     ]
 
 
+def test_a_common_lr_away_from_an_arms_best_is_stated_above_it_as_below_it():
+    """The common-LR cell gives the common LR's distance from the arm's own best LR in both
+    directions (a largest-safe common LR often sits above pre-norm's best), also when the report is
+    read at its longest budget (the gaps' labels lose the budget with the claim's)."""
+    from study.readme import _measured, at_longest
+
+    claims = []
+    for steps in (300, 3000):
+        c = _claim(
+            "common_loss", f"rmsnorm/pre/steps={steps}", f"layernorm/pre/steps={steps}", "agrees"
+        )
+        c.update(
+            lrs=[0.1, 0.1],
+            gaps=[
+                [f"rmsnorm/pre/steps={steps}", 0.01, 10.0, 0.5],
+                [f"layernorm/pre/steps={steps}", 0.1, 1.0, 0.0],
+            ],
+        )
+        claims.append(c)
+    report = at_longest({"claims": claims, "per_arm": {}, "arm_keys": ["train.steps"]})
+    (c,) = report["claims"]
+    assert c["gaps"][0][0] == "rmsnorm/pre"
+    assert _measured(report, c, "rmsnorm/pre") == "lr 0.1 (x10 its best, +0.50 nats)"
+    assert _measured(report, c, "layernorm/pre") == "lr 0.1 (its best)"
+
+
 def _arm(lr50=None, ci=None, bounds=(None, None), sensitivity=None, penalised=None):
     return {
         "lr50": lr50,
