@@ -338,9 +338,10 @@ def headline_norm(norm: list[dict], report: dict) -> str:
                 f"{v} in {_common(c)}" for c, v in zip(cs, verdicts, strict=True)
             )
         far = [
-            f"{_common(c)} at x{g(c['gaps'][0][2])} its best LR"
+            f"{_common(c)} at x{g(off[0][2])} its best LR"
             for c in cs
-            if metric == "common_loss" and any(not _at_best(gp) for gp in c.get("gaps", []))
+            if metric == "common_loss"
+            and (off := [gp for gp in c.get("gaps", []) if not _at_best(gp)])
         ]
         out.append(f"{head} ({nums}{'; ' + ', '.join(far) if far else ''}).")
     return "**The norm**: " + " ".join(out) if out else ""
