@@ -261,7 +261,7 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
     common_pre = _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)
     common_pre.update(
         lrs=[0.001, 0.001],
-        gaps=[["rmsnorm/pre", 0.00316, 0.316, 0.56], ["layernorm/pre", 0.00316, 0.316, 0.54]],
+        gaps=[["rmsnorm/pre", 0.001, 1.0, 0.0], ["layernorm/pre", 0.00316, 0.316, 0.54]],
     )
     default = {
         "name": "norm-placement-lr",
