@@ -38,10 +38,16 @@ from study.text import BUDGET
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
 
 
+def _seed_order(seed) -> tuple:
+    """Seeds in numeric order (10 after 9, not after 1); a run without a seed (None) last."""
+    number = isinstance(seed, (int, float)) and not isinstance(seed, bool)
+    return (not number, seed if number else 0, str(seed))
+
+
 def split_seeds(seeds, protocol: Protocol | None) -> tuple[list, list]:
     """(selection seeds, test seeds): the protocol's; for runs made without one, the lowest 40% of
     the seeds (at least one) choose and the rest test."""
-    seeds = sorted(set(seeds), key=str)
+    seeds = sorted(set(seeds), key=_seed_order)
     if protocol is not None:
         return [s for s in seeds if s in protocol.selection_seeds], [
             s for s in seeds if s in protocol.test_seeds

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from study import protocol
-from study.studyfile import load_study
+from study.studyfile import Protocol, load_study
 from training.config import ConfigError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
@@ -164,3 +164,17 @@ def test_without_a_protocol_the_lowest_40_percent_of_seeds_choose():
     assert protocol.split_seeds([0, 1, 2], None) == ([0], [1, 2]) and protocol.split_seeds(
         [0], None
     ) == ([0], [])
+
+
+def test_seeds_split_and_print_in_numeric_order_past_9():
+    # a string order put seed 10 among the lowest 40% (0, 1, 10, 11, 2, ...) and printed the test
+    # seeds of a protocol as "10, 3, 4"
+    assert protocol.split_seeds(range(12), None) == ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11])
+    file = Protocol(
+        selection_seeds=(0, 1, 2), test_seeds=(3, 4, 5, 6, 7, 8, 9, 10), failure_seeds=()
+    )
+    assert protocol.split_seeds([10, 9, 3, 0, 2, 1, 4, 5, 6, 7, 8], file) == (
+        [0, 1, 2],
+        [3, 4, 5, 6, 7, 8, 9, 10],
+    )
+    assert protocol.split_seeds([2, None, 0, 1], None) == ([0, 1], [2, None])
