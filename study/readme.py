@@ -347,11 +347,38 @@ def headline_norm(norm: list[dict], report: dict) -> str:
     return "**The norm**: " + " ".join(out) if out else ""
 
 
+def _orders(fit: dict, higher: bool) -> bool:
+    """Whether one rule's LR50 fit orders A above B (higher) or below it at p < 0.05: its ratio
+    where identified, else a bracket wholly on that side of 1."""
+    if fit.get("p") is None or fit["p"] >= 0.05:
+        return False
+    if fit.get("identified") and fit.get("ratio") is not None:
+        return fit["ratio"] > 1 if higher else fit["ratio"] < 1
+    lo, hi = fit.get("bounds") or [None, None]
+    return (lo is not None and lo >= 1) if higher else (hi is not None and hi <= 1)
+
+
+def rule_support(c: dict) -> str:
+    """' (2 of 4 failure rules)' where an LR50 claim's ordering verdict (agrees or disagrees on a
+    higher/lower claim) holds under only some of the study file's failure rules: the main one, whose
+    verdict it is, and each alternative (instability alone among them) whose fit orders the arms so
+    at p < 0.05 unadjusted; '' where it holds under all or the claim is not an ordering."""
+    if c.get("metric") != "lr50" or c.get("expect") not in ("higher", "lower"):
+        return ""
+    if c.get("agreement") not in ("agrees", "disagrees") or not c.get("rules"):
+        return ""
+    higher = (c["expect"] == "higher") == (c["agreement"] == "agrees")
+    k = 1 + sum(_orders(f, higher) for f in c["rules"].values())  # the main rule decided it
+    n = 1 + len(c["rules"])
+    return "" if k == n else f" ({k} of {n} failure rules)"
+
+
 def _cell(cs: list[dict]) -> str:
-    """Verdict cell naming each sub-test: 'post: agrees; pre: cannot tell'."""
+    """Verdict cell naming each sub-test: 'post: agrees; pre: cannot tell', with the failure rules
+    an ordering verdict holds under where not all (rule_support)."""
     if len(cs) == 1:
-        return cs[0]["agreement"]
-    return "; ".join(f"{_common(c)}: {c['agreement']}" for c in cs)
+        return cs[0]["agreement"] + rule_support(cs[0])
+    return "; ".join(f"{_common(c)}: {c['agreement']}{rule_support(c)}" for c in cs)
 
 
 # The table's norm columns: each norm of the study's arms goes to its family's column (pRMSNorm is

@@ -250,12 +250,13 @@ def test_what_it_found_is_generated_from_the_default_studys_claims(tmp_path):
         "lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", ratio=0.01, ci=[0.002, 0.05]
     )
     place_rms["rules"] = {
-        "lenient": {"ratio": 0.05, "identified": True, "bounds": [0.01, 0.1]},
+        "lenient": {"ratio": 0.05, "identified": True, "bounds": [0.01, 0.1], "p": 1e-6},
         "instability alone": {
             "ratio": None,
             "penalised_ratio": 0.07,
             "identified": False,
             "bounds": [0.01, 0.1],
+            "p": 1e-5,
         },
     }
     common_pre = _claim("common_loss", "rmsnorm/pre", "layernorm/pre", "disagrees", mean=0.05)
@@ -912,3 +913,38 @@ def test_a_replication_leaves_a_budget_still_running_out_of_its_lists(tmp_path):
     )
     row = next(x for x in text.splitlines() if x.startswith("| rmsnorm/post/steps=1000"))
     assert row.endswith("| **cannot tell**: LR50 ratio 1 (0.8..1.2), Holm p = 0.04 | running |")
+
+
+def test_an_ordering_verdict_says_under_how_many_failure_rules_it_holds():
+    """A higher/lower LR50 verdict that only some of the study's failure rules support says how
+    many (the controls' qk-norm and gating verdicts rest on runs too slow under the main rule, not
+    on instability); one every rule supports, a `same` claim and a `cannot tell` say nothing."""
+    from study.readme import _cell, rule_support
+
+    def fit(p, ratio=None, bounds=(None, None)):
+        return {"p": p, "ratio": ratio, "identified": ratio is not None, "bounds": list(bounds)}
+
+    c = _claim("lr50", "gate/pre", "none/pre", "agrees", expect="higher", bounds=[1.0, 9.99])
+    c["rules"] = {
+        "best + 1 nat": fit(0.002, bounds=(1.0, 9.99)),  # orders them
+        "lenient": fit(0.98, bounds=(None, 3.16)),  # no order
+        "instability alone": fit(0.001, bounds=(None, 9.99)),  # p small, bracket straddles 1
+    }
+    assert rule_support(c) == " (2 of 4 failure rules)"
+    assert _cell([c]) == "agrees (2 of 4 failure rules)"
+    c["rules"]["lenient"] = fit(0.01, ratio=2.5)
+    c["rules"]["instability alone"] = fit(0.03, bounds=(1.0, None))
+    assert rule_support(c) == "" and _cell([c]) == "agrees"
+    c["rules"]["lenient"] = fit(0.01, ratio=0.5)  # ordered the other way: not support
+    assert rule_support(c) == " (3 of 4 failure rules)"
+    # a disagrees on a `higher` claim is supported by rules that order A below B
+    d = _claim("lr50", "hyb/pre", "none/pre", "disagrees", expect="higher", bounds=[0.01, 0.1])
+    d["rules"] = {"lenient": fit(0.001, bounds=(0.01, 0.316)), "other": fit(0.2, ratio=0.3)}
+    assert rule_support(d) == " (2 of 3 failure rules)"
+    for other in (
+        _claim("lr50", "a", "b", "agrees", expect="same", ratio=1.1, ci=[0.8, 1.4]),
+        _claim("lr50", "a", "b", "cannot tell", expect="higher", bounds=[0.3, 3.0]),
+        _claim("best_loss", "a", "b", "agrees", expect="lower"),
+    ):
+        other["rules"] = {"lenient": fit(0.9)}
+        assert rule_support(other) == ""
