@@ -31,14 +31,14 @@ BENCH = (
 TWO = "the default model in two processes (minutes); "
 SLOW = {
     "python -m pip install -r requirements.txt && python train.py": (
-        "installs, trains the default model (~1.5 min)"
+        "installs, trains the default model (~2 min)"
     ),
     "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
-    "python train.py --norm layernorm": "the default model, 300 steps (~1 min)",
-    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~1 min)",
-    "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~20 s)",
-    "python train.py --name my-run --resume": "the default model, 200 more steps (~40 s)",
+    "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
+    "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",
+    "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~45 s)",
+    "python train.py --name my-run --resume": "the default model, 200 more steps (~90 s)",
     "torchrun --standalone --nproc_per_node 2 train.py": (
         TWO + "tests/test_train.py runs it on the tiny config"
     ),
