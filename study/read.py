@@ -303,8 +303,22 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
         config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
         records = run.records()
         summary["status"] = judged(config, summary, records)
+        summary.update(rescored(config, records))
         runs.append(Run(d.name, d, config, summary, records))
     return judge(runs, rule or Rule())
+
+
+def rescored(config: dict, records: list[dict]) -> dict:
+    """A run's spike scores from its records by today's detector (training/monitor.py), as its
+    failure is judged again: a summary written by an older detector is not read; {} without
+    records (an archive keeps the scores it has)."""
+    if not records:
+        return {}
+    window, k = int(config.get("log.spike_window", 5)), float(config.get("log.spike_k", 5.0))
+    return {
+        f"spike_score/{name}": monitor.spike_score(series(records, key), window, k)
+        for name, key in (("loss", "train/loss"), ("grad_norm", "grad/norm"))
+    }
 
 
 def judged(config: dict, summary: dict, records: list[dict]) -> str:

@@ -1531,3 +1531,28 @@ def test_the_2025_studies_are_designed_as_their_files_say():
     assert len(arms) == 14
     assert all(sum(a[k] != v for k, v in default.items()) <= 1 for a in arms)
     assert sum(len(protocol.arm_pairs(controls, c)) for c in controls["claims"]) == 14
+
+
+def test_a_runs_spike_scores_are_read_from_its_records_by_todays_detector(tmp_path):
+    """A summary's spike scores were computed when the run ended, by the detector of the day; a
+    study reads them again from the run's records (as it judges its failure again), so a report
+    never mixes detectors. A run without records keeps what its summary says."""
+    from training.monitor import spike_score
+
+    write_run(tmp_path, "r", "rmsnorm", 1e-3, 0, "ok", 3.5)
+    path = tmp_path / "runs" / "r"
+    loss = [7.748, 7.506, 7.199, 6.78, 6.631, 6.264, 6.166, 5.987] + [6.0] * 40
+    loss[30] = 9.0
+    (path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s + 1, "train/loss": v, "grad/norm": 1.0}) + "\n"
+            for s, v in enumerate(loss)
+        )
+    )
+    (run,) = study_runs.find_runs([tmp_path])
+    assert run.summary["spike_score/loss"] == pytest.approx(spike_score(loss, 5, 5))
+    assert run.summary["spike_score/loss"] == pytest.approx(100 / 41)  # the one at step 31
+    assert run.summary["spike_score/grad_norm"] == 0.0
+    (path / "metrics.jsonl").write_text("")
+    (run,) = study_runs.find_runs([tmp_path])
+    assert run.summary["spike_score/loss"] == 1.0  # the summary's own (conftest's) value
