@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from study.studyfile import Rule
 from training import monitor
 from training.config import Config, flat, to_dict
-from training.rundir import RunDir, series
+from training.rundir import RunDir, series, spike_scores
 
 # not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured
 # (the same experiment whatever the detector's parameters: studies from before the detector changed
@@ -315,10 +315,7 @@ def rescored(config: dict, records: list[dict]) -> dict:
     if not records:
         return {}
     window, k = int(config.get("log.spike_window", 5)), float(config.get("log.spike_k", 5.0))
-    return {
-        f"spike_score/{name}": monitor.spike_score(series(records, key), window, k)
-        for name, key in (("loss", "train/loss"), ("grad_norm", "grad/norm"))
-    }
+    return spike_scores(records, window, k)
 
 
 def judged(config: dict, summary: dict, records: list[dict]) -> str:

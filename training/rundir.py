@@ -131,6 +131,14 @@ def series(records: list[dict], key: str) -> list[float]:
     return [r[key] for r in records if key in r and r[key] is not None]
 
 
+def spike_scores(records: list[dict], window: int, k: float) -> dict:
+    """The summary's spike scores of the train loss and the gradient norm (training/monitor.py)."""
+    return {
+        "spike_score/loss": spike_score(series(records, "train/loss"), window, k),
+        "spike_score/grad_norm": spike_score(series(records, "grad/norm"), window, k),
+    }
+
+
 def summarize(
     records: list[dict],
     status: str,
@@ -169,8 +177,7 @@ def summarize(
         "init_val_loss": init[0] if init else None,
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,
-        "spike_score/loss": spike_score(series(records, "train/loss"), spike_window, spike_k),
-        "spike_score/grad_norm": spike_score(series(records, "grad/norm"), spike_window, spike_k),
+        **spike_scores(records, spike_window, spike_k),
         "spike_window": spike_window,
         "spike_k": spike_k,
         "tokens_per_s": tps[len(tps) // 2] if tps else None,  # median over steps
