@@ -44,9 +44,10 @@ from dataclasses import dataclass
 import torch
 
 from data.loader import BatchLoader, eval_batches, load_tokens, read_meta
-from data.prepare import prepare
+from data.prepare import prepare as prepare_data
+from data.sources import DataError
 from data.tokenizer import Tokenizer
-from fused import fallen_back, kernel_paths
+from fused import fallen_back, kernel_available, kernel_paths
 from model import Llama
 from model.layers import attention_path
 from training import distributed, faults, memory
@@ -54,6 +55,7 @@ from training.checkpoint import full_model_state
 from training.config import Config, ConfigError, load_config, resumed_config, to_dict
 from training.cpu import tune_cpu
 from training.evaluate import evaluate, sample
+from training.flops import flops_per_token, peak_flops
 from training.logger import Logger
 from training.metrics import StabilityProbe
 from training.optim import lr_at
@@ -84,6 +86,7 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """One run: parse, join the job, train; the exit code (docs/usage.md)."""
+    faults.reset()  # fault-injection counts are per run, also when a driver calls main() again
     cfg, resume, name, error = None, False, "", None
     try:
         cfg, resume, name = parse_cli(argv)
@@ -101,6 +104,33 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: B036  (Ctrl-C before the loop too: nothing to save)
         (code, line), error = outcome(e, d), e
     return leave(d, code, line, error)
+
+
+def prepare(cfg: Config) -> Path:
+    """The prepared data folder of cfg's source, and the fused kernels it names, built once (what a
+    run does first; a driver calls it before starting runs side by side). A bad source is a
+    ConfigError, as in a run."""
+    try:
+        prepared = prepare_data(**vars(cfg.data), verbose=False)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    if "fused" in (cfg.model.norm_impl, cfg.model.ops_impl):
+        kernel_available()
+    return prepared
+
+
+def describe(cfg: Config, device: str = "", dtype: str = "") -> dict:
+    """What a run of cfg is, without building it: parameters, non-embedding ones (Kaplan et al.
+    2020's N), training FLOPs per token, and the named GPU's dense peak FLOP/s in `dtype` (default
+    cfg's; None for an unknown device)."""
+    with torch.device("meta"):
+        model = Llama(cfg.model)
+    return {
+        "parameters": model.num_params(),
+        "non_embedding_parameters": model.num_params(non_embedding=True),
+        "flops_per_token": flops_per_token(cfg.model, cfg.train.seq_len),
+        "peak_flops": peak_flops(device, dtype or cfg.train.dtype) if device else None,
+    }
 
 
 @dataclass
@@ -177,7 +207,7 @@ def inputs(cfg: Config, d: distributed.Dist) -> tuple[Data, dict]:
     cpu = tune_cpu(tc.threads, tc.malloc_tuning) if d.device.type == "cpu" else None
     # too big for this machine: refused before anything large is allocated (each rank its node)
     estimate = memory.check(cfg, d.world_size, d.data_world, micro, d.local_world, d.device)
-    prepared = prepare(**vars(cfg.data), verbose=d.is_master)  # built once, cached
+    prepared = prepare_data(**vars(cfg.data), verbose=d.is_master)  # built once, cached
     shard = (d.data_rank, d.data_world)
     loader = BatchLoader(load_tokens(prepared, "train"), tc.seq_len, tc.batch_size, tc.seed, *shard)
     val_tokens = load_tokens(prepared, "val")

@@ -68,9 +68,8 @@ class BatchLoader:
             )
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.n_windows = (
-            len(tokens) - seq_len
-        ) // seq_len  # windows that fit whatever the epoch's offset
+        # windows that fit whatever the epoch's offset
+        self.n_windows = (len(tokens) - seq_len) // seq_len
         if self.n_windows < 1:
             raise DataError(f"{len(tokens)} tokens are too few for windows of seq_len={seq_len}")
         self.step = 0
@@ -145,9 +144,8 @@ def eval_batches(
     window 0 that have counts=False (their loss is weighted 0). Too little data raises DataError
     here, when called, not at the first batch."""
     available = (len(tokens) - 1) // seq_len
-    n = (
-        available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)
-    )  # 0: the whole split
+    # 0: the whole split
+    n = available if max_tokens <= 0 else min(max(1, max_tokens // seq_len), available)
     if n < 1:
         raise DataError(f"{len(tokens)} val tokens are too few for one window of seq_len={seq_len}")
     mine = list(range(rank, n, world_size))

@@ -39,9 +39,8 @@ FORMAT = 1  # bump when the output layout changes, to invalidate old caches
 N_META_PIECES = 3 + 256  # unk, bos, eos and the byte-fallback pieces
 MIN_COVERAGE = 0.98  # the lowest character_coverage SentencePiece accepts
 MIN_VOCAB = 300  # the meta pieces + room for the commonest characters and some merges
-PARALLEL_BYTES = (
-    16 << 20
-)  # tokenize with several processes above this corpus size (below it, start-up dominates)
+# tokenize with several processes above this corpus size (below it, start-up dominates)
+PARALLEL_BYTES = 16 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -159,9 +158,8 @@ def prepare(
     root.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
 
-    with FileLock(
-        str(root / f".{out.name}.lock")
-    ):  # concurrent runs (sweeps, torchrun) prepare only once
+    # concurrent runs (sweeps, torchrun) prepare only once
+    with FileLock(str(root / f".{out.name}.lock")):
         if _is_complete(out, digest):
             return out
         tmp = root / f".{out.name}.partial"
@@ -228,9 +226,8 @@ def _build(
     local = not source.startswith("hf:")
     if not local:  # a download: say so before it starts
         _log(verbose, f"loading {describe(source)}")
-    with _quiet(
-        local
-    ):  # local corpora load in seconds: bars would only bury a bad-input error line
+    # local corpora load in seconds: bars would only bury a bad-input error line
+    with _quiet(local):
         docs = load_documents(source, text_field, 8 * max_tokens).filter(
             lambda t: bool(t and t.strip()), input_columns="text"
         )
@@ -337,9 +334,8 @@ def _build(
             "numpy": np.__version__,
         },
     }
-    (tmp / "meta.json").write_text(
-        json.dumps(meta, indent=2) + "\n"
-    )  # written last: marks completion
+    # written last: marks completion
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _log(
         verbose,
         f"{counts['train']:,} train / {counts['val']:,} val tokens, unigram entropy "

@@ -155,9 +155,8 @@ def _load_hf(arg: str, text_field: str, max_bytes: int = 0):
             name, config, split=split, revision=revision, streaming=bool(max_bytes)
         )
         columns = ds.column_names if not max_bytes else list(next(iter(ds)).keys())
-    except (
-        Exception
-    ) as e:  # offline, unknown name, bad split or revision...: one line, not a stack trace
+    # offline, unknown name, bad split or revision...: one line, not a stack trace
+    except Exception as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise DataError(
             f"could not load Hugging Face dataset {arg!r} ({reason}); without network use "

@@ -138,14 +138,11 @@ def kernel_available() -> bool:
         if arch:
             cflags.append("-DNORMLAB_NATIVE")
         attempts = [(cflags, ["-fopenmp"])]
-        if sys.platform.startswith(
-            "linux"
-        ):  # first with glibc's vector exp (libmvec), then without
+        # first with glibc's vector exp (libmvec), then without
+        if sys.platform.startswith("linux"):
             attempts.insert(0, (cflags + ["-DNORMLAB_LIBMVEC"], ["-fopenmp", "-lmvec"]))
-        files, compiler = (
-            source_files(),
-            compiler_identity(),
-        )  # read once: what is hashed is what is built
+        # read once: what is hashed is what is built
+        files, compiler = (source_files(), compiler_identity())
         for extra_cflags, extra_ldflags in attempts:
             name = build_name(files, extra_cflags, extra_ldflags, compiler, features)
             try:
@@ -235,9 +232,8 @@ def _build(
     if not (build_dir / f"{name}.so").is_file():  # a cached build loads in under a second: no line
         announce_compile(build_dir)
     with FileLock(str(build_dir / "normlab.flock")):
-        (build_dir / "lock").unlink(
-            missing_ok=True
-        )  # torch's, left by a killed process (none is building now)
+        # torch's, left by a killed process (none is building now)
+        (build_dir / "lock").unlink(missing_ok=True)
         src = build_dir / "src"
         _place(src, files)
         load(

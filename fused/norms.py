@@ -58,9 +58,8 @@ def fused_norm(
         ):
             # empty: the formula gives empty outputs and zero gain gradients; DTensor: its own ops
             return None
-        if (
-            weight is not None and weight.dim() != 1
-        ):  # several normalized dims: one gain per flattened element
+        # several normalized dims: one gain per flattened element
+        if weight is not None and weight.dim() != 1:
             weight, bias = weight.reshape(-1), None if bias is None else bias.reshape(-1)
         return torch.ops.normlab.norm(x, math.prod(shape), weight, bias, eps, center)
     if x.device.type == "cuda":

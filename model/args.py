@@ -159,10 +159,8 @@ class ModelArgs:
         for name in ("attn_softcap", "logit_softcap"):
             if not getattr(self, name) >= 0:  # also catches nan
                 raise ValueError(f"model.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        if self.norm_precision not in (
-            "float32",
-            "autocast",
-        ):  # model/norms.py NORM_PRECISIONS (torch-free here)
+        # model/norms.py NORM_PRECISIONS (torch-free here)
+        if self.norm_precision not in ("float32", "autocast"):
             raise ValueError(
                 f"unknown norm_precision {self.norm_precision!r}; valid: autocast, float32"
             )

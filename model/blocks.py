@@ -6,22 +6,17 @@ import torch
 from torch import nn
 
 from model.args import RESIDUAL_INITS, ModelArgs, lookup
-from model.fused_norms import build_norm
-from model.layers import FFNS, Attention, Rope
+from model.layers import FFNS, Attention
+from model.norm_config import NormConfig
+from model.rope import Rope
 
 
 def model_norm(args: ModelArgs, location: str, name: str | None = None) -> nn.Module:
     """The model's norm (args.norm unless `name`) at `location` (attention | ffn | final)."""
     name = args.norm if name is None else name
-    return build_norm(
-        name,
-        args.dim,
-        args.norm_eps,
-        args.norm_impl,
-        args.norm_precision,
-        location,
-        args.norm_options.get(name),
-    )
+    options = args.norm_options.get(name)
+    config = NormConfig(name, args.norm_impl, args.norm_eps, args.norm_precision, options)
+    return config.build(args.dim, location)
 
 
 class Block(nn.Module):
@@ -120,9 +115,8 @@ class DeepNormBlock(Block):
         for name, module in self.named_modules():
             if name == "attention.w_gate":
                 continue
-            if isinstance(
-                module, nn.Linear
-            ):  # same draws as Block's (normal_ scales one stream of numbers)
+            # same draws as Block's (normal_ scales one stream of numbers)
+            if isinstance(module, nn.Linear):
                 scaled = name not in ("attention.wq", "attention.wk")
                 nn.init.normal_(module.weight, 0.0, init_std * beta if scaled else init_std)
                 if module.bias is not None:

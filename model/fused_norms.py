@@ -1,5 +1,5 @@
-"""The fused norms, classes of their own (as OLMo-core keeps RMSNorm and FusedRMSNorm), and
-build_norm, which picks a norm's class by its name and implementation (model.norm_impl, NORM_IMPLS).
+"""The fused norms, classes of their own (as OLMo-core keeps RMSNorm and FusedRMSNorm); picked by
+model.norm_impl in model/norm_config.py.
 
 FusedRMSNorm and FusedLayerNorm compute their reference class's formula and precision policy in one
 kernel each way (fused/norms.py: normlab's C++ kernel on CPU, compiled on first use; torch's
@@ -11,11 +11,9 @@ autocast), they run the reference formula.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from fused.norms import fused_norm
-from model.args import lookup
-from model.norms import NORMS, LayerNorm, RMSNorm, Shape, parse_options
+from model.norms import LayerNorm, RMSNorm
 
 
 class _Fused:
@@ -40,26 +38,3 @@ class FusedLayerNorm(_Fused, LayerNorm):
     """LayerNorm's y = (x - mean(x)) / sqrt(var(x) + eps) * g (+ b) through the fused kernel."""
 
     center = True
-
-
-FUSED_NORMS: dict[str, type[nn.Module]] = {"rmsnorm": FusedRMSNorm, "layernorm": FusedLayerNorm}
-# an implementation is a registry of classes; under `fused` a norm without a kernel is its reference
-NORM_IMPLS: dict[str, dict[str, type[nn.Module]]] = {
-    "reference": NORMS,
-    "fused": {**NORMS, **FUSED_NORMS},
-}
-
-
-def build_norm(
-    name: str,
-    dim: Shape,
-    eps: float = 1e-5,
-    impl: str = "reference",
-    precision: str = "float32",
-    location: str = "attention",
-    options: dict | None = None,
-) -> nn.Module:
-    """Norm `name` over the last dims `dim`, of implementation `impl`, statistics in `precision`,
-    with its options (model.norm_options.<name>) as they apply at `location` (norms.LOCATIONS)."""
-    cls = lookup(lookup(NORM_IMPLS, impl, "norm_impl"), name, "norm")
-    return cls(dim, eps=eps, precision=precision, **parse_options(name, options).at(location))

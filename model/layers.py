@@ -1,5 +1,4 @@
-"""Rotary position embedding, grouped-query causal attention and the SwiGLU feed-forward of
-LLaMA."""
+"""Grouped-query causal attention and the feed-forwards of LLaMA (SwiGLU) and its ablations."""
 
 from __future__ import annotations
 
@@ -10,40 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.args import ATTN_GATES, QK_NORMS, ModelArgs, lookup
-from model.fused_norms import build_norm
+from model.norm_config import NormConfig
 from model.ops import OPS_IMPLS
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (seq_len, head_dim / 2)
-
-
-def rope_tables(
-    head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None
-) -> Rope:
-    """cos and sin of angle t * theta^(-2i / head_dim) for positions t and pair index i (float32, as
-    LLaMA)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
-    )
-    angles = torch.outer(
-        torch.arange(max_seq_len, dtype=torch.int64, device=device).float(), inv_freq
-    )
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) of every head by its angle (Meta LLaMA's interleaved
-    layout): (a, b) -> (a cos - b sin, a sin + b cos), in float32 whatever x's dtype.
-
-    Computed as x * (cos, cos) + (b, a) * (-sin, sin) on the whole head (tables interleaved to its
-    width): the same products and sums as the pairwise formula, bit for bit in both directions,
-    without splitting x into its pairs and stacking them back (one copy, the swap, instead of a
-    stack each way). Real-valued rather than a complex multiply: torch.compile fuses it (complex
-    ops fall back to eager) and bfloat16 / float16 models work (torch.complex rejects them)."""
-    cos, sin = (t.float()[:, None, :] for t in rope)  # (T, 1, hd/2): broadcast over batch and heads
-    cos2, sin2 = torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
-    xf = x.float()
-    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) in each pair's place
-    return (xf * cos2 + swapped * sin2).type_as(x)
+from model.rope import Rope, apply_rope
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -90,11 +58,10 @@ class Attention(nn.Module):
             self.w_gate = nn.Linear(args.dim, gate, bias=bias) if gate else None
         impl, precision = args.norm_impl, args.norm_precision
         if qkv_norm is not None:  # the block's own norm over each head's q, k and v (HybridNorm)
-            opts = args.norm_options.get(qkv_norm)
-            make = lambda: build_norm(
-                qkv_norm, self.head_dim, args.norm_eps, impl, precision, "attention", opts
+            own = NormConfig(
+                qkv_norm, impl, args.norm_eps, precision, args.norm_options.get(qkv_norm)
             )
-            self.q_norm, self.k_norm, self.v_norm = make(), make(), make()
+            self.q_norm, self.k_norm, self.v_norm = (own.build(self.head_dim) for _ in range(3))
             self.full_qk = False
         else:
             # qk-norm: a norm over each head's q and k, or over q's and k's whole width before
@@ -103,9 +70,9 @@ class Attention(nn.Module):
             name, self.full_qk = lookup(QK_NORMS, args.qk_norm, "qk_norm")
             width = (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim)
             q_dim, k_dim = width if self.full_qk else (self.head_dim, self.head_dim)
-            self.q_norm = build_norm(name, q_dim, args.qk_eps, impl, precision)
-            self.k_norm = build_norm(name, k_dim, args.qk_eps, impl, precision)
-            self.v_norm = build_norm("none", self.head_dim)
+            qk = NormConfig(name, impl, args.qk_eps, precision)
+            self.q_norm, self.k_norm = qk.build(q_dim), qk.build(k_dim)
+            self.v_norm = NormConfig("none").build(self.head_dim)
         self.softcap = args.attn_softcap
         # QK-Clip (training/controls.py): each head's max logit over the training forward passes
         # since the last step, recorded only when asked for
@@ -116,9 +83,8 @@ class Attention(nn.Module):
         None)."""
         B, T, _ = x.shape
         linears = [self.wq, self.wk] + ([self.wv] if values else [])
-        if _is_dtensor(
-            self.wq.weight
-        ):  # tensor parallel: each projection is its own column-sharded matmul
+        # tensor parallel: each projection is its own column-sharded matmul
+        if _is_dtensor(self.wq.weight):
             q, k, *v = (m(x) for m in linears)
         # one matmul for the projections: faster than three small ones, same parameters (wq, wk, wv)
         else:
@@ -153,9 +119,8 @@ class Attention(nn.Module):
             y = explicit_attention(q, k, v, self.softcap)
         else:
             gqa = q.shape[1] != k.shape[1]
-            if gqa and expand_kv(
-                q
-            ):  # share each kv head with its query group explicitly: keeps a fused kernel
+            # share each kv head with its query group explicitly: keeps a fused kernel
+            if gqa and expand_kv(q):
                 k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
                 gqa = False
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
@@ -189,9 +154,8 @@ def explicit_attention(
     (autocast's, as SDPA would), the scaling, cap and softmax in float32 (float64 stays float64),
     the weights cast back to v's dtype; cap 0 is SDPA's math."""
     H, T, hd = q.shape[1], q.shape[2], q.shape[3]
-    k, v = (
-        t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v)
-    )  # each kv head to its query group
+    # each kv head to its query group
+    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))
     scores = q @ k.transpose(-1, -2)  # (B, H, T, T)
     logits = softcap(
         scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(hd), cap
@@ -223,9 +187,8 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
         self.w2 = nn.Linear(hidden, args.dim, bias=args.linear_bias)
         self.w3 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
-        self.swiglu = lookup(
-            OPS_IMPLS, args.ops_impl, "ops_impl"
-        ).swiglu  # silu(a) * b, maybe fused
+        # silu(a) * b, maybe fused
+        self.swiglu = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").swiglu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.swiglu(self.w1(x), self.w3(x)))
@@ -234,8 +197,8 @@ class FeedForward(nn.Module):
 class ReluFeedForward(nn.Module):
     """w2(relu(w1 x)): the original Transformer's feed-forward (Vaswani et al. 2017), the one Xiong
     et al. (2020) analyse. Degree-1 homogeneous where SwiGLU is degree 2, which changes how
-    gradients flow through Post-LN at init (scripts/init_grads.py). Same hidden width as SwiGLU's;
-    there is no w3."""
+    gradients flow through Post-LN at init (lab/analyses/init_grads.py). Same hidden width as
+    SwiGLU's; there is no w3."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -249,8 +212,8 @@ class ReluFeedForward(nn.Module):
 class GeluFeedForward(ReluFeedForward):
     """w2(gelu(w1 x)), gelu(a) = a * Phi(a) with Phi the standard normal CDF (exact erf form;
     Hendrycks & Gimpel 2016; BERT / GPT-2). Smooth and degree-1 homogeneous for large |a|, as ReLU:
-    an ablation of the SwiGLU-vs-ReLU argument (scripts/init_grads.py). ReLU's parameters (w1, w2)
-    and init."""
+    an ablation of the SwiGLU-vs-ReLU argument (lab/analyses/init_grads.py). ReLU's parameters
+    (w1, w2) and init."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.gelu(self.w1(x)))
@@ -259,7 +222,7 @@ class GeluFeedForward(ReluFeedForward):
 class Relu2FeedForward(ReluFeedForward):
     """w2(relu(w1 x)^2): squared ReLU (So et al. 2021, Primer). Degree-2 homogeneous as SwiGLU,
     without its gate: separates the degree from the gating in the SwiGLU-vs-ReLU argument
-    (scripts/init_grads.py). ReLU's parameters (w1, w2) and init."""
+    (lab/analyses/init_grads.py). ReLU's parameters (w1, w2) and init."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.relu(self.w1(x)).square())

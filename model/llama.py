@@ -7,9 +7,10 @@ from torch import nn
 
 from model.args import EMBED_SCALES, ModelArgs, lookup
 from model.blocks import BLOCKS, build_block, model_norm
-from model.layers import rope_tables, softcap
+from model.layers import softcap
 from model.norms import _Norm
 from model.ops import OPS_IMPLS
+from model.rope import rope_tables
 
 
 def parameter_kinds(model: nn.Module) -> dict[str, str]:
@@ -29,9 +30,8 @@ def parameter_kinds(model: nn.Module) -> dict[str, str]:
                 module, "normalized_shape"
             ):
                 kind = "gain"
-            elif (
-                isinstance(module, Llama) and pname == "embed_scale"
-            ):  # a scalar gain on the embedding
+            # a scalar gain on the embedding
+            elif isinstance(module, Llama) and pname == "embed_scale":
                 kind = "gain"
             else:
                 raise TypeError(f"parameter_kinds: no rule for {type(module).__name__}.{pname}")
@@ -51,17 +51,15 @@ class Llama(nn.Module):
         self.norm = model_norm(args, "final", final)
         scale = lookup(EMBED_SCALES, args.embed_scale, "embed_scale")(args.dim)
         # a learnable scalar times the embedding (DyT's LLaMA recipe: init sqrt(dim)), else none
-        self.embed_scale = (
-            None if scale is None else nn.Parameter(torch.full((1,), float(scale)))
-        )  # 1-D for FSDP2
+        # 1-D for FSDP2
+        self.embed_scale = None if scale is None else nn.Parameter(torch.full((1,), float(scale)))
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cross_entropy = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").cross_entropy
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
-        self.register_buffer(
-            "rope_cos", cos, persistent=False
-        )  # derived from args: not in checkpoints
+        # derived from args: not in checkpoints
+        self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
@@ -119,9 +117,8 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, rope)
         logits = self.output(self.norm(h))
-        if (
-            self.args.logit_softcap
-        ):  # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
+        # cap tanh(logits / cap) in float32 (float64 stays), before the loss and z-loss
+        if self.args.logit_softcap:
             logits = softcap(
                 logits.to(torch.promote_types(logits.dtype, torch.float32)), self.args.logit_softcap
             )

@@ -207,3 +207,25 @@ def write_run(
             }
         )
     )
+
+
+def eval_bits_per_nat(cfg) -> float:
+    """An independent count of a config's bits per nat: its eval set's target tokens / the UTF-8
+    bytes they encode / ln 2 (the evals' fixed val tokens: train.eval_tokens of them, seq_len a
+    row)."""
+    import math
+
+    import numpy as np
+
+    from data.loader import load_tokens
+    from data.prepare import prepare
+    from data.tokenizer import Tokenizer
+
+    prepared = prepare(**vars(cfg.data), verbose=False)
+    tokens = load_tokens(prepared, "val")
+    seq, budget = cfg.train.seq_len, cfg.train.eval_tokens
+    rows = (len(tokens) - 1) // seq
+    n = rows if budget <= 0 else min(max(1, budget // seq), rows)
+    targets = np.asarray(tokens[1 : n * seq + 1], dtype=np.int64)
+    n_bytes = int(Tokenizer(prepared / "tokenizer.model").token_bytes()[targets].sum())
+    return len(targets) / n_bytes / math.log(2)

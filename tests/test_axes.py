@@ -9,8 +9,8 @@ from torch import nn
 
 from model.args import ModelArgs
 from model.blocks import DeepNormBlock, PostNormBlock, ReorderedNormBlock
-from model.fused_norms import build_norm
 from model.llama import Llama, parameter_kinds
+from model.norm_config import NormConfig
 from model.norms import PRMSNorm, RMSNorm
 
 ARGS = dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
@@ -39,8 +39,8 @@ def test_prmsnorm_with_p_1_is_rmsnorm():
 def test_autocast_precision_overflows_float16_where_the_float32_policy_does_not(name):
     x = torch.randn(4, 64)
     x[0] *= 400 / x[0].abs().max()  # one row reaching |x| = 400: x^2 = 160000 > float16's max 65504
-    safe, naive = build_norm(name, 64), build_norm(name, 64, precision="autocast")
-    want = build_norm(name, 64).double()(x.double())
+    safe, naive = NormConfig(name).build(64), NormConfig(name, precision="autocast").build(64)
+    want = NormConfig(name).build(64).double()(x.double())
     with torch.autocast("cpu", dtype=torch.float16):
         y_safe, y_naive = safe(x), naive(x)
     torch.testing.assert_close(y_safe.double(), want, rtol=1e-5, atol=1e-5)
@@ -48,24 +48,23 @@ def test_autocast_precision_overflows_float16_where_the_float32_policy_does_not(
         assert y_naive[0].abs().max() == 0
     else:  # layernorm centres first; its variance overflows as well: a row of zeros or NaN
         assert not torch.isfinite(y_naive[0]).all() or y_naive[0].abs().max() == 0
-    torch.testing.assert_close(
-        y_naive[1:].double(), want[1:], rtol=2e-3, atol=2e-3
-    )  # float16 rounding only
+    # float16 rounding only
+    torch.testing.assert_close(y_naive[1:].double(), want[1:], rtol=2e-3, atol=2e-3)
 
 
 def test_autocast_precision_in_bfloat16_is_the_formula_in_bfloat16():
     x = torch.randn(8, 64) * 3
-    naive = build_norm("rmsnorm", 64, precision="autocast")
+    naive = NormConfig("rmsnorm", precision="autocast").build(64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = naive(x)
     xb = x.bfloat16()
     torch.testing.assert_close(
         y, (xb * torch.rsqrt(xb.pow(2).mean(-1, keepdim=True) + 1e-5)).float(), rtol=0, atol=0
     )
-    assert (y - build_norm("rmsnorm", 64)(x)).abs().max() > 0  # bfloat16 rounding is visible...
-    assert naive(x).equal(
-        build_norm("rmsnorm", 64)(x)
-    )  # ...and without autocast float32 input stays float32
+    # bfloat16 rounding is visible...
+    assert (y - NormConfig("rmsnorm").build(64)(x)).abs().max() > 0
+    # ...and without autocast float32 input stays float32
+    assert naive(x).equal(NormConfig("rmsnorm").build(64)(x))
 
 
 def _block(cls, **kw):
@@ -128,7 +127,7 @@ def test_linear_biases_start_at_zero_are_biases_and_enter_the_fused_qkv_matmul()
     q, k, v = attn.project(x, rope)
     want_v = attn.wv(x).view(2, 8, 2, 8).transpose(1, 2)  # separate nn.Linear calls, bias included
     torch.testing.assert_close(v, want_v)
-    from model.layers import apply_rope
+    from model.rope import apply_rope
 
     torch.testing.assert_close(q, apply_rope(attn.wq(x).view(2, 8, 4, 8), rope).transpose(1, 2))
 
@@ -148,7 +147,7 @@ def test_bad_norm_precision_lists_the_valid_ones():
     with pytest.raises(ValueError, match="autocast, float32"):
         Llama(ModelArgs(**ARGS, norm_precision="half"))
     with pytest.raises(ValueError, match="autocast, float32"):
-        nn.Sequential(build_norm("rmsnorm", 8, precision="half"))
+        nn.Sequential(NormConfig("rmsnorm", precision="half").build(8))
 
 
 def test_autocast_precision_in_float16_overflows_the_backward_of_rsqrt_for_small_inputs():
@@ -157,7 +156,7 @@ def test_autocast_precision_in_float16_overflows_the_backward_of_rsqrt_for_small
     policy does not."""
     x = (torch.randn(4, 64) * 0.02).requires_grad_()
     for precision, finite in (("float32", True), ("autocast", False)):
-        norm = build_norm("rmsnorm", 64, precision=precision)
+        norm = NormConfig("rmsnorm", precision=precision).build(64)
         with torch.autocast("cpu", dtype=torch.float16):
             y = norm(x)
         (g,) = torch.autograd.grad(y.float().pow(2).sum() * 1e-3, x)

@@ -8,7 +8,7 @@ import pytest
 from conftest import TINY
 
 import train
-from study.cli import sweep
+from lab.sweep import sweep
 
 # (case, file contents or None, extra arguments, what the line must say); {f} is the bad file's path
 CONFIGS = [
@@ -50,10 +50,8 @@ FIELDS = [
     ("train.eval_every=0", "train.eval_every must be > 0"),
     ("steps=3", "unknown config key 'steps'"),
     ("optim.lr", "expected key=value"),
-    (
-        "train.seq_len=100000000",
-        "more memory per process",
-    ),  # too big for any machine: refused before it starts
+    # too big for any machine: refused before it starts
+    ("train.seq_len=100000000", "more memory per process"),
     ("train.tp_size=0", "train.tp_size must be > 0"),
 ]
 SOURCES = [  # text sources: (file contents, or a directory)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from scripts.benchlib import ISA_ENV
+from bench.benchlib import ISA_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     # printed tables
     head, _, body = saved.read_text().partition("\n\nMachine: ")
     assert head.startswith(
-        f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/bench_norms.py {' '.join(args)} --save "
+        f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python bench/bench_norms.py {' '.join(args)} --save "
         f"{saved}` on "
     )  # the environment that picks the instruction set, as it ran
     machine, _, tables = body.partition("\n")
@@ -103,7 +103,7 @@ def test_bench_step_alternates_variants_and_splits_the_step_by_phase_and_op_fami
     out = _script(
         "bench_step",
         "--study",
-        "configs/studies/quick.yaml",
+        "lab/studies/quick.yaml",
         "--rounds",
         "2",
         "--steps",
@@ -123,9 +123,8 @@ def test_bench_step_alternates_variants_and_splits_the_step_by_phase_and_op_fami
         if line.startswith("| ") and "ms" not in line
     }
     assert {"current", "pairwise RoPE", "for-loop AdamW"} <= rows and "peak = " in out
-    assert (
-        "| current | " in out and "| 1.00 (1.00..1.00) |" in out
-    )  # the first variant against itself
+    # the first variant against itself
+    assert "| current | " in out and "| 1.00 (1.00..1.00) |" in out
     tables = out.split("### Where the step goes: current")[1].split("\n\n")
     phases, families = (
         {
@@ -151,7 +150,7 @@ def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp
     out = _script(
         "bench_study",
         "--study",
-        "configs/studies/quick.yaml",
+        "lab/studies/quick.yaml",
         "--runs",
         "1",
         "--rounds",

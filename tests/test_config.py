@@ -5,7 +5,8 @@ import pytest
 import train
 from model import Llama
 from model.blocks import PostNormBlock, PreNormBlock
-from model.norms import NORMS, LayerNorm, RMSNorm
+from model.norm_config import NORMS
+from model.norms import LayerNorm, RMSNorm
 from training.config import ConfigError, load_config, to_yaml
 from training.outcome import EXIT_BAD_INPUT
 
@@ -120,6 +121,5 @@ def test_lr_schedule_warms_up_then_reaches_the_floor_at_the_last_step():
     assert lrs[-1] == pytest.approx(0.1) and all(
         a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False)
     )
-    assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(
-        0.1
-    )  # one decay step still ends low
+    # one decay step still ends low
+    assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(0.1)

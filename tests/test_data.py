@@ -103,15 +103,13 @@ def test_vocab_below_the_character_count_trains_with_byte_fallback(tmp_path):
 def test_character_coverage_keeps_exactly_what_fits():
     from collections import Counter
 
-    chars = Counter(
-        {chr(65 + i): 10**6 // (i + 1) ** 2 for i in range(90)}
-    )  # the top 60 cover > 98%
+    # the top 60 cover > 98%
+    chars = Counter({chr(65 + i): 10**6 // (i + 1) ** 2 for i in range(90)})
     assert prep.character_coverage(chars, 4096, 0.9995) == 0.9995  # everything fits: unchanged
     c = prep.character_coverage(chars, 320, 0.9995)  # room for 320 - 259 - 1 = 60 characters
     total, counts = sum(chars.values()), sorted(chars.values(), reverse=True)
-    assert (
-        sum(counts[:59]) / total < c <= sum(counts[:60]) / total
-    )  # SentencePiece then keeps the top 60
+    # SentencePiece then keeps the top 60
+    assert sum(counts[:59]) / total < c <= sum(counts[:60]) / total
     with pytest.raises(prep.DataError, match="need data.vocab_size >= 347"):  # 87 of 88 cover 98%
         prep.character_coverage(Counter({chr(65 + i): 1 for i in range(88)}), 320, 0.9995)
 
@@ -268,17 +266,14 @@ def test_pystdlib_is_the_standard_librarys_source_one_unique_document_per_file()
     from data.sources import pystdlib_documents, stdlib_files
 
     docs = pystdlib_documents()
-    assert docs == pystdlib_documents() and len(set(docs)) == len(
-        docs
-    )  # deterministic, deduplicated
-    assert (
-        len(docs) > 400 and sum(len(d.encode()) for d in docs) > 5_000_000
-    )  # ~9.7 MB on CPython 3.11
+    # deterministic, deduplicated
+    assert docs == pystdlib_documents() and len(set(docs)) == len(docs)
+    # ~9.7 MB on CPython 3.11
+    assert len(docs) > 400 and sum(len(d.encode()) for d in docs) > 5_000_000
     with open(stdlib_files()[0][0], encoding="utf-8") as f:
         first = f.read()
-    assert (
-        first in docs
-    )  # a document is a whole file, as it is on disk: the split by document splits files
+    # a document is a whole file, as it is on disk: the split by document splits files
+    assert first in docs
 
 
 def test_token_bytes_sum_to_the_texts_utf8_length(prepared):
@@ -346,9 +341,8 @@ def test_a_hub_source_at_a_revision_streams_and_is_capped_offline(tmp_path):
     )
     meta = json.loads((out / "meta.json").read_text())
     assert meta["train_tokens"] == 5000 and len(load_tokens(out, "train")) == 5000
-    assert (
-        meta["train_documents"] + meta["val_documents"] < 3000
-    )  # streamed: read only up to the budget
+    # streamed: read only up to the budget
+    assert meta["train_documents"] + meta["val_documents"] < 3000
     assert "0123456789abcdef" in json.dumps(meta["key"])  # the revision is in the cache key
     again = prep.prepare(
         source.replace("#0123", "#9123"),

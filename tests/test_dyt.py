@@ -1,4 +1,4 @@
-"""DyT on the DyT study's model (configs/studies/dyt.yaml) and the embedded corpus: with the paper's
+"""DyT on the DyT study's model (lab/studies/dyt.yaml) and the embedded corpus: with the paper's
 init scales transposed to d = 64 it trains; with the recipe's absolute std 0.02 it reaches the
 dead-gradient state (issue 35). A constructed model with a dead trunk shows how train.py reports
 that state."""
@@ -12,11 +12,11 @@ import pytest
 from conftest import THREADS
 
 import train
-from study.studyfile import flatten, load_study
+from lab.studyfile import flatten, load_study
 from training.outcome import EXIT_OK
 from training.rundir import read_metrics
 
-STUDY = train.REPO / "configs" / "studies" / "dyt.yaml"
+STUDY = train.REPO / "lab" / "studies" / "dyt.yaml"
 
 
 def _stats(run_dir, step: int) -> dict:
@@ -29,8 +29,8 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
 ):
     """The DyT study's model (d = 64, 4 layers, alpha0 0.8 / 0.2 / 0.2, no bias, the sqrt(d) scalar,
     vocab 1024, 16 x 64 tokens a step) at lr 3e-3 on the study's 300-step schedule, seed 0. Measured
-    (scripts/dyt_saturation.py): absolute 0.02 init: the stream's RMS 0.16 -> 35 by step 30 -> 143
-    by step 50, every unit of the final DyT saturated from step ~40 and every gradient below the
+    (lab/analyses/dyt_saturation.py): absolute 0.02 init: the stream's RMS 0.16 -> 35 by step 30 ->
+    143 by step 50, every unit of the final DyT saturated from step ~40 and every gradient below the
     final norm exactly 0 from then on, val 5.94-5.96 (unigram 5.81); width init (std 0.16): no unit
     saturated, val 5.74 at step 50 and 5.15 at step 100 (the line the study's failure rule draws is
     5.81 - 0.25 = 5.56). Far from either edge: ~40 s on one thread."""
@@ -71,9 +71,8 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
     at50 = _stats(tmp_path / "absolute", 50)
     assert at50["grad/absmax/trunk"] == 0.0 and at50["grad/norm/head"] > 0
     assert at50["dyt/saturated/final"] == 1.0 and at50["act/rms/layer_3"] > 30
-    assert (
-        summary["best_val_loss"] > summary["unigram_entropy"]
-    )  # the unigram level, never below it
+    # the unigram level, never below it
+    assert summary["best_val_loss"] > summary["unigram_entropy"]
 
     assert (
         train.main(
@@ -144,13 +143,13 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
 
 @pytest.mark.slow
 def test_the_saturation_script_prints_its_table(pydocs_1024):
-    """scripts/dyt_saturation.py, two measured steps of each init: a row per init and step, the
+    """lab/analyses/dyt_saturation.py, two measured steps of each init: a row per init and step, the
     absolute init's stream at the recipe's scale (0.16 at step 0) and the width init's at the
     paper's (1.3)."""
     r = subprocess.run(
         [
             sys.executable,
-            "scripts/dyt_saturation.py",
+            "lab/analyses/dyt_saturation.py",
             "--at",
             "0",
             "2",

@@ -53,9 +53,8 @@ def _as_accurate_as_the_reference(fast, ref, x, g):
 
 
 def test_kernel_builds_here():
-    assert (
-        fast_norms.kernel_available()
-    )  # gcc is part of the supported setup; the fallback is tested below
+    # gcc is part of the supported setup; the fallback is tested below
+    assert fast_norms.kernel_available()
 
 
 CASES = [((4, 33, 768), 768), ((3, 7, 37), 37), ((2, 5, 6, 10), (6, 10)), ((1, 1, 13), 13)]
@@ -117,9 +116,8 @@ def test_bfloat16_is_as_accurate_as_the_reference(ref_cls, fast_cls, weight_dtyp
     for f, r, t in zip(got_fast, got_ref, truth, strict=True):
         assert f.dtype == r.dtype
         assert _rel(f, t) < max(1.5 * _rel(r, t), 1e-6) and _rel(f, t) < 1e-2
-    assert (
-        _rel(got_fast[0], got_ref[0]) < 4e-3
-    )  # same rounding points: outputs agree to bfloat16 ulps
+    # same rounding points: outputs agree to bfloat16 ulps
+    assert _rel(got_fast[0], got_ref[0]) < 4e-3
 
 
 @pytest.mark.parametrize("ref_cls,fast_cls", PAIRS)

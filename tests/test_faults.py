@@ -149,9 +149,8 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     r = subprocess.run(cmd, cwd=train.REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]  # the same command, once more, finishes the run
     assert json.loads((tmp_path / "f" / "summary.json").read_text())["steps"] == 60
-    assert [r["step"] for r in records(tmp_path / "f")] == list(
-        range(0, 61)
-    )  # none missing, none duplicated
+    # none missing, none duplicated
+    assert [r["step"] for r in records(tmp_path / "f")] == list(range(0, 61))
     assert curve(tmp_path / "f") == curve(tmp_path / "ref")
     print(
         f"kill -9 at {len(plan)} points ({', '.join(str(a) for _, a in plan)}): 0 differing "
@@ -262,9 +261,8 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
         "Traceback" in e for e in err
     )
     monkeypatch.undo()
-    assert (
-        load_checkpoint(tmp_path / "e" / "checkpoints" / "latest.pt")["step"] == 4
-    )  # the last good one
+    # the last good one
+    assert load_checkpoint(tmp_path / "e" / "checkpoints" / "latest.pt")["step"] == 4
     assert (
         train.main(["--name", "e", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"]) == 0
     )
@@ -340,9 +338,8 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    assert (
-        sum("training a 320-piece" in err for _, err in outs) == 1
-    )  # the second waited, then hit the cache
+    # the second waited, then hit the cache
+    assert sum("training a 320-piece" in err for _, err in outs) == 1
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
 
 
@@ -362,7 +359,7 @@ def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
     )
     return [
         sys.executable,
-        "scripts/sweep.py",
+        "lab/sweep.py",
         str(study),
         "--out",
         str(tmp_path / "out"),
@@ -406,9 +403,8 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) == 2)
-    sweep.send_signal(
-        signal.SIGINT
-    )  # to the sweep alone, as `kill -INT` (a terminal's Ctrl-C reaches all)
+    # to the sweep alone, as `kill -INT` (a terminal's Ctrl-C reaches all)
+    sweep.send_signal(signal.SIGINT)
     assert sweep.wait(timeout=120) == 130
     assert _runs_in_flight(study_dir) == []  # no orphans: the sweep waited for its runs
     for run_dir in study_dir.glob("runs/*/"):
@@ -432,9 +428,8 @@ def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_fi
         cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) >= 1)
-    name = next(
-        study_dir.glob("runs/*/checkpoints/latest.pt")
-    ).parent.parent.name  # a run with a checkpoint
+    # a run with a checkpoint
+    name = next(study_dir.glob("runs/*/checkpoints/latest.pt")).parent.parent.name
     victim = json.loads((study_dir / "runs" / name / "meta.json").read_text())[
         "pid"
     ]  # its worker process

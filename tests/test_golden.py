@@ -58,9 +58,8 @@ def test_default_config_losses_are_unchanged(tmp_path):
     # sees a real change: swapping RMSNorm for LayerNorm moves step 1's grad norm by 4e-3 and step
     # 2's loss by 1.4e-4
     meta = json.loads((tmp_path / "g" / "meta.json").read_text())
-    built = (
-        meta["kernels"].get("build", {}).get("name")
-    )  # the build that ran (NORMLAB_PORTABLE=1: the portable one)
+    # the build that ran (NORMLAB_PORTABLE=1: the portable one)
+    built = meta["kernels"].get("build", {}).get("name")
     exact = (
         built == golden["build"]
         and meta["threads"] == golden["threads"]

@@ -59,7 +59,7 @@ def test_tf32_is_switched_on_through_the_api_inductor_reads():
 @pytest.mark.slow
 def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
     r = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--dry-run"],
+        [sys.executable, "bench/gpu_check.py", "--dry-run"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -76,7 +76,7 @@ def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
 
 def test_gpu_script_without_a_gpu_is_one_line():
     r = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py"],
+        [sys.executable, "bench/gpu_check.py"],
         cwd=REPO,
         capture_output=True,
         text=True,

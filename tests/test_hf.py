@@ -165,7 +165,7 @@ def test_half_precision_models_run(dtype):
 
 
 def test_real_valued_rope_equals_the_complex_rotation():
-    from model.layers import apply_rope, rope_tables
+    from model.rope import apply_rope, rope_tables
 
     x = torch.randn(2, 8, 4, 16, dtype=torch.float64)
     cos, sin = rope_tables(16, 8, 500.0)
@@ -181,7 +181,7 @@ def test_rope_is_the_pairwise_formula_bit_for_bit_forward_and_backward(dtype):
     """apply_rope works on whole heads (x cos + swap(x) sin); the pairwise formula (a cos - b sin, a
     sin + b cos, stacked back) gives the same bits, outputs and input gradients, on a strided slice
     as in the model."""
-    from model.layers import apply_rope, rope_tables
+    from model.rope import apply_rope, rope_tables
 
     def pairwise(x, rope):
         cos, sin = (t.float()[:, None, :] for t in rope)
@@ -195,9 +195,8 @@ def test_rope_is_the_pairwise_formula_bit_for_bit_forward_and_backward(dtype):
     outs = []
     for fn in (apply_rope, pairwise):
         x = base.clone().requires_grad_()
-        y = fn(
-            x[..., 32:96].view(3, 12, 4, 16), rope
-        )  # a slice of a wider projection, as q and k are
+        # a slice of a wider projection, as q and k are
+        y = fn(x[..., 32:96].view(3, 12, 4, 16), rope)
         y.backward(g)
         outs.append((y, x.grad))
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

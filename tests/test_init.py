@@ -1,4 +1,4 @@
-"""Init switches (residual scaling, embedding std) and scripts/init_grads.py at toy size."""
+"""Init switches (residual scaling, embedding std) and lab/analyses/init_grads.py at toy size."""
 
 import json
 import math
@@ -102,11 +102,8 @@ def test_init_head_std_alone_and_the_reference_width_and_bad_values():
 
 
 def _init_grads():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import init_grads
-    finally:
-        sys.path.pop(0)
+    from lab.analyses import init_grads
+
     return init_grads
 
 
@@ -115,7 +112,7 @@ def test_init_grads_script_writes_sentences_with_n_and_ci(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            "scripts/init_grads.py",
+            "lab/analyses/init_grads.py",
             "--depths",
             "2",
             "3",
@@ -160,9 +157,8 @@ def test_init_grads_script_writes_sentences_with_n_and_ci(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"] == len(ig.SETTINGS) * arms * 2 * 3 and "claims" not in report
     ablation = len(ig.ABLATION_ARMS)
-    assert (
-        len(report["findings"]) == len(ig.SETTINGS) * 3 + ablation
-    )  # W2, all matrices, gain; FFN ablation
+    # W2, all matrices, gain; FFN ablation
+    assert len(report["findings"]) == len(ig.SETTINGS) * 3 + ablation
     for i, sentence in enumerate(report["findings"]):
         clauses = sentence.split("; ")
         assert len(clauses) == (
@@ -213,9 +209,8 @@ def test_trend_interval_covers_the_true_slope_at_its_level():
     ig = _init_grads()
     gen = torch.Generator().manual_seed(0)
     covered, trials = 0, 400
-    for _ in range(
-        trials
-    ):  # 10 seeds, each a true slope 0.05 + seed effect, per-layer noise on the logs
+    # 10 seeds, each a true slope 0.05 + seed effect, per-layer noise on the logs
+    for _ in range(trials):
         curves = []
         for _ in range(10):
             b = 0.05 + 0.02 * torch.randn((), generator=gen).item()
@@ -256,9 +251,8 @@ def test_jacobian_gain_of_a_linear_map_is_its_rms_singular_value():
     u, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen))
     w, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen))
     x = torch.randn(64, generator=gen)
-    assert ig.jacobian_gain(lambda h: 2.5 * (u @ h), x, 3, gen) == pytest.approx(
-        2.5, rel=1e-5
-    )  # every sv 2.5
+    # every sv 2.5
+    assert ig.jacobian_gain(lambda h: 2.5 * (u @ h), x, 3, gen) == pytest.approx(2.5, rel=1e-5)
     s = torch.linspace(0.1, 3.0, 64)
     rms = s.square().mean().sqrt().item()
     assert ig.jacobian_gain(lambda h: u @ (s * (w.T @ h)), x, 2000, gen) == pytest.approx(
@@ -287,9 +281,8 @@ def test_jacobian_gain_of_a_block_matches_its_full_jacobian():
     rope = (model.rope_cos, model.rope_sin)
     x = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1))
     f = lambda h: model.layers[1](h, rope)  # noqa: E731
-    jac = torch.autograd.functional.jacobian(f, x).reshape(
-        24, 24
-    )  # reverse mode, the flash kernel's backward
+    # reverse mode, the flash kernel's backward
+    jac = torch.autograd.functional.jacobian(f, x).reshape(24, 24)
     expected = (jac.square().sum() / 24).sqrt().item()
     got = ig.jacobian_gain(f, x, 4000, torch.Generator().manual_seed(2))
     assert got == pytest.approx(expected, rel=0.03)

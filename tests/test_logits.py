@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from conftest import tiny_args
 
 from model import Llama
-from model.layers import apply_rope, attention_path, explicit_attention
+from model.layers import attention_path, explicit_attention
 from model.norms import LayerNorm, NoNorm, RMSNorm
+from model.rope import apply_rope
 from training import metrics
 from training.config import ConfigError, OptimConfig, load_config, to_yaml
 from training.optim import build_optimizer, lr_at, param_groups, set_lr
@@ -110,9 +111,8 @@ def test_explicit_attention_with_a_softcap_matches_a_float64_reference(cap):
     q, k, v = torch.randn(2, 4, 6, 8) * 2, torch.randn(2, 2, 6, 8) * 2, torch.randn(2, 2, 6, 8)
     y = explicit_attention(q, k, v, cap)
     torch.testing.assert_close(y.double(), _reference_attention(q, k, v, cap), rtol=1e-5, atol=1e-5)
-    q64, k64, v64 = (
-        t.double().requires_grad_() for t in (q, k, v)
-    )  # and its gradients are the formula's
+    # and its gradients are the formula's
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     assert torch.autograd.gradcheck(
         lambda a, b, c: explicit_attention(a, b, c, cap), (q64, k64, v64)
     )
@@ -208,9 +208,8 @@ def test_attention_entropy_matches_a_float64_reference(monkeypatch, cap):
     chunked = metrics.qk_stats(q, k, cap)
     assert chunked[0].item() == pytest.approx(logit_max.item(), rel=1e-6)
     assert chunked[1].item() == pytest.approx(entropy.item(), rel=1e-6)
-    assert metrics.qk_stats(q * 0, k)[1].item() == pytest.approx(
-        uniform, rel=1e-6
-    )  # zero logits: uniform
+    # zero logits: uniform
+    assert metrics.qk_stats(q * 0, k)[1].item() == pytest.approx(uniform, rel=1e-6)
 
 
 def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
@@ -300,9 +299,8 @@ def test_independent_decay_at_the_peak_does_not_depend_on_the_lr():
     for peak in (1e-3, 1e-1):
         cfg = OptimConfig(lr=peak, weight_decay=1e-4, weight_decay_mode="independent")
         groups = param_groups(Llama(tiny_args()), cfg)
-        shrink[peak] = (
-            peak * groups[0]["lr_scale"] * groups[0]["weight_decay"]
-        )  # AdamW's lr * weight_decay
+        # AdamW's lr * weight_decay
+        shrink[peak] = peak * groups[0]["lr_scale"] * groups[0]["weight_decay"]
     assert shrink[1e-3] == pytest.approx(1e-4, rel=1e-12) and shrink[1e-1] == pytest.approx(
         1e-4, rel=1e-12
     )
@@ -511,7 +509,7 @@ def _logz_run(
 def test_the_log_z_figure_is_drawn_where_the_arms_differ_in_z_loss_or_decay(tmp_path, axis):
     """Arms that differ in train.z_loss, runs that logged logits/log_z: log_z.png is drawn and the
     report shows it; arms that differ only in their norm: no such figure."""
-    from study.report import write_report
+    from lab.report import write_report
 
     for seed in (0, 1):
         for lr in (1e-3, 1e-2):

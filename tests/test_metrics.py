@@ -39,9 +39,8 @@ def test_grad_norms_add_up_to_the_clip_grad_norm_value():
     metrics = probe.finish()
     rest = group_parameters(model)["other"]  # the final norm
     rest_sq = sum(p.grad.double().pow(2).sum() for p in rest).item()
-    total = torch.nn.utils.clip_grad_norm_(
-        model.parameters(), 1e-3
-    ).item()  # clips: returns the pre-clip norm
+    # clips: returns the pre-clip norm
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3).item()
     parts = [f"grad/norm/layer_{i}" for i in range(3)] + ["grad/norm/embed", "grad/norm/head"]
     assert sum(metrics[k] ** 2 for k in parts) + rest_sq == pytest.approx(total**2, rel=1e-5)
 
@@ -96,9 +95,8 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
         assert metrics[f"norm_in/rms/layer_{i}"] == pytest.approx(ms.sqrt().item())
         gain = torch.cat([block.attention_norm.weight, block.ffn_norm.weight]).mean()
         assert metrics[f"norm/gain/layer_{i}"] == pytest.approx(gain.item())
-    torch.testing.assert_close(
-        model.output(model.norm(h)), logits
-    )  # the written-out forward is the model's
+    # the written-out forward is the model's
+    torch.testing.assert_close(model.output(model.norm(h)), logits)
 
 
 def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monkeypatch):
@@ -119,20 +117,17 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
         whole, whole_entropy = metrics.attention_stats(
             attention, x, (model.rope_cos, model.rope_sin)
         )
-        monkeypatch.setattr(
-            metrics, "MAX_SCORES", 4 * 512 * 100
-        )  # blocks of 100 query rows, the last one shorter
+        # blocks of 100 query rows, the last one shorter
+        monkeypatch.setattr(metrics, "MAX_SCORES", 4 * 512 * 100)
         with _Largest() as seen:
             blocks, blocks_entropy = metrics.attention_stats(
                 attention, x, (model.rope_cos, model.rope_sin)
             )
     assert whole == blocks == scores.amax()
-    assert blocks_entropy.item() == pytest.approx(
-        whole_entropy.item(), rel=1e-6
-    )  # row blocks: the same entropy
-    assert (
-        seen.most <= metrics.MAX_SCORES
-    )  # no tensor of the probe held more (a whole sequence is 4 x 512^2)
+    # row blocks: the same entropy
+    assert blocks_entropy.item() == pytest.approx(whole_entropy.item(), rel=1e-6)
+    # no tensor of the probe held more (a whole sequence is 4 x 512^2)
+    assert seen.most <= metrics.MAX_SCORES
 
 
 class _Largest(TorchDispatchMode):
@@ -170,9 +165,8 @@ def test_update_ratio_per_matrix_and_gains_apart():
 
     norm = math.sqrt(sum(before[n].pow(2).sum().item() for n in matrices))
     assert metrics["param/norm/layer_1"] == pytest.approx(norm, rel=1e-5)
-    assert metrics["update/ratio/layer_1"] == pytest.approx(
-        ratio(matrices), rel=1e-4
-    )  # the matrices only
+    # the matrices only
+    assert metrics["update/ratio/layer_1"] == pytest.approx(ratio(matrices), rel=1e-4)
     assert metrics["update/ratio/layer_1/gains"] == pytest.approx(ratio(gains), rel=1e-4)
     for n in matrices:
         assert metrics[f"update/ratio/layer_1/{n.removesuffix('.weight')}"] == pytest.approx(
@@ -189,9 +183,8 @@ def test_gains_are_told_from_matrices_by_module_not_shape():
     from training.optim import param_groups
 
     model = Llama(tiny())
-    model.layers[0].ffn_norm = RMSNorm(
-        (2, 16)
-    )  # a 2-d gain, as a norm over (heads, head_dim) would have
+    # a 2-d gain, as a norm over (heads, head_dim) would have
+    model.layers[0].ffn_norm = RMSNorm((2, 16))
     model.layers[0].ffn_norm.weight.data.fill_(3.0)
     torch.manual_seed(0)
     model.reset_parameters()
@@ -261,13 +254,11 @@ def test_the_old_trailing_window_missed_what_this_one_finds():
     trend's std hid it."""
     curve = _falling(300, 0.01, 0)
     curve[20] = 7.5
-    assert spike_score(curve, 5, 5) == pytest.approx(
-        100 / 293
-    )  # one spike in the 293 judged steps (7..299)
+    # one spike in the 293 judged steps (7..299)
+    assert spike_score(curve, 5, 5) == pytest.approx(100 / 293)
     assert spike_score(curve[:6], 5, 5) is None  # too short to judge
-    assert spike_score([float("nan"), *curve], 5, 5) == spike_score(
-        curve, 5, 5
-    )  # non-finite values are skipped
+    # non-finite values are skipped
+    assert spike_score([float("nan"), *curve], 5, 5) == spike_score(curve, 5, 5)
 
 
 def test_outcome_classification_on_the_whole_val_curve():
@@ -277,9 +268,8 @@ def test_outcome_classification_on_the_whole_val_curve():
     )  # noqa
     assert judge([6.0, 5.0, 4.0]) == "ok"
     assert judge([6.3, 6.25, 6.3]) == "collapsed"  # never 0.25 below the unigram entropy, and flat
-    assert (
-        judge([7.9, 7.0, 6.3]) == "plateau"
-    )  # never below it either, but still falling: too slow, not stuck
+    # never below it either, but still falling: too slow, not stuck
+    assert judge([7.9, 7.0, 6.3]) == "plateau"
     assert judge([6.0, 4.0, 4.4]) == "ok"  # a rise within the blow-up margin
     assert judge([6.0, 3.5, 5.9]) == "unstable"  # learned, then ended 2.4 nats above its best
     assert judge([6.0, 4.0, 8.5]) == "unstable"  # ended above L0
@@ -300,9 +290,8 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     assert judge([5.90, 5.884, 5.879, 5.885, 5.880]) == "collapsed"  # slope ~0 over the last evals
     assert judge([6.6, 6.2, 5.95, 5.78, 5.64]) == "plateau"  # -1.4e-3 nats / step: learning, slowly
     assert judge([6.6, 6.2, 5.95, 5.78, 5.60]) == "ok"  # 0.28 below the unigram entropy: it learned
-    assert (
-        judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"
-    )  # a slope of -4.5e-5 / step is flat
+    # a slope of -4.5e-5 / step is flat
+    assert judge([5.90, 5.884, 5.879, 5.885, 5.87]) == "collapsed"
     # the default study's post-norm runs stuck at the unigram level but creeping down (-1.25e-4 /
     # step: 0.06 nats in 500 more steps, 0.25 short of the line): collapsed; the flat-slope rule
     # (1e-4 / step) called them plateaus
@@ -314,9 +303,8 @@ def test_collapsed_and_plateau_are_told_apart_by_the_slope_not_the_last_value():
     # step: too short, not stuck, though at that slope it would not reach the line within 20 more
     # steps
     assert classify([4.96, 4.58], 3.38, 0.25, 6.9, 0.5, [10, 20]) == "plateau"
-    assert (
-        classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"
-    )  # one eval: no slope to call it stuck
+    # one eval: no slope to call it stuck
+    assert classify([6.3], 6.4, 0.25, steps=[10]) == "plateau"
 
 
 def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
@@ -327,14 +315,12 @@ def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
     9.0110; a correctly rounded tanh gives 13 ln 2 to float32 spacing), at most one ulp's 2^-23 just
     below it. So the count's threshold, DYT_SATURATION = 9, is at most 0.1 below the point where the
     gradient vanishes, and every unit beyond 9.1 passes none."""
-    from model.norms import DyT
+    from model.dyt import DyT
 
     assert DYT_SATURATION == 9.0 and 13 * math.log(2) == pytest.approx(9.0109, abs=1e-4)
     z = torch.arange(8.0, 10.0, 2**-12, dtype=torch.float32)  # float32-exact, 2^-12 apart
-    for x in (
-        z,
-        *[z[i : i + 1] for i in range(0, len(z), 64)],
-    ):  # the vectorized kernel, then one value at a time
+    # the vectorized kernel, then one value at a time
+    for x in (z, *[z[i : i + 1] for i in range(0, len(z), 64)]):
         norm = DyT(1, bias=False, alpha0=1.0)
         x = x.clone().view(-1, 1).requires_grad_(True)
         norm(x).sum().backward()
@@ -342,17 +328,15 @@ def test_float32_tanh_has_exactly_zero_gradient_from_13_ln_2_on():
         if len(x) > 1:  # the grid: one threshold, nothing nonzero beyond it
             first = z[zero][0].item()
             assert 9.0 <= first <= 9.1 and bool(zero[z >= first].all()), first
-            assert (
-                0 < x.grad.view(-1)[~zero].min().item() <= 2**-23 + 1e-12
-            )  # just below z*: one ulp's worth
+            # just below z*: one ulp's worth
+            assert 0 < x.grad.view(-1)[~zero].min().item() <= 2**-23 + 1e-12
         else:
             assert bool(zero.item()) == (x.item() >= first), x.item()
     beyond = torch.linspace(9.1, 40.0, 1000).view(-1, 1)
     norm = DyT(1, bias=False, alpha0=1.0)
     norm(beyond).sum().backward()
-    assert norm.alpha.grad.item() == 0.0 and norm.weight.grad.item() == len(
-        beyond
-    )  # the gain still learns
+    # the gain still learns
+    assert norm.alpha.grad.item() == 0.0 and norm.weight.grad.item() == len(beyond)
 
 
 def _dyt_inputs(model):
@@ -371,9 +355,8 @@ def _dyt_inputs(model):
 def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_norm_layer_and_final():
     torch.manual_seed(4)
     model = Llama(tiny(norm="dyt", norm_options={"dyt": {"bias": False}}))
-    with (
-        torch.no_grad()
-    ):  # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
+    # alphas that saturate some units of a stream of RMS ~0.02: |x| >= 9 / alpha
+    with torch.no_grad():
         for i, block in enumerate(model.layers):
             block.attention_norm.alpha.fill_(300.0 + 100 * i)
             block.ffn_norm.alpha.fill_(-600.0)  # |alpha x|: a negative alpha saturates alike
@@ -392,14 +375,12 @@ def test_dyt_saturation_is_the_fraction_of_units_with_alpha_x_at_least_9_per_nor
 
     for i in range(3):
         a, f = frac(f"layers.{i}.attention_norm"), frac(f"layers.{i}.ffn_norm")
-        assert (
-            0.02 < a < 0.98 and 0.02 < f < 0.98
-        )  # neither none nor all: the count is really tested
+        # neither none nor all: the count is really tested
+        assert 0.02 < a < 0.98 and 0.02 < f < 0.98
         assert m[f"dyt/saturated/layer_{i}/attention_norm"] == pytest.approx(a)
         assert m[f"dyt/saturated/layer_{i}/ffn_norm"] == pytest.approx(f)
-        assert m[f"dyt/saturated/layer_{i}"] == pytest.approx(
-            (a + f) / 2
-        )  # both norms' units together
+        # both norms' units together
+        assert m[f"dyt/saturated/layer_{i}"] == pytest.approx((a + f) / 2)
     assert m["dyt/saturated/final"] == pytest.approx(frac("norm"))
     # only where the model's norm is DyT; no final norm in post-norm, so no final fraction
     probe = StabilityProbe(Llama(tiny()))
@@ -453,12 +434,10 @@ def test_dead_gradients_at_is_the_start_of_the_last_dead_stretch():
         == 30
     )
     assert dead_gradients_at(records([(1, 0.0), (10, 0.0)])) == 1
-    assert (
-        dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 1e-30)])) is None
-    )  # it revived: not absorbing
-    assert (
-        dead_gradients_at(records([(0, None), (5, None)])) is None
-    )  # not measured (log.stats_every=0)
+    # it revived: not absorbing
+    assert dead_gradients_at(records([(1, 0.3), (10, 0.0), (20, 1e-30)])) is None
+    # not measured (log.stats_every=0)
+    assert dead_gradients_at(records([(0, None), (5, None)])) is None
 
 
 def test_dead_gradients_make_a_run_that_never_learned_collapsed_whatever_its_slope():

@@ -8,7 +8,7 @@ from conftest import tiny_args
 
 from model import Llama
 from model.blocks import BLOCKS
-from model.norms import NORMS
+from model.norm_config import NORMS
 
 NORM_NAMES = [
     n for n in NORMS if n != "none"

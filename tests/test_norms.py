@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from conftest import rel_err
 from torch import nn
 
-from model.fused_norms import FUSED_NORMS, NORM_IMPLS, build_norm
-from model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, parse_options, swap_norms
+from model.convert import swap_norms
+from model.norm_config import FUSED_NORMS, NORM_IMPLS, NORMS, NormConfig, parse_options
+from model.norms import LayerNorm, NoNorm, RMSNorm
 
 SHAPES = [
     (8, 5, 48),
@@ -75,7 +76,7 @@ def test_bfloat16_gradients_match_float64(name):
     w64 = torch.rand(256, generator=gen, dtype=torch.float64) + 0.5
 
     def grads(dtype):
-        norm = build_norm(name, 256).to(dtype)
+        norm = NormConfig(name).build(256).to(dtype)
         norm.weight.data.copy_(w64)
         x = x64.to(dtype).requires_grad_()
         norm(x).backward(g64.to(dtype))
@@ -114,7 +115,7 @@ def test_layernorm_equals_rmsnorm_on_zero_mean_input():
 
 
 def test_none_is_identity_without_parameters():
-    norm = build_norm("none", 8)
+    norm = NormConfig("none").build(8)
     x = torch.randn(2, 8)
     assert norm(x) is x and isinstance(norm, NoNorm) and not list(norm.parameters())
 
@@ -123,9 +124,9 @@ def test_unknown_norm_lists_valid_names():
     with pytest.raises(
         ValueError, match=f"unknown norm 'batchnorm'; valid: {', '.join(sorted(NORMS))}"
     ):
-        build_norm("batchnorm", 8)
+        NormConfig("batchnorm").build(8)
     with pytest.raises(ValueError, match="unknown norm_impl 'turbo'; valid: fused, reference"):
-        build_norm("rmsnorm", 8, impl="turbo")
+        NormConfig("rmsnorm", impl="turbo").build(8)
     assert set(NORMS) >= {"rmsnorm", "layernorm", "none"}
 
 
@@ -138,7 +139,7 @@ def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(n
     from model.llama import parameter_kinds
 
     torch.manual_seed(0)
-    ref, fast = build_norm(name, (3, 8)), build_norm(name, (3, 8), impl="fused")
+    ref, fast = NormConfig(name).build((3, 8)), NormConfig(name, impl="fused").build((3, 8))
     assert type(ref) is NORMS[name] and type(fast) is FUSED_NORMS.get(name, NORMS[name])
     assert isinstance(fast, NORMS[name])  # a fused class is its reference class with a kernel
     for p in ref.parameters():
@@ -182,9 +183,8 @@ def test_swap_norms_on_torch_transformer():
     norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, LayerNorm))]
     assert not norms
     rms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    assert (
-        len(rms) == 5 and rms[0].bias is None and rms[0].weight.min() >= 0.5
-    )  # gains carried over
+    # gains carried over
+    assert len(rms) == 5 and rms[0].bias is None and rms[0].weight.min() >= 0.5
     y = model(x)
     assert torch.isfinite(y).all() and not torch.allclose(y, expected)
 
@@ -227,7 +227,7 @@ def test_prmsnorm_fraction_sets_how_many_features_estimate_the_rms():
     torch.manual_seed(0)
     x = torch.randn(3, 5, 64, dtype=torch.float64)
     for fraction, k in ((0.0625, 4), (0.5, 32), (1.0, 64)):
-        norm = build_norm("prmsnorm", 64, options={"fraction": fraction}).double()
+        norm = NormConfig("prmsnorm", options={"fraction": fraction}).build(64).double()
         want = x / torch.sqrt(x[..., :k].pow(2).mean(-1, keepdim=True) + 1e-5)
         assert torch.allclose(norm(x), want, rtol=1e-12)
     from model import Llama, ModelArgs
@@ -253,15 +253,14 @@ def test_a_norms_options_are_its_own_and_unknown_ones_name_the_valid_ones():
         parse_options("rmsnorm", {"bias": True})
     with pytest.raises(ValueError, match="alpha_final must be > 0"):
         parse_options("dyt", {"alpha_final": 0.0})
-    assert (
-        parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0
-    )  # YAML's `100`: an int, taken as float
-    assert type(build_norm("dyt", 8, options={"alpha_attn": 100}).alpha0) is float
+    # YAML's `100`: an int, taken as float
+    assert parse_options("dyt", {"alpha_attn": 100}).alpha_attn == 100.0
+    assert type(NormConfig("dyt", options={"alpha_attn": 100}).build(8).alpha0) is float
     for bad in ({"bias": "no"}, {"alpha_attn": True}):
         with pytest.raises(ValueError, match="must be a (bool|float)"):
             parse_options("dyt", bad)
-    ln = build_norm("layernorm", 8, options={"bias": True})
-    assert ln.bias is not None and build_norm("layernorm", 8).bias is None
+    ln = NormConfig("layernorm", options={"bias": True}).build(8)
+    assert ln.bias is not None and NormConfig("layernorm").build(8).bias is None
     from model import Llama, ModelArgs
 
     small = dict(dim=32, n_layers=1, n_heads=4, vocab_size=16)
@@ -293,7 +292,7 @@ def test_derf_is_its_formula_in_float64_with_the_papers_defaults():
     import math
 
     gen = torch.Generator().manual_seed(5)
-    norm = build_norm("derf", 6, options={"alpha_ffn": 0.7, "shift": 0.2}, location="ffn")
+    norm = NormConfig("derf", options={"alpha_ffn": 0.7, "shift": 0.2}).build(6, "ffn")
     norm = _affine(norm, (6,), gen).double()
     norm.alpha.data.fill_(0.9)
     norm.shift.data.fill_(-0.3)
@@ -309,9 +308,9 @@ def test_derf_is_its_formula_in_float64_with_the_papers_defaults():
     params = [p.detach().clone().requires_grad_() for p in norm.parameters()]
     f = lambda x, *ps: torch.func.functional_call(norm, dict(zip(names, ps, strict=True)), (x,))
     assert torch.autograd.gradcheck(f, (x.clone().requires_grad_(), *params))
-    fresh = build_norm("derf", 6, options={"alpha_ffn": 0.7, "shift": 0.2}, location="ffn")
+    fresh = NormConfig("derf", options={"alpha_ffn": 0.7, "shift": 0.2}).build(6, "ffn")
     assert (fresh.alpha.item(), fresh.shift.item()) == pytest.approx((0.7, 0.2))
-    paper = build_norm("derf", 6, location="attention")
+    paper = NormConfig("derf").build(6, "attention")
     assert (paper.alpha.item(), paper.shift.item(), paper.bias is not None) == (1.0, 0.0, True)
     assert parse_options("derf", {"bias": False}).at("final") == {
         "alpha0": 1.0,

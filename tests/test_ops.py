@@ -123,9 +123,8 @@ def test_a_stale_build_lock_is_cleared_and_the_build_compiles_its_own_copy_of_th
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     name = "normlab_kernels_test"
     build = Path(cpp._get_build_directory(name, False))
-    assert (
-        build.parent == tmp_path / "ext" and build.is_dir()
-    )  # torch made it; never in the user's cache
+    # torch made it; never in the user's cache
+    assert build.parent == tmp_path / "ext" and build.is_dir()
     (build / "lock").touch()
     seen = []
 
@@ -325,9 +324,8 @@ def test_non_contiguous_logits_and_large_values():
 def test_nan_and_edge_cases_behave_like_torch():
     x, t = _logits(8, 16, torch.float32)
     x[3, 5] = float("nan")
-    assert fused_cross_entropy(
-        x, t
-    ).isnan()  # a NaN logit is a NaN loss: divergence detection relies on it
+    # a NaN logit is a NaN loss: divergence detection relies on it
+    assert fused_cross_entropy(x, t).isnan()
     all_ignored = torch.full((8,), -1)
     assert (
         fused_cross_entropy(x, all_ignored).isnan()
@@ -355,9 +353,8 @@ def _saved_bytes(fn, x, t):
 def test_saves_only_the_logits_and_per_row_values(dtype):
     x, t = _logits(64, 1000, dtype)
     fast, ref = _saved_bytes(fused_cross_entropy, x, t), _saved_bytes(reference_cross_entropy, x, t)
-    assert (
-        fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8
-    )  # logits, targets, logsumexp, count
+    # logits, targets, logsumexp, count
+    assert fast <= x.numel() * x.element_size() + 64 * (8 + 4) + 8
     assert fast < ref
 
 

@@ -159,27 +159,12 @@ def _stopped_by_torchrun(job: Job, rank: int, code: int) -> None:
 @pytest.mark.parametrize(
     "parallel,rank,fault,shared,says",
     [
-        (
-            "ddp",
-            0,
-            "checkpoint:2:enospc",
-            True,
-            "error: cannot write the run's files",
-        ),  # rank 0's .pt save
-        (
-            "fsdp",
-            1,
-            "log:4:enospc",
-            False,
-            "error: rank 1: cannot write the run's files",
-        ),  # one rank, between collectives
-        (
-            "fsdp",
-            0,
-            "checkpoint:2:enospc",
-            False,
-            "error: cannot write the run's files",
-        ),  # after its DCP shards
+        # rank 0's .pt save
+        ("ddp", 0, "checkpoint:2:enospc", True, "error: cannot write the run's files"),
+        # one rank, between collectives
+        ("fsdp", 1, "log:4:enospc", False, "error: rank 1: cannot write the run's files"),
+        # after its DCP shards
+        ("fsdp", 0, "checkpoint:2:enospc", False, "error: cannot write the run's files"),
     ],
 )
 def test_one_rank_error_is_one_line_and_every_rank_stops_at_once(
@@ -203,9 +188,8 @@ def test_one_rank_error_is_one_line_and_every_rank_stops_at_once(
     assert (
         "No space left on device" in job.errors()[0][1] and "free some space" in job.errors()[0][1]
     )
-    ckpt = (
-        tmp_path / "f" / "checkpoints"
-    )  # the step-2 checkpoint is the last whole one: nothing saved lost
+    # the step-2 checkpoint is the last whole one: nothing saved lost
+    ckpt = tmp_path / "f" / "checkpoints"
     last = (
         load_checkpoint(ckpt / "latest.pt")
         if parallel == "ddp"
@@ -263,9 +247,8 @@ def test_tp_size_that_does_not_divide_the_processes_is_refused_before_anything_d
 
 @pytest.mark.slow
 def test_seq_len_that_tp_cannot_split_is_one_line(tmp_path, tiny):
-    job = launch(
-        2, [*tiny, "--name", "t", "train.parallel=tp", "train.seq_len=33"], tmp_path
-    )  # SIGABRT before
+    # SIGABRT before
+    job = launch(2, [*tiny, "--name", "t", "train.parallel=tp", "train.seq_len=33"], tmp_path)
     _stopped_together(job, EXIT_BAD_INPUT, "train.seq_len divisible by train.tp_size=2")
 
 
@@ -420,9 +403,8 @@ def test_an_unreadable_latest_pt_never_skips_a_newer_readable_dcp(tmp_path, tiny
     dropped even when it was unreadable.)"""
     assert train.main([*tiny, "--name", "ref", "train.steps=10"]) == 0
     assert train.main([*tiny, "--name", "r", "train.steps=10", "train.stop_at=4"]) == 0
-    side = (
-        tmp_path / "side"
-    )  # the same run to step 6 elsewhere, its checkpoint made a DCP directory of run r
+    # the same run to step 6 elsewhere, its checkpoint made a DCP directory of run r
+    side = tmp_path / "side"
     import shutil
 
     shutil.copytree(tmp_path / "r", side)
@@ -431,9 +413,8 @@ def test_an_unreadable_latest_pt_never_skips_a_newer_readable_dcp(tmp_path, tiny
         == 0
     )
     _to_dcp(side / "checkpoints" / "latest.pt", tmp_path / "r" / "checkpoints" / "latest.dcp")
-    shutil.copy(
-        side / "metrics.jsonl", tmp_path / "r" / "metrics.jsonl"
-    )  # what that session logged
+    # what that session logged
+    shutil.copy(side / "metrics.jsonl", tmp_path / "r" / "metrics.jsonl")
     assert (
         train.main(["--name", "r", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=8"]) == 0
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from model.blocks import BLOCKS
-from model.norms import NORMS
+from model.norm_config import NORMS
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", "docs/usage.md", "docs/performance.md"]
@@ -51,26 +51,27 @@ SLOW = {
     MULTINODE: (
         "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config"
     ),
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml --slurm study.sbatch": (
-        "writes a file into the checkout; tests/test_study.py runs such an array's tasks locally"
+    "python -m lab.sweep lab/studies/norm-placement-lr.yaml --slurm study.sbatch": (
+        "writes a file into the checkout; tests/lab/test_study.py runs such an array's tasks "
+        "locally"
     ),
-    "python scripts/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
-    "python scripts/sweep.py configs/studies/norm-placement-lr.yaml": (
+    "python bench/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
+    "python -m lab.sweep lab/studies/norm-placement-lr.yaml": (
         "the default study: a 180-run grid at 3 budgets and the protocol's stages (hours)"
     ),
-    "python scripts/compare.py studies/norm-placement-lr": "needs the default study above",
-    "python scripts/bench_norms.py --save docs/results/bench/norms.md": BENCH,
-    "python scripts/bench_study.py --save docs/results/bench/study.md": BENCH,
-    "PYTHONPATH=$PWD python scripts/bench_study.py --runs 6 --rounds 1 --workers 2": (
+    "python -m lab.compare studies/norm-placement-lr": "needs the default study above",
+    "python bench/bench_norms.py --save bench/results/norms.md": BENCH,
+    "python bench/bench_study.py --save bench/results/study.md": BENCH,
+    "PYTHONPATH=$PWD python bench/bench_study.py --runs 6 --rounds 1 --workers 2": (
         "a benchmark: 12 runs of the default model, 300 steps each (~2-3 min); "
         "tests/test_bench.py runs it small"
     ),
-    "python scripts/bench_train.py --rounds 20 --save docs/results/bench/train.md": BENCH,
-    "python scripts/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
-    "current --save docs/results/bench/step.md": BENCH,
-    "python scripts/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
+    "python bench/bench_train.py --rounds 20 --save bench/results/train.md": BENCH,
+    "python bench/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
+    "current --save bench/results/step.md": BENCH,
+    "python bench/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
     "model.n_heads=12 model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 "
-    "--save docs/results/bench/train-d768.md": BENCH,
+    "--save bench/results/train-d768.md": BENCH,
 }
 
 
@@ -155,17 +156,15 @@ def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
-        "PYTHONPATH": str(
-            fresh_clone
-        ),  # its own packages, not the editable install of this checkout
+        # its own packages, not the editable install of this checkout
+        "PYTHONPATH": str(fresh_clone),
         "WANDB_MODE": "disabled",
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
     ran, shown = [], shown_outputs()
-    for command in dict.fromkeys(
-        [*readme_commands(), *shown]
-    ):  # each once, in the order a reader meets them
+    # each once, in the order a reader meets them
+    for command in dict.fromkeys([*readme_commands(), *shown]):
         if command in SLOW:
             continue
         r = subprocess.run(
@@ -186,7 +185,7 @@ def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
         ran.append(command)
     smoke = {
         "python train.py --config configs/train/tiny.yaml",
-        "python scripts/sweep.py configs/studies/quick.yaml",
+        "python -m lab.sweep lab/studies/quick.yaml",
     }
     assert smoke <= set(ran)
     # the smoke study shows a newcomer at least one run that learns

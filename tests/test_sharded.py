@@ -58,12 +58,8 @@ def test_shard_sizes_split_like_tensor_split_and_refuse_empty_shards():
 def test_sharded_norms_equal_the_unsharded_ones_on_two_processes(tmp_path):
     torchrun("sharded_norm_check.py", str(tmp_path / "out.json"))
     out = json.loads((tmp_path / "out.json").read_text())
-    for case in (
-        "RMSNorm/12",
-        "RMSNorm/11",
-        "LayerNorm/12",
-        "LayerNorm/11",
-    ):  # even and uneven shards
+    # even and uneven shards
+    for case in ("RMSNorm/12", "RMSNorm/11", "LayerNorm/12", "LayerNorm/11"):
         assert max(out[case].values()) < 1e-5, (case, out[case])
     assert "every rank needs >= 1 feature" in out["too_few"]
 
@@ -150,9 +146,8 @@ def test_train_py_sharded_run_matches_one_process_and_resumes_on_one(tmp_path, d
         "log.stats_every=4",
         "train.checkpoint_every=4",
     ]
-    micro = (
-        ["train.micro_batch_size=4"] if parallel == "fsdp" else []
-    )  # fsdp: each rank 4 sequences; tp: all 8
+    # fsdp: each rank 4 sequences; tp: all 8
+    micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []
     assert train.main([*common, "--name", "single", *micro]) == 0
     r = _torchrun_train(
         2, *common, "--name", "par", f"train.parallel={parallel}", "train.stop_at=4"
@@ -282,17 +277,15 @@ def test_four_processes_as_dp2_x_tp2_with_the_defaults_on_equal_one_process(tmp_
         "train.z_loss=1e-4",
         "optim.lr=1e-2",
     ]
-    assert (
-        train.main([*common, "--name", "one", "train.micro_batch_size=4"]) == 0
-    )  # a data share: 4 sequences
+    # a data share: 4 sequences
+    assert train.main([*common, "--name", "one", "train.micro_batch_size=4"]) == 0
     r = _torchrun_train(4, *common, "--name", "four", "train.parallel=tp", "train.tp_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sample: " in r.stderr  # every rank sampled (a collective forward), rank 0 printed
     one, four = _records(tmp_path / "one"), _records(tmp_path / "four")
     assert sorted(four) == sorted(one) == list(range(31))
-    assert any(
-        four[s]["grad/clipped"] for s in range(1, 31)
-    )  # clipping was on and acted (grad norm 1.22 at step 5)
+    # clipping was on and acted (grad norm 1.22 at step 5)
+    assert any(four[s]["grad/clipped"] for s in range(1, 31))
     # Over the first steps the two runs agree to float32 rounding (measured <= 6e-7 relative through
     # step 4). Later, rounding differences (reduction orders of sharded matmuls) are amplified by
     # AdamW, which normalizes tiny gradients, and by clipping near its threshold: by step 20 the
@@ -379,9 +372,8 @@ def test_dyt_with_its_llama_recipe_trains_sharded(tmp_path, data_args, parallel)
     r = _torchrun_train(2, *common, "--name", "d", f"train.parallel={parallel}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps"] == 4
-    micro = (
-        ["train.micro_batch_size=4"] if parallel == "fsdp" else []
-    )  # fsdp: a rank's share is 4 sequences
+    # fsdp: a rank's share is 4 sequences
+    micro = ["train.micro_batch_size=4"] if parallel == "fsdp" else []
     assert train.main([*common, "--name", "one", *micro]) == 0
     one, par = _records(tmp_path / "one"), _records(tmp_path / "d")
     for step in (1, 2, 4):
@@ -465,9 +457,8 @@ def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterru
         r = _torchrun_train(2, *args, env=fault)
         assert r.returncode != 0
         ckpt = tmp_path / name / "checkpoints"
-        assert (
-            torch.load(ckpt / "latest.dcp" / "extra.pt", weights_only=False)["step"] == 2
-        )  # the last whole one
+        # the last whole one
+        assert torch.load(ckpt / "latest.dcp" / "extra.pt", weights_only=False)["step"] == 2
         if action:
             lines = [
                 line for line in r.stderr.splitlines() if "cannot write the run's files" in line
@@ -477,9 +468,8 @@ def test_kill_9_or_a_full_disk_during_a_dcp_save_then_resume_gives_the_uninterru
             assert "rank      : 0" in root and "exitcode  : 4" in root, r.stderr[-2000:]
         r = _torchrun_train(2, *args, "--resume")
         assert r.returncode == 0, r.stderr[-3000:]
-        assert _curve(tmp_path / name) == _curve(ref), (
-            action
-        )  # DCP round trip, loader and RNG restored: exact
+        # DCP round trip, loader and RNG restored: exact
+        assert _curve(tmp_path / name) == _curve(ref), action
 
 
 @pytest.mark.slow
@@ -550,9 +540,8 @@ def test_a_dcp_only_run_exports_to_transformers_with_the_same_logits(tmp_path, f
     assert r.returncode == 0, r.stderr[-2000:]
     ours = load_run(ref)[0]
     torch.manual_seed(0)
-    assert not torch.equal(
-        ours.tok_embeddings.weight, type(ours)(ours.args).tok_embeddings.weight
-    )  # trained weights
+    # trained weights
+    assert not torch.equal(ours.tok_embeddings.weight, type(ours)(ours.args).tok_embeddings.weight)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     idx = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

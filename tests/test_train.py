@@ -15,7 +15,7 @@ from conftest import logged as losses
 
 import train
 from model.blocks import BLOCKS
-from model.norms import NORMS
+from model.norm_config import NORMS
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.outcome import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK
 from training.rundir import read_metrics
@@ -91,12 +91,10 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     assert summary["final_val_loss"] == losses(run_dir, "val/loss")[-1]
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["parameters"] > 0 and meta["torch"] == torch.__version__ and "commit" in meta["git"]
-    assert (
-        meta["cpu"]["flush_denormal"] is True
-    )  # it changes results (1e-39 -> 0), so the run says so
-    assert (
-        meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"
-    )  # the default implementation
+    # it changes results (1e-39 -> 0), so the run says so
+    assert meta["cpu"]["flush_denormal"] is True
+    # the default implementation
+    assert meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"
     assert "model:" in (run_dir / "config.yaml").read_text()
     # and scripts/sample.py generates from its checkpoint, the same text for the same seed
     argv = [sys.executable, "scripts/sample.py", str(run_dir), "--tokens", "12", "--seed", "3"]
@@ -118,9 +116,8 @@ def test_metrics_do_not_change_training(tmp_path, run_tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "dtype", ["float32", "float16"]
-)  # float16: the GradScaler's state is resumed too
+# float16: the GradScaler's state is resumed too
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_resume_is_exact(tmp_path, dtype, run_tiny):
     assert (
         run_tiny("--name", "full", "train.steps=16", "train.eval_every=4", f"train.dtype={dtype}")
@@ -144,15 +141,13 @@ def test_resume_is_exact(tmp_path, dtype, run_tiny):
     assert losses(tmp_path / "half") == losses(tmp_path / "full")  # bitwise equal, all 16 steps
     assert losses(tmp_path / "half", "val/loss") == losses(tmp_path / "full", "val/loss")
     assert json.loads((tmp_path / "half" / "summary.json").read_text())["steps"] == 16
-    if (
-        dtype == "float16"
-    ):  # the loss scale was live and its state (scale, steps since growth) is checkpointed
+    # the loss scale was live and its state (scale, steps since growth) is checkpointed
+    if dtype == "float16":
         scales = losses(tmp_path / "half", "amp/scale")
         assert len(scales) == 16 and scales == losses(tmp_path / "full", "amp/scale")
         scaler = load_checkpoint(tmp_path / "half" / "checkpoints" / "latest.pt")["scaler"]
-        assert (
-            scaler["scale"] == scales[-1] and scaler["_growth_tracker"] == 16
-        )  # counted on across the resume
+        # counted on across the resume
+        assert scaler["scale"] == scales[-1] and scaler["_growth_tracker"] == 16
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -190,9 +185,8 @@ def test_absurd_learning_rate_diverges_cleanly(tmp_path, run_tiny):
         last["train/loss"],
         last["grad/norm"],
     )  # NaN -> null
-    assert all(
-        r["train/loss"] is not None and r["grad/norm"] is not None for r in records[1:-1]
-    )  # 0: L0
+    # 0: L0
+    assert all(r["train/loss"] is not None and r["grad/norm"] is not None for r in records[1:-1])
 
 
 @pytest.mark.slow
@@ -492,9 +486,8 @@ def test_non_finite_final_val_loss_is_diverged_not_a_crash(tmp_path, monkeypatch
     """Before: sampling from NaN logits raised in torch.multinomial: exit 1, no summary.json."""
     real, calls = train.evaluate, []
 
-    def nan_at_the_end(
-        model, *args, **kwargs
-    ):  # eval_every > steps: called at step 0 (L0), then after the last
+    # eval_every > steps: called at step 0 (L0), then after the last
+    def nan_at_the_end(model, *args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             return real(model, *args, **kwargs)
@@ -561,9 +554,8 @@ def test_wandb_receives_the_retrained_steps_after_a_crash(tmp_path, monkeypatch,
     final = {
         d["train/step"]: d["train/loss"] for d, _ in sent if "train/loss" in d
     }  # last value per step
-    assert [final[s] for s in range(1, 9)] == losses(
-        tmp_path / "w"
-    )  # the dashboard ends where metrics.jsonl does
+    # the dashboard ends where metrics.jsonl does
+    assert [final[s] for s in range(1, 9)] == losses(tmp_path / "w")
     assert len(list((tmp_path / "w" / "wandb").glob("offline-run-*"))) == 3
 
 

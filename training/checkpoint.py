@@ -48,9 +48,8 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
         if path.exists():
             os.replace(path, previous_path(path))
             faults.point("checkpoint_swap")
-        os.replace(
-            tmp, path
-        )  # atomic on POSIX: readers see the old or the new file, never half of one
+        # atomic on POSIX: readers see the old or the new file, never half of one
+        os.replace(tmp, path)
         fsync_dir(path.parent)  # make the renames themselves durable
     finally:
         tmp.unlink(missing_ok=True)
@@ -62,17 +61,6 @@ def save_durably(obj, path: Path) -> None:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
-
-
-def has_checkpoint(path: str | Path) -> bool:
-    """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp /
-    previous.dcp."""
-    path = Path(path)
-    return (
-        path.is_file()
-        or previous_path(path).is_file()
-        or any((path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
-    )
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -236,10 +224,8 @@ def load_newest(
             with _quiet_dcp():
                 result, error = load(c), None
         except CheckpointError as e:
-            result, error = (
-                None,
-                CheckpointError(str(e)),
-            )  # the message only: no traceback (and its frames) kept
+            # the message only: no traceback (and its frames) kept
+            result, error = (None, CheckpointError(str(e)))
         error = distributed.first_error(error)
         if error is None:
             return result, c, errors
@@ -368,9 +354,8 @@ def save_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer, extra
                 checkpoint_id=str(path),
                 no_dist=not dist.is_initialized(),
             )
-    except (
-        CheckpointException
-    ) as e:  # a BaseException, raised on every rank (DCP gathers the failures): one line
+    # a BaseException, raised on every rank (DCP gathers the failures): one line
+    except CheckpointException as e:
         error = OSError(f"sharded checkpoint {path}: {_one_line(_dcp_failure(e))}")
         raise (distributed.shared(error) if dist.is_initialized() else error) from None
 
@@ -391,9 +376,8 @@ def load_sharded(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> di
     model_state, opt_state = get_state_dict(model, opt)
     state = {"model": model_state, "optimizer": opt_state}
     with _readable(path), _single_process_ok():
-        dcp.load(
-            state, checkpoint_id=str(path), no_dist=not dist.is_initialized()
-        )  # one process: no collectives
+        # one process: no collectives
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         extra = torch.load(Path(path) / "extra.pt", weights_only=False)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return extra
@@ -411,9 +395,8 @@ def load_run(run_dir: Path):
     if not run.config.is_file():
         raise ConfigError(f"{run.path} is not a run directory (no config.yaml)")
     cfg = load_config(run.config)
-    prepared = prepare(
-        **vars(cfg.data), verbose=False
-    )  # DataConfig's fields are prepare()'s arguments
+    # DataConfig's fields are prepare()'s arguments
+    prepared = prepare(**vars(cfg.data), verbose=False)
     model = Llama(cfg.model)
 
     def weights(c: Candidate) -> None:

@@ -223,9 +223,9 @@ def validate(cfg: Config) -> Config:
     from data.sources import DataError, parse_source
     from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
-    from model.fused_norms import NORM_IMPLS
     from model.layers import FFNS
-    from model.norms import NORM_PRECISIONS, NORMS, check_options
+    from model.norm_config import NORM_IMPLS, NORMS, check_options
+    from model.norms import NORM_PRECISIONS
     from model.ops import OPS_IMPLS
     from training.optim import PARAMETRIZATIONS, WEIGHT_DECAY_MODES
 
@@ -297,9 +297,8 @@ def validate(cfg: Config) -> Config:
             "optim.update_clip and optim.qk_clip_tau act on whole parameters: they run with "
             f"train.parallel=ddp, got {t.parallel}"
         )
-    o.schedule_steps = (
-        o.schedule_steps or t.steps
-    )  # resolved once, recorded in config.yaml: a resume keeps it
+    # resolved once, recorded in config.yaml: a resume keeps it
+    o.schedule_steps = o.schedule_steps or t.steps
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
         raise ConfigError(
             "optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "

@@ -22,7 +22,7 @@ def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
       paths do the same;
     - glibc malloc: serve large tensors from the heap instead of fresh mmap()s and keep freed memory
       (mmap / trim thresholds 1 GiB). Otherwise every activation of a step page-faults anew;
-      measured by scripts/bench_norms.py and scripts/bench_train.py (about 3x on norm kernels here).
+      measured by bench/bench_norms.py and bench/bench_train.py (about 3x on norm kernels here).
     """
     torch.set_flush_denormal(True)
     torch.set_num_threads(choose_threads(threads, torch.get_num_threads(), *_free_cores()))

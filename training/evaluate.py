@@ -69,9 +69,8 @@ def evaluate(
         faults.point("eval")
     model.train()
     distributed.all_reduce(total)
-    total /= (
-        d.world_size // d.data_world
-    )  # the ranks of a tensor-parallel group counted the same windows
+    # the ranks of a tensor-parallel group counted the same windows
+    total /= d.world_size // d.data_world
     loss_sum, n_tokens, s1, s2, n, n_bytes = total.tolist()
     var = max(0.0, (s2 - s1 * s1 / n) / (n - 1)) if n > 1 else 0.0
     out = {

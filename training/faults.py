@@ -25,7 +25,7 @@ _counts: Counter = Counter()
 
 
 def reset() -> None:
-    """Forget the counts (a new run in the same process: study/worker.py)."""
+    """Forget the counts (a new run in the same process: lab/worker.py)."""
     _counts.clear()
 
 

@@ -42,9 +42,8 @@ from training.config import Config, ConfigError
 from training.metrics import MAX_SCORES
 
 GiB = 1 << 30
-RUNTIME = (
-    64 << 20
-)  # loaded after the check: the fused kernels, the data's touched pages, the progress bar
+# loaded after the check: the fused kernels, the data's touched pages, the progress bar
+RUNTIME = 64 << 20
 FRAGMENTATION = (
     1.3  # peak RSS over live tensors: glibc's heap keeps freed blocks (measured 1.2-1.35)
 )
@@ -107,9 +106,8 @@ def estimate(
 
     state = 16.0 * P / (world if sharded else 1)
     state += 4.0 * P if world > 1 and t.parallel == "ddp" else 0.0  # DDP's gradient buckets
-    state += (
-        8.0 * block if sharded else 0.0
-    )  # a block gathered, its gradients before the reduce-scatter
+    # a block gathered, its gradients before the reduce-scatter
+    state += 8.0 * block if sharded else 0.0
     state += 2.0 * P / (world if sharded else 1) if low else 0.0  # autocast's cast weights
     probe_on = cfg.log.stats_every > 0
     snapshot = (
@@ -124,16 +122,14 @@ def estimate(
     # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
     if a.attn_softcap:
         layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
-    if (
-        tp > 1
-    ):  # its heads and hidden units; the gathered full-width inputs of attention and feed-forward
+    # its heads and hidden units; the gathered full-width inputs of attention and feed-forward
+    if tp > 1:
         layer = layer / tp + 2 * d
     head = (3 if a.ops_impl == "reference" else 2) * a.vocab_size + 3 * d
     activations = FRAGMENTATION * 4.0 * tokens * (a.n_layers * layer + head)
     probe = 0.0
-    if (
-        probe_on
-    ):  # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
+    # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
+    if probe_on:
         heads = H // tp
         rows = max(1, min(T, MAX_SCORES // (heads * T)))
         block = (
@@ -141,9 +137,8 @@ def estimate(
             if rows == T
             else heads * rows * T
         )
-        probe = (
-            FRAGMENTATION * (4 * 4.0 * block + 2.0 * rows * T) + snapshot
-        )  # scores, capped, weights, x log x
+        # scores, capped, weights, x log x
+        probe = FRAGMENTATION * (4 * 4.0 * block + 2.0 * rows * T) + snapshot
     evaluation = FRAGMENTATION * 4.0 * tokens * (3 * a.vocab_size + 4 * d + f)
 
     parts = {"process": process + RUNTIME if device == "cpu" else 0.0, "training state": state}

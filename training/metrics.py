@@ -23,9 +23,9 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from model.dyt import DyT
 from model.layers import softcap
 from model.llama import parameter_kinds
-from model.norms import DyT
 from training import distributed
 from training.parallel import full, local
 
@@ -33,9 +33,8 @@ from training.parallel import full, local
 # sum x + f(x) (post). Peri's output norms (which see sublayer outputs) and qk-norms (heads) are
 # left out, so norm_in/* and norm/gain/* mean the same thing for every placement.
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
-MAX_SCORES = (
-    1 << 24
-)  # attention scores materialized at once by the logit-max probe (64 MB in float32)
+# attention scores materialized at once by the logit-max probe (64 MB in float32)
+MAX_SCORES = 1 << 24
 # |alpha x| from which a DyT unit counts as saturated. float32 tanh rounds to exactly 1.0 from ~9.01
 # on (1 - tanh(z) ~ 2 e^(-2z) falls below half an ulp of 1, 2^-25), so d tanh / dz = 1 - tanh^2 is
 # exactly 0 there: no gradient reaches x, alpha or the gain through that unit (tests/test_metrics.py
@@ -137,16 +136,13 @@ def qk_stats(
     a cap hides still shows), and the entropy -sum_j a_ij log a_ij (nats) of the causal attention
     distribution a_i = softmax_j<=i(softcap(logits_ij)) that the layer uses, averaged over batch,
     heads and query positions; float32."""
-    k = k.repeat_interleave(
-        q.shape[1] // k.shape[1], dim=1
-    )  # share each kv head with its query group
+    # share each kv head with its query group
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     B, H, T, hd = q.shape
-    rows = max(
-        1, min(T, MAX_SCORES // (H * T))
-    )  # query positions at a time: all of them when a sequence fits
-    chunk = (
-        max(1, MAX_SCORES // (H * T * T)) if rows == T else 1
-    )  # whole sequences at a time, or one
+    # query positions at a time: all of them when a sequence fits
+    rows = max(1, min(T, MAX_SCORES // (H * T)))
+    # whole sequences at a time, or one
+    chunk = max(1, MAX_SCORES // (H * T * T)) if rows == T else 1
     keys = torch.arange(T, device=q.device)
     best = torch.zeros((), device=q.device)
     entropy = torch.zeros((), device=q.device)
@@ -158,9 +154,8 @@ def qk_stats(
             best = torch.maximum(best, scores.abs().masked_fill(~causal, 0).amax())
             weights = softcap(scores, cap).masked_fill(~causal, float("-inf")).softmax(-1)
             del scores  # before the weights' log terms exist
-            entropy = (
-                entropy - torch.special.xlogy(weights, weights).sum()
-            )  # 0 log 0 = 0: masked keys add nothing
+            # 0 log 0 = 0: masked keys add nothing
+            entropy = entropy - torch.special.xlogy(weights, weights).sum()
             del weights  # before the next block's scores exist
     return best, entropy / (B * H * T)
 
@@ -188,9 +183,8 @@ class StabilityProbe:
         ]
         self.handles: list = []
         self.values: dict[str, torch.Tensor] = {}
-        self.sums: dict[str, list[torch.Tensor]] = defaultdict(
-            list
-        )  # per forward pass, averaged in finish()
+        # per forward pass, averaged in finish()
+        self.sums: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.before: dict[str, torch.Tensor] = {}
 
     def due(self, step: int) -> bool:
@@ -221,16 +215,13 @@ class StabilityProbe:
 
     def _norm_hook(self, i: int):
         def hook(module, args):
-            x = (
-                local(args[0]).detach().float()
-            )  # tensor parallel: this rank's positions (combined in finish)
-            self.sums[f"norm_in/mean/layer_{i}"].append(
-                x.mean(-1).abs().mean()
-            )  # what LayerNorm removes
+            # tensor parallel: this rank's positions (combined in finish)
+            x = local(args[0]).detach().float()
+            # what LayerNorm removes
+            self.sums[f"norm_in/mean/layer_{i}"].append(x.mean(-1).abs().mean())
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
-            self.sums[f"norm_in/absmax/layer_{i}"].append(
-                x.abs().amax()
-            )  # float16: x^2 overflows above 256
+            # float16: x^2 overflows above 256
+            self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())
 
         return hook
 
@@ -252,9 +243,8 @@ class StabilityProbe:
             with torch.no_grad():
                 logit_max, entropy = attention_stats(module, *args)
                 self.sums[f"attn/logit_max/layer_{i}"].append(logit_max)
-                self.sums[f"attn/entropy/layer_{i}"].append(
-                    entropy
-                )  # a mean: averaged over passes and ranks
+                # a mean: averaged over passes and ranks
+                self.sums[f"attn/entropy/layer_{i}"].append(entropy)
 
         return hook
 
@@ -300,10 +290,8 @@ class StabilityProbe:
                 torch._foreach_sub([self.layer_params[n].detach() for n in names], old)
             )
         ]
-        out, parts = (
-            {},
-            defaultdict(lambda: defaultdict(list)),
-        )  # layer -> "matrices" / "gains" -> [(delta, old)]
+        # layer -> "matrices" / "gains" -> [(delta, old)]
+        out, parts = ({}, defaultdict(lambda: defaultdict(list)))
         for name, o, d in zip(names, old_norms, delta_norms, strict=True):
             _, i, rest = name.split(".", 2)  # layers.{i}.attention.wq.weight
             if self.kinds[name] == "matrix":
@@ -339,9 +327,8 @@ class StabilityProbe:
             k: torch.stack(parts).amax() if k in maxima else torch.stack(parts).mean()
             for k, parts in self.sums.items()
         }
-        pooled = _over_ranks(
-            pooled, maxima
-        )  # each rank saw its share of the batch (and positions, under TP)
+        # each rank saw its share of the batch (and positions, under TP)
+        pooled = _over_ranks(pooled, maxima)
         for key, value in pooled.items():
             if "/ms/" in key:  # mean squares average over forward passes; report their root
                 key, value = key.replace("/ms/", "/rms/"), value.sqrt()

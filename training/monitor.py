@@ -6,18 +6,10 @@ import math
 from collections import deque
 
 OUTCOMES = ("ok", "plateau", "collapsed", "unstable", "diverged", "interrupted")
-FINISHED = (
-    "ok",
-    "plateau",
-    "collapsed",
-    "unstable",
-    "diverged",
-)  # results: a rerun never trains them again
-FAILED = (
-    "collapsed",
-    "unstable",
-    "diverged",
-)  # failures: they enter the failure curve, never a loss average
+# results: a rerun never trains them again
+FINISHED = ("ok", "plateau", "collapsed", "unstable", "diverged")
+# failures: they enter the failure curve, never a loss average
+FAILED = ("collapsed", "unstable", "diverged")
 
 
 class SpikeDetector:
@@ -65,9 +57,8 @@ class SpikeDetector:
                 self.spikes += spike
             if not spike:
                 self.deviations.append(d)
-        self.recent.append(
-            x
-        )  # a lone spike barely moves a median; a lasting jump becomes the new level
+        # a lone spike barely moves a median; a lasting jump becomes the new level
+        self.recent.append(x)
         return spike
 
     @property
@@ -152,13 +143,11 @@ def classify(
             return "collapsed"  # stuck by construction, not by its slope
         if len(points) < 2:
             return "plateau"  # one eval: no slope to call it stuck
-        drop = (
-            -_slope(points) * flat_horizon * steps[-1]
-        )  # how far it would fall in as many steps again
+        # how far it would fall in as many steps again
+        drop = -_slope(points) * flat_horizon * steps[-1]
         crosses = final - drop <= unigram_entropy - margin
-        at_unigram = (
-            final <= unigram_entropy + margin
-        )  # far above it, it is still on its way down (too short)
+        # far above it, it is still on its way down (too short)
+        at_unigram = final <= unigram_entropy + margin
         return "collapsed" if at_unigram and not crosses else "plateau"
     if final - best > blowup_margin or (init_loss is not None and final > init_loss):
         return "unstable"

@@ -59,9 +59,8 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     LR; mup_simple only). Kinds come from the owning module (model.llama.parameter_kinds), so a 2-d
     norm gain is never decayed. The standard parametrization gives exactly the two groups [decayed,
     not decayed] (old checkpoints' optimizer states load)."""
-    decayed = (
-        {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}
-    )  # a tied head is the embedding
+    # a tied head is the embedding
+    decayed = {"matrix", "embedding"} if cfg.decay_embeddings else {"matrix"}
     scale = lookup(PARAMETRIZATIONS, cfg.parametrization, "optim.parametrization")
     decay = lookup(WEIGHT_DECAY_MODES, cfg.weight_decay_mode, "optim.weight_decay_mode")
     width = model.args.dim if cfg.parametrization != "sp" else 0
@@ -88,9 +87,8 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """Every group's LR for a step whose scheduled LR is `lr`: lr times the group's lr_scale
     (param_groups)."""
     for group in opt.param_groups:
-        group["lr"] = lr * group.get(
-            "lr_scale", 1.0
-        )  # an optimizer state saved before lr_scale existed: 1
+        # an optimizer state saved before lr_scale existed: 1
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def fused_adamw(params: list[torch.Tensor]) -> bool:

@@ -149,7 +149,7 @@ def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
     one process; gradients are reduced in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from model.norms import NORMS
+    from model.norm_config import NORMS
 
     low = LOW.get(dtype)
     exact = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # parameters as stored (float32)
@@ -159,18 +159,16 @@ def _fsdp(model: nn.Module, mesh, dtype: str) -> nn.Module:
         else exact
     )
     norms = tuple(NORMS.values())
-    for block in (
-        model.layers
-    ):  # gathered one block at a time; the root holds the embedding, final norm, head
+    # gathered one block at a time; the root holds the embedding, final norm, head
+    for block in model.layers:
         for module in block.modules():
             if (
                 low
                 and isinstance(module, norms)
                 and any(True for _ in module.parameters(recurse=False))
             ):
-                fully_shard(
-                    module, mesh=mesh, mp_policy=exact
-                )  # its own unit: the gains stay float32
+                # its own unit: the gains stay float32
+                fully_shard(module, mesh=mesh, mp_policy=exact)
         fully_shard(block, mesh=mesh, mp_policy=matmuls)
     fully_shard(model, mesh=mesh, mp_policy=exact)
     return model

@@ -27,7 +27,6 @@ from filelock import FileLock, Timeout
 from training import distributed, faults
 from training.checkpoint import (
     CheckpointError,
-    has_checkpoint,
     load_checkpoint,
     load_full_state,
     load_newest,
@@ -44,7 +43,14 @@ from training.monitor import classify, dead_gradients_at
 from training.optim import lr_at
 from training.outcome import EXIT_INTERRUPTED
 from training.parallel import is_sharded
-from training.rundir import RunDir, run_meta, truncate_metrics, write_json, write_text
+from training.rundir import (
+    RunDir,
+    has_checkpoint,
+    run_meta,
+    truncate_metrics,
+    write_json,
+    write_text,
+)
 
 
 def open_run(
@@ -312,9 +318,8 @@ def resume_state(
         meta = read_meta(run)
         faults.point("resume")
         truncate_metrics(run.metrics, step)
-        run.summary.unlink(
-            missing_ok=True
-        )  # extended past its end, a finished run is running again
+        # extended past its end, a finished run is running again
+        run.summary.unlink(missing_ok=True)
         write_text(run.config, to_yaml(cfg))  # with the allowed changes (e.g. train.steps)
         meta["resumes"] = meta.get("resumes", []) + [{**resumed, **machine}]
         write_json(run.meta, meta)
@@ -347,15 +352,13 @@ def start_state(
 
     def write() -> list[str]:
         notes = []
-        if (
-            run.path.exists()
-        ):  # --resume before any checkpoint: what a killed start left is started over
+        # --resume before any checkpoint: what a killed start left is started over
+        if run.path.exists():
             notes.append(f"no checkpoint in {run.path} yet: starting from step 0")
             run.metrics.unlink(missing_ok=True)
             run.summary.unlink(missing_ok=True)
-            shutil.rmtree(
-                run.checkpoint.parent, ignore_errors=True
-            )  # temp files of a killed first save
+            # temp files of a killed first save
+            shutil.rmtree(run.checkpoint.parent, ignore_errors=True)
         run.path.mkdir(parents=True, exist_ok=True)
         write_text(run.config, to_yaml(cfg))
         faults.point("config")

@@ -58,6 +58,17 @@ class RunDir:
         return read_metrics(self.metrics)
 
 
+def has_checkpoint(path: str | Path) -> bool:
+    """A checkpoint to resume from: latest.pt / previous.pt, or a sharded run's latest.dcp /
+    previous.dcp."""
+    path = Path(path)
+    return (
+        path.is_file()
+        or path.with_name(f"previous{path.suffix}").is_file()
+        or any((path.with_name(f"{n}.dcp") / "extra.pt").is_file() for n in ("latest", "previous"))
+    )
+
+
 def git_state() -> dict:
     """The commit of this checkout and whether it has uncommitted changes (None outside git)."""
     try:
@@ -151,23 +162,20 @@ def summarize(
     wall_time_s: float,
 ) -> dict:
     """summary.json, derived from the run's metrics records."""
-    val = series(
-        [r for r in records if r["step"] > 0], "val/loss"
-    )  # step 0 is L0, before any training
+    # step 0 is L0, before any training
+    val = series([r for r in records if r["step"] > 0], "val/loss")
     val_se = series([r for r in records if r["step"] > 0], "val/loss_se")
     bpb = series([r for r in records if r["step"] > 0], "val/bpb")
     init = [r.get("val/loss") for r in records if r["step"] == 0]
-    tps = sorted(
-        series(records, "train/tokens_per_s")[1:]
-    )  # the first step pays for warm-up / compilation
+    # the first step pays for warm-up / compilation
+    tps = sorted(series(records, "train/tokens_per_s")[1:])
     return {
         "status": status,
         "steps": steps_done,
         "total_steps": total_steps,
         "diverged_at": diverged_at,
-        "dead_gradients_at": dead_gradients_at(
-            records
-        ),  # every gradient below the final norm 0 from this step on
+        # every gradient below the final norm 0 from this step on
+        "dead_gradients_at": dead_gradients_at(records),
         "final_val_loss": val[-1] if val and status != "diverged" else None,
         "final_val_loss_se": val_se[-1] if val_se and status != "diverged" else None,
         "best_val_loss": min(val) if val else None,

@@ -132,9 +132,8 @@ def train_step(
         loss_sum += loss.detach()
     scaler.unscale_(p.opt)  # true gradients from here on (probe, clipping)
     probe.record_grads()  # before clipping, like the global norm
-    grad_norm = full(
-        torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip)
-    )  # sharded: the global norm
+    # sharded: the global norm
+    grad_norm = full(torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip))
     train_loss, log_z2 = (
         distributed.all_reduce(torch.stack([loss_sum, log_z2_sum]) / p.accum) / p.world_size
     )
@@ -142,9 +141,8 @@ def train_step(
         [train_loss.float(), grad_norm.float(), log_z2.float()]
     ).tolist()  # one sync
     record = {"train/loss": loss_value, "train/lr": lr, "grad/norm": norm_value}
-    if (
-        p.z_loss
-    ):  # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
+    # the z term apart from the cross-entropy (train/loss): raw, and as added to the objective
+    if p.z_loss:
         record.update({"train/log_z2": log_z2_value, "train/z_loss": p.z_loss * log_z2_value})
     # float16: gradients that overflow at the current scale (a finite loss, a non-finite gradient
     # norm, the scale still >= 1) are not a divergence: the step is skipped (GradScaler's step()
@@ -155,9 +153,8 @@ def train_step(
     )
     if scaling:
         record["amp/scale"] = scaler.get_scale()
-    if not overflow and not is_finite(
-        loss_value, norm_value
-    ):  # stop before the optimizer sees a non-finite grad
+    # stop before the optimizer sees a non-finite grad
+    if not overflow and not is_finite(loss_value, norm_value):
         probe.finish()  # detach the hooks
         return StepResult(record, diverged=True)
     skipped = p.controls is not None and p.controls.before(

@@ -1,0 +1,8 @@
+"""The lab, a study as a pipeline; its modules by stage (tests/test_layout.py keeps this map true):
+
+define    studyfile                                                 schema, claims, protocol
+run       protocol, adaptive, runner, worker, sweep                 stages, workers, the command
+read      read, archive                                             run dirs, committed runs.json
+analyse   arms, lr50, sensitivity, paired, claims, trend, result, record   the numbers, report.json
+render    text, findings, figures, history, precursors, report, compare, redecide, readme
+"""

@@ -1,0 +1,384 @@
+"""The README's answer and the results index, generated from the committed report.json files (never
+by hand, never from data: rendering reads only lab/results/).
+
+    python -m lab.readme      # README.md's found block, lab/results/README.md
+
+The README's block is three sentences (the norm's answer, the placement finding, what these settings
+are), the default study's stability map and one table of at most six rows, one number and its 95% CI
+per cell. Every other study's verdicts are the index's, one row per claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+from lab.studyfile import flatten, load_study
+from lab.text import BUDGET, bare, g, interval, steps_of
+from training.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "lab" / "results"
+DEFAULT, REPLICATION = "norm-placement-lr", "norm-placement-lr-pystdlib"
+BLOCK = re.compile(r"(<!-- found: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /found -->)", re.S)
+PLACEMENTS = {"post": "post-norm", "pre": "pre-norm"}
+NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+
+
+def fields(label: str, keys: list[str]) -> dict[str, str]:
+    """An arm label ('layernorm/post/steps=300') as {field: value}, in report.json's arm_keys
+    order."""
+    parts = label.split("/")
+    return {k: p.split("=", 1)[-1] for k, p in zip(keys, parts, strict=True)}
+
+
+def at_longest(report: dict) -> dict:
+    """The report read at its longest finished budget: each claim (metric, expectation, arms) and
+    each arm at the longest budget it was asked at, labels without the budget; a report without a
+    budget axis unchanged."""
+    steps = sorted({steps_of(c["A"]) for c in report.get("claims", []) if c.get("A")} - {None})
+    if len(steps) < 2:
+        return report
+    running = report.get("running") or {}
+    done = [s for s in steps if "all" not in running and all(float(b) != s for b in running)]
+    done = done or steps
+    claims: dict = {}
+    for c in report["claims"]:
+        if c.get("A") and steps_of(c["A"]) in done:
+            key = (c["metric"], c["expect"], bare(c["A"]), bare(c["B"]))
+            if key not in claims or steps_of(c["A"]) > steps_of(claims[key]["A"]):
+                claims[key] = c
+    arms: dict = {}
+    for label in report.get("per_arm", {}):
+        if steps_of(label) in done:
+            if bare(label) not in arms or steps_of(label) > steps_of(arms[bare(label)]):
+                arms[bare(label)] = label
+    longest = max(steps_of(c["A"]) for c in claims.values())
+    return {
+        **report,
+        "claims": [{**c, "A": bare(c["A"]), "B": bare(c["B"])} for c in claims.values()],
+        "per_arm": {name: report["per_arm"][label] for name, label in arms.items()},
+        "arm_keys": [k for k in report["arm_keys"] if k not in (BUDGET, "optim.schedule_steps")],
+        "read_at": longest,
+    }
+
+
+def ci(x: dict | None, key: str) -> str:
+    """'1.04 (0.827-1.33)': an identified estimate and its 95% CI, three significant digits;
+    'in 0.1-0.316' where only bracketed; '-' where the data do not identify it."""
+    if not x:
+        return "-"
+    if x.get("identified", True) and x.get(key) is not None and x.get("ci"):
+        lo, hi = x["ci"]
+        return f"{x[key]:#.3g} ({lo:#.3g}-{hi:#.3g})"
+    lo, hi = x.get("bounds") or (None, None)
+    if lo and hi:
+        return f"in {g(lo)}-{g(hi)}"
+    return f"> {g(lo)}" if lo else f"< {g(hi)}" if hi else "-"
+
+
+def nats(loss: dict | None) -> str:
+    """'+0.010 (-0.033..+0.052)': a paired difference in nats and its 95% CI."""
+    if not loss or loss.get("mean") is None:
+        return "-"
+    return f"{loss['mean']:+.3f} ({interval(loss['ci'], '+.3f')})"
+
+
+def effect(c: dict) -> str:
+    """A claim's estimate: the LR50 ratio or the loss difference, with its 95% CI."""
+    if "lr50_ratio" in c:
+        return "LR50 ratio " + ci(c["lr50_ratio"], "ratio")
+    return (nats(c.get("loss")) + " nats") if c.get("loss") else "-"
+
+
+def n_of(c: dict) -> str:
+    if "lr50_ratio" in c:
+        return f"{c['lr50_ratio'].get('n', '-')} runs"
+    return f"{c['loss']['n']} seeds" if c.get("loss") else "-"
+
+
+def versus(c: dict, keys: list[str]) -> str:
+    """'post vs pre (layernorm, 3000 steps)': what the two arms differ in, then the budget."""
+    if not c.get("A"):
+        return "no arms match"
+    a, b = fields(c["A"], keys), fields(c["B"], keys)
+    diff = [k for k in keys if a[k] != b[k]]
+    same = [a[k] for k in keys if a[k] == b[k] and k in ("model.norm", "model.placement")]
+    budget = f"{a[BUDGET]} steps" if BUDGET in a else ""
+    context = ", ".join(same + ([budget] if budget else []))
+    head = "/".join(a[k] for k in diff) + " vs " + "/".join(b[k] for k in diff)
+    return head + (f" ({context})" if context else "")
+
+
+def _pick(report: dict, metric: str, expect: str, differ: str) -> dict[str, dict]:
+    """The report's claims of `metric` and `expect` whose arms differ in field `differ` only, by
+    their other field's value (placement for a norm claim, norm for a placement claim)."""
+    keys, out = report["arm_keys"], {}
+    for c in report["claims"]:
+        if c["metric"] != metric or c["expect"] != expect or not c.get("A"):
+            continue
+        a, b = fields(c["A"], keys), fields(c["B"], keys)
+        if [k for k in keys if a[k] != b[k]] == [differ]:
+            other = "model.placement" if differ == "model.norm" else "model.norm"
+            out[a[other]] = c
+    return out
+
+
+def _arm(report: dict, norm: str, placement: str) -> dict | None:
+    keys = report["arm_keys"]
+    for label, arm in report["per_arm"].items():
+        f = fields(label, keys)
+        if f.get("model.norm") == norm and f.get("model.placement") == placement:
+            return arm
+    return None
+
+
+def _with(cs: list[dict]) -> str:
+    """'agrees with' / 'disagrees with' / 'cannot tell, asking': how the claims' paper fares."""
+    said = {c["agreement"] for c in cs}
+    return f"{said.pop()} with" if len(said) == 1 and "cannot tell" not in said else "asking"
+
+
+def _holm(cs: list[dict]) -> str:
+    ps = [c["p_holm"] for c in cs if c.get("p_holm") is not None]
+    return ", ".join(f"{p:.2g}" for p in ps)
+
+
+def norm_sentence(report: dict) -> str:
+    """The mission's answer: RMSNorm's LR50 against LayerNorm's per placement, the verdict at the
+    study's margin, and why two LR50s can be equal (the runs' outcomes, pair by pair)."""
+    same = _pick(report, "lr50", "same", "model.norm")
+    if not same:
+        return ""
+    parts, verdicts = [], []
+    for place in PLACEMENTS:
+        c = same.get(place)
+        if c:
+            parts.append(f"x{ci(c['lr50_ratio'], 'ratio')} in {PLACEMENTS[place]}")
+            verdicts.append(c["agreement"])
+    margin = f"x{report.get('ratio_margin', 2):g}"
+    if set(verdicts) == {"agrees"}:
+        head = f"**RMSNorm is as stable as LayerNorm** (LR50 within {margin}) in both placements"
+    else:
+        said = ", ".join(f"{p}: {v}" for p, v in zip(PLACEMENTS.values(), verdicts, strict=False))
+        head = f"**Is RMSNorm as stable as LayerNorm (LR50 within {margin})?** {said}"
+    cs = [same[p] for p in PLACEMENTS if p in same]
+    n = " and ".join(str(c["lr50_ratio"]["n"]) for c in cs)
+    running = sorted(float(b) for b in report.get("running") or {} if b != "all")
+    later = "".join(f"; {b:g} steps still running" for b in running if b > report.get("read_at", 0))
+    out = (
+        f"{head}: its LR50 is LayerNorm's {' and '.join(parts)} "
+        f"(95% CI; TOST, Holm p {_holm(cs)}; {n} runs at {report.get('read_at', '?')} steps"
+        f"{later})."
+    )
+    for place, c in same.items():
+        pairs = c.get("outcome_pairs")
+        if pairs and pairs["same"] == pairs["n"] and c["lr50_ratio"].get("ratio") == 1.0:
+            out += (
+                f" In {PLACEMENTS.get(place, place)} the two LR50s are equal because every seed "
+                f"had the same outcome under both norms ({pairs['n']} of {pairs['n']} LR x seed "
+                "pairs)."
+            )
+    return out
+
+
+def placement_sentence(report: dict) -> str:
+    """Post-norm's LR50 against pre-norm's, under each norm."""
+    lower = _pick(report, "lr50", "lower", "model.placement")
+    if not lower:
+        return ""
+    parts = [f"x{ci(c['lr50_ratio'], 'ratio')} with {NAMES.get(n, n)}" for n, c in lower.items()]
+    verdicts = {c["agreement"] for c in lower.values()}
+    head = (
+        "**Placement decides stability**"
+        if verdicts == {"agrees"}
+        else "**Does post-norm fail below pre-norm's LRs?** " + ", ".join(sorted(verdicts))
+    )
+    return (
+        f"{head}: post-norm's LR50 is pre-norm's {' and '.join(parts)} "
+        f"(95% CI, Holm p {_holm(list(lower.values()))}): "
+        f"{_with(list(lower.values()))} {next(iter(lower.values()))['paper']}."
+    )
+
+
+def settings_sentence(report: dict, study_yaml: Path, replication: dict | None) -> str:
+    """What these settings are: model size, budgets in tokens per parameter, corpora."""
+    study = load_study(study_yaml)
+    cfg = load_config(study["config"], flatten(study.get("overrides") or {}))
+    budgets = report.get("budgets") or []
+    params = sorted({p for b in budgets for p in b.get("parameters", [])})
+    steps = "/".join(str(b["steps"]) for b in budgets)
+    per = "/".join(str(b["per_non_embedding"]) for b in budgets)
+    size = f"{params[0] / 1e3:.0f}k" if params and params[0] < 1e6 else f"{params[0] / 1e6:.1f}M"
+    corpus = {"pydocs": "Python's documentation", "pystdlib": "its standard library's source"}
+    where = corpus.get(cfg.data.source, cfg.data.source)
+    again = " and again on its standard library's source" if replication else ""
+    return (
+        f"**These settings**: {size}-parameter LLaMAs (d {cfg.model.dim}, {cfg.model.n_layers} "
+        f"layers) trained on 2 CPU cores for {steps} steps ({per} tokens per non-embedding "
+        f"parameter) on {where}{again}: what they show, no more."
+    )
+
+
+def table(report: dict, replication: dict | None) -> list[str]:
+    """At most six rows, one number and its 95% CI per cell, post-norm and pre-norm side by side."""
+    same = _pick(report, "lr50", "same", "model.norm")
+    rep = _pick(replication, "lr50", "same", "model.norm") if replication else {}
+    sens = _pick(report, "lr_sensitivity", "same", "model.norm")
+    best = {}
+    for c in report.get("comparisons", []):
+        if c["key"] == "model.norm" and steps_of(c["A"]) == report.get("read_at"):
+            a = fields(bare(c["A"]), report["arm_keys"])
+            loss = dict(c["loss"])
+            if a["model.norm"] == "layernorm" and loss.get("mean") is not None:  # as RMS - LN
+                loss["mean"], loss["ci"] = -loss["mean"], [-x for x in loss["ci"][::-1]]
+            best[a["model.placement"]] = {"loss": loss}
+    rows = [
+        ("LR50, LayerNorm", [ci(_arm(report, "layernorm", p), "lr50") for p in PLACEMENTS]),
+        ("LR50, RMSNorm", [ci(_arm(report, "rmsnorm", p), "lr50") for p in PLACEMENTS]),
+        (
+            "LR50 ratio, RMSNorm / LayerNorm",
+            [ci(same[p]["lr50_ratio"], "ratio") if p in same else "-" for p in PLACEMENTS],
+        ),
+        (
+            "... on the stdlib source",
+            [ci(rep[p]["lr50_ratio"], "ratio") if p in rep else "-" for p in PLACEMENTS],
+        ),
+        (
+            f"LR sensitivity, RMSNorm - LayerNorm (nats, {_n(sens)} seeds)",
+            [nats(sens[p].get("loss")) if p in sens else "-" for p in PLACEMENTS],
+        ),
+        (
+            f"loss at each one's best LR, RMSNorm - LayerNorm (nats, {_n(best)} seeds)",
+            [nats(best[p]["loss"]) if p in best else "-" for p in PLACEMENTS],
+        ),
+    ]
+    rows = [r for r in rows if any(cell != "-" for cell in r[1])]
+    out = ["| | post-norm | pre-norm |", "|---|---|---|"]
+    out += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows]
+    return out
+
+
+def _n(cs: dict[str, dict]) -> str:
+    """'3 / 4': the seeds behind each placement's paired difference."""
+    return " / ".join(str((cs[p].get("loss") or {}).get("n", "-")) for p in PLACEMENTS if p in cs)
+
+
+def counts(reports: dict[str, dict]) -> str:
+    tally: dict[str, int] = {}
+    for r in reports.values():
+        for c in r.get("claims", []):
+            tally[c["agreement"]] = tally.get(c["agreement"], 0) + 1
+        if r.get("withdrawn"):
+            tally["withdrawn"] = tally.get("withdrawn", 0) + len(r["withdrawn"])
+    return ", ".join(f"{v} {k}" for k, v in sorted(tally.items()))
+
+
+def found(results: Path, rel: str) -> str:
+    """The README's block: three sentences, the stability map, the table, the index's link."""
+    reports = {
+        p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))
+    }
+    if DEFAULT not in reports:
+        raise ValueError(f"{results} has no {DEFAULT}/report.json")
+    default = at_longest(reports[DEFAULT])
+    rep = at_longest(reports[REPLICATION]) if REPLICATION in reports else None
+    sentences = [norm_sentence(default), placement_sentence(default)]
+    sentences.append(settings_sentence(default, results / DEFAULT / "study.yaml", rep))
+    lines = [textwrap.fill(s, 110, break_on_hyphens=False) for s in sentences if s]
+    lines.append(
+        f"![Every run's outcome by LR and each arm's failure curve P(fail | lr)]"
+        f"({rel}/{DEFAULT}/stability_map.png)"
+    )
+    lines.append("\n".join(table(default, rep)))
+    read = reports[DEFAULT]
+    note = (
+        f"LR50: the LR at which half the runs fail, a Firth logistic fit over "
+        f"{read['runs']} runs; differences paired over seeds, 95% t CI "
+        f"([report]({rel}/{DEFAULT}/report.md), [methods](docs/METHODS.md)). "
+        f"Every study's verdicts ({len(reports)} studies; {counts(reports)}): "
+        f"[{rel}/README.md]({rel}/README.md)."
+    )
+    lines.append(textwrap.fill(note, 110, break_on_hyphens=False, break_long_words=False))
+    return "\n\n".join(lines) + "\n"
+
+
+def index(results: Path) -> str:
+    """lab/results/README.md: per study its question, size and one row per claim."""
+    lines = [
+        "# Results",
+        "",
+        "Every committed study: its question, its size, and one row per pre-registered claim "
+        "(verdict, estimate and 95% CI, n, Holm-adjusted p), generated by `python -m lab.readme` "
+        "from each folder's report.json. A study asked at several budgets is read at its longest; "
+        "its report has every budget, every arm and every run.",
+    ]
+    for path in sorted(results.glob("*/report.json")):
+        r, name = json.loads(path.read_text()), path.parent.name
+        page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
+        size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "")
+        size += f", {r['wall_min']} min" if r.get("wall_min") else ""
+        again = "; decided again from its archived runs" if r.get("decided_from") else ""
+        lines += [
+            "",
+            f"## [{name}]({name}/{page})",
+            "",
+            f"{r.get('about') or name} ({size}{again})",
+        ]
+        read = at_longest(r)
+        if read.get("claims"):
+            lines += [
+                "",
+                "| claim | arms | verdict | estimate (95% CI) | n | Holm p |",
+                "|---|---|---|---|---|---|",
+            ]
+            for c in read["claims"]:
+                p = f"{c['p_holm']:.2g}" if c.get("p_holm") is not None else "-"
+                lines.append(
+                    f"| {c['says']} ({c['paper']}) | {versus(c, read['arm_keys'])} | "
+                    f"**{c['agreement']}** | {effect(c)} | {n_of(c)} | {p} |"
+                )
+        for w in r.get("withdrawn", []):
+            lines.append(f"\n- withdrawn: {w['says']} ({w['paper']}): {w['why']}")
+    return "\n".join(lines) + "\n"
+
+
+def update(readme: Path, results: Path) -> None:
+    text = readme.read_text()
+    m = BLOCK.search(text)
+    if not m:
+        raise ValueError(
+            f"{readme} has no generated block (<!-- found: PATH --> ... <!-- /found -->)"
+        )
+    body = found(results, m.group("path").rstrip("/"))
+    write(readme, text[: m.start("body")] + body + text[m.end("body") :])
+
+
+def write(path: Path, text: str) -> None:
+    """Atomically: a temporary file beside it, then renamed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    a = p.parse_args(argv)
+    try:
+        update(a.readme, a.results)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write(a.results / "README.md", index(a.results))
+    print(f"{a.readme}: generated block written; {a.results / 'README.md'}: index written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

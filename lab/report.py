@@ -1,0 +1,556 @@
+"""report.md of a study, answer first: the verdicts and one figure, then what the numbers show, the
+claims in full, the arms, the exploratory tables, the figures, how the study was run, every run.
+lab/result.py computes; lab/record.py writes report.json and runs.json; this file only renders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lab.arms import mean_of
+from lab.claims import claim_sentence
+from lab.figures import figures
+from lab.findings import findings, margin_sentence
+from lab.history import history
+from lab.lr50 import bound_text
+from lab.precursors import table as precursor_table
+from lab.protocol import adaptive_outcome, round_runs
+from lab.read import KINDS, last_half
+from lab.record import as_json, budgets, budgets_text, runs_json
+from lab.result import StudyResult, compute
+from lab.text import BUDGET, bare, fmt, g, interval, lr50_cell
+
+
+def table(head: list[str], rows: list[list]) -> list[str]:
+    """A markdown table: its header, its rule and one line per row."""
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(str(x) for x in r) + " |" for r in rows),
+    ]
+
+
+def ratio_cells(r) -> tuple[str, str]:
+    """(LR50 ratio, its 95% CI): numbers only where both LR50s are identified, else the ratios the
+    arms' brackets allow and no interval."""
+    if r.identified:
+        return fmt(r.ratio, ".3g"), interval(r.ci)
+    return f"{bound_text(*r.bounds)} (brackets)", "-"
+
+
+def estimate(c) -> str:
+    """A claim's number for the verdicts table: the LR50 ratio or the paired loss difference."""
+    if c.agreement == "running":
+        return "-"
+    if c.ratio is not None:
+        ratio, ci = ratio_cells(c.ratio)
+        return f"LR50 ratio {ratio}" + (f" ({ci})" if c.ratio.identified else "")
+    p = c.nested.paired
+    return "-" if p.mean is None else f"{p.mean:+.3f} nats ({interval(p.ci, '+.3f')}), n = {p.n}"
+
+
+def verdicts(res: StudyResult) -> list[str]:
+    """The first screen: every claim's verdict and number, by budget where there are several."""
+    tested = [c for c in res.claims if c.a is not None]
+    if not tested:
+        return []
+    rows = [
+        [
+            c.claim["says"],
+            f"{c.a} vs {c.b}",
+            f"**{c.agreement}**",
+            estimate(c),
+            fmt(c.p_holm, ".2g"),
+        ]
+        for c in tested
+    ]
+    return [*table(["claim", "A vs B", "verdict", "estimate (95% CI)", "Holm p"], rows), ""]
+
+
+def by_budget(res: StudyResult) -> list[str]:
+    """Along a budget axis: each claim's verdict at each budget side by side, and whether it holds
+    at every budget (small-scale verdicts can flip with the budget)."""
+    if BUDGET not in res.keys:
+        return []
+    steps = lambda label: int(res.arms[label].runs[0].config[BUDGET])  # noqa: E731
+    pending = {int(b) for b in res.running if b is not None}  # a budget not begun has no arms
+    tested = [c for c in res.claims if c.a is not None]
+    budgets_ = sorted({steps(c.a) for c in tested} | pending)
+    rows: dict[tuple, dict] = {}
+    for c in tested:
+        if steps(c.a) == steps(c.b):
+            rows.setdefault((c.claim["says"], bare(c.a), bare(c.b)), {})[steps(c.a)] = c
+    out = []
+    for (says, a, b), at in rows.items():
+        cells = [
+            at[s].agreement if s in at else "running" if s in pending else "not run"
+            for s in budgets_
+        ]
+        whole = (
+            "not known yet"
+            if "running" in cells
+            else f"holds: {cells[0]}"
+            if len(set(cells)) == 1 and len(at) == len(budgets_)
+            else "changes with the budget"
+        )
+        shown = [
+            f"**{v}**, Holm p {fmt(at[s].p_holm, '.2g')}" if s in at and v != "running" else v
+            for s, v in zip(budgets_, cells, strict=True)
+        ]
+        out.append([says, f"{a} vs {b}", *shown, whole])
+    head = ["claim", "A vs B", *(f"{s} steps" for s in budgets_), "at every budget"]
+    return ["## Verdicts by budget", "", *table(head, out), ""] if out else []
+
+
+def interim(res: StudyResult) -> list[str]:
+    """Where the protocol's stages have not all run: which, and what that means for the claims."""
+    if not res.running:
+        return []
+    where = "; ".join(
+        f"{'' if b is None else f'at {b:g} steps, '}from the {stage} stage on"
+        for b, stage in sorted(res.running.items(), key=lambda x: (x[0] is not None, x[0] or 0))
+    )
+    return [
+        f"**Interim report**: the protocol's stages have not all run ({where}); the sweep resumes "
+        "them. Their claims are `running`: not decided, in the Holm family with p = 1. Runs in "
+        "flight (no outcome in sweep.json yet) are not read.",
+        "",
+    ]
+
+
+def claims(res: StudyResult) -> list[str]:
+    if not res.claims and not res.file.withdrawn:
+        return []
+    out = [
+        "## Claims (pre-registered)",
+        "",
+        f"Each decided by its primary test alone, Holm-adjusted over the family of all "
+        f"{len(res.claims)} (a claim its runs cannot test is in it with p = 1): `agrees` / "
+        "`disagrees` need an adjusted p < 0.05; anything else is `cannot tell`.",
+        "",
+        *(f"- {claim_sentence(c)}" for c in res.claims),
+    ]
+    for w in res.file.withdrawn:
+        out.append(f"- **{w['paper']}**: {w['says']}: **withdrawn**: {w['why']}")
+    return [*out, ""]
+
+
+def sensitivity_cell(res: StudyResult, label: str) -> str:
+    s, size = res.sensitivity.get(label), res.sensitivity_size.get(label)
+    if s is None or s.mean is None:
+        return "-"
+    text = (
+        f"{s.mean:.3f}"
+        + (f" ({interval(s.ci, '.3f')})" if s.ci else "")
+        + f", n = {len(s.per_seed)}"
+    )
+    if not s.bracketed:
+        text += f", best LR {s.best_lr:g}: not bracketed"
+    if size is not None and size.mean is not None and abs(size.mean - s.mean) > 5e-4:
+        text += f"; per-size L*: {size.mean:.3f}"
+    return text
+
+
+def arms_table(res: StudyResult) -> list[str]:
+    """Per arm: best LR, its loss, LR50 under the main rule and under instability alone, LR
+    sensitivity, the runs' labels, spike scores and speed."""
+    rows = []
+    for label, a in res.arms.items():
+        c = a.outcomes()
+        sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
+        test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
+        seeds = lambda values: (  # noqa: E731
+            ", ".join(f"{v:.3f}" for _, v in sorted(values.items(), key=lambda t: str(t[0]))) or "-"
+        )
+        unstable = res.instability.get(label)
+        rows.append(
+            [
+                label,
+                fmt(a.best_lr, "g"),
+                f"{seeds(sel)} / {seeds(test)}",
+                lr50_cell(res.failures[label]),
+                lr50_cell(unstable) if unstable else "-",
+                sensitivity_cell(res, label),
+                len(a.slow()),
+                " / ".join(
+                    str(c[k]) for k in ("ok", "plateau", "collapsed", "unstable", "diverged")
+                )
+                + f" / {c['failed'] + c['interrupted']}",
+                f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
+                f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')}",
+                fmt(a.tokens_per_s(), ",.0f"),
+            ]
+        )
+    head = [
+        "arm",
+        "best LR",
+        "final val loss there: selection / test seeds",
+        "LR50 (main rule)",
+        "LR50 (instability alone)",
+        "LR sensitivity (nats, 95% CI)",
+        "failed below the floor (slow)",
+        "ok / plateau / collapsed / unstable / diverged / crashed",
+        "spike score loss / grad norm",
+        "tokens/s",
+    ]
+    return ["## Arms", "", *table(head, rows), ""]
+
+
+def rules_table(res: StudyResult) -> list[str]:
+    """Each arm's LR50 under every failure rule of the study file, and which arms it moves."""
+    if not res.alternatives:
+        return []
+    names = list(res.alternatives)
+    rows = [
+        [label, lr50_cell(fit), *(lr50_cell(res.alternatives[n][label]) for n in names)]
+        for label, fit in res.failures.items()
+    ]
+    described = "; ".join(f"{r.name}: {r.describe()}" for r in res.file.alternatives)
+    return [
+        "## Failure rules",
+        "",
+        f"The study file's alternative rules, the same runs judged again: {described}.",
+        "",
+        *table(["arm", "main rule", *names], rows),
+        "",
+        rule_sensitivity(res),
+        "",
+    ]
+
+
+def rule_sensitivity(res: StudyResult) -> str:
+    """Which arms' LR50 changes with the rule (identified under one and not another, or apart by
+    more than x1.25): a verdict resting on them depends on the rule."""
+
+    def differ(a, b) -> bool:
+        if a.identified != b.identified:
+            return True
+        if a.identified:
+            return max(a.lr50, b.lr50) / min(a.lr50, b.lr50) > 1.25
+        return a.bounds != b.bounds
+
+    moved = []
+    for label, fit in res.failures.items():
+        others = [f[label] for f in (*res.alternatives.values(), res.instability) if label in f]
+        if any(differ(fit, o) for o in others):
+            moved.append(f"{label} ({'; '.join(lr50_cell(f) for f in [fit, *others])})")
+    if not moved:
+        return "Every arm's LR50 reads the same under every rule."
+    return (
+        f"LR50 depends on the rule for: {', '.join(moved)} (main; the alternatives in the order "
+        "above; instability alone). A verdict resting on these arms' LR50s depends on the rule."
+    )
+
+
+def kinds_table(res: StudyResult) -> list[str]:
+    """Failures by kind, per arm and LR (docs/METHODS.md); nothing where no run failed."""
+    rows = [
+        (label, lr, row)
+        for label, a in res.arms.items()
+        for lr, row in a.kinds().items()
+        if row["trained"] < row["runs"]
+    ]
+    if not rows:
+        return []
+    kinds = [k for k in KINDS if any(row[k] for _, _, row in rows)]
+    return [
+        "## Failures by kind",
+        "",
+        "Each failed run's kind, read from its eval curve by the study file's thresholds: "
+        "collapsed (its last half at or above the unigram entropy minus the learn margin), "
+        "blew up, non-finite, slow (still falling faster than "
+        f"{res.file.rule.slow_slope:g} nats per 10% of the budget: still learning when the "
+        "budget ended, censored for instability), stalled. LRs where every run trained are "
+        "left out.",
+        "",
+        *table(
+            ["arm", "lr", "runs", "trained", *kinds],
+            [
+                [label, f"{lr:g}", row["runs"], row["trained"], *(row[k] for k in kinds)]
+                for label, lr, row in rows
+            ],
+        ),
+        "",
+    ]
+
+
+def comparisons(res: StudyResult) -> list[str]:
+    if not res.comparisons:
+        return []
+    rows = []
+    for c in res.comparisons:
+        r, p = c.ratio, c.loss.paired
+        rows.append(
+            [
+                c.a.label,
+                c.b.label,
+                c.key,
+                *ratio_cells(r),
+                fmt(r.p, ".2g"),
+                fmt(p.mean, "+.3f"),
+                interval(p.ci, "+.3f"),
+                p.n,
+                p.verdict,
+                fmt(p.p_tost, ".3g"),
+                fmt(p.mde),
+                "; ".join(c.loss.dropped) or "-",
+            ]
+        )
+    head = ["A", "B", "differ in", "LR50 A / B", "95% CI", "p", "A - B (nats)", "95% CI", "n"]
+    head += ["verdict", "TOST p", "MDE", "left out"]
+    return [
+        "## Arms compared (exploratory)",
+        "",
+        "Every pair of arms that differ in one field; not the claims, not corrected for "
+        "multiplicity. Stability: LR50_A / LR50_B (one slope, 95% profile CI; where an arm is only "
+        "bracketed, the ratios the brackets allow). Loss: A - B at each one's best LR on the test "
+        "seeds where both trained (nested, paired).",
+        "",
+        *table(head, rows),
+        "",
+        margin_sentence(res),
+        "",
+    ]
+
+
+def convergence(res: StudyResult) -> list[str]:
+    """At each arm's best LR, the runs' end-of-run slope: have the curves flattened when the budget
+    ends? (Norms compared on runs still falling compare speed, not where they converge.)"""
+    rows, flat = [], res.file.rule.slow_slope
+    for label, arm in res.arms.items():
+        done = [r for r in arm.at(arm.best_lr) if r.trained] if arm.best_lr else []
+        slopes = [b for b in (last_half(r)[1] for r in done) if b is not None]
+        if slopes:
+            mean = sum(slopes) / len(slopes)
+            curve = "flat" if abs(mean) <= flat else "still falling" if mean < 0 else "rising"
+            spread = f"{mean:+.3f} ({min(slopes):+.3f}..{max(slopes):+.3f}), n = {len(slopes)}"
+            rows.append(
+                [label, g(arm.best_lr), fmt(mean_of([r.final for r in done])), spread, curve]
+            )
+    if not rows:
+        return []
+    head = ["arm", "best LR", "final val loss", "end-of-run slope: mean (min..max)", "curve"]
+    return [
+        "## Convergence at each arm's best LR",
+        "",
+        f"The slope of the last half of each run's evals, in nats per 10% of its budget (flat: "
+        f"within {flat:g}, the study's `slow_slope`).",
+        "",
+        *table(head, rows),
+        "",
+    ]
+
+
+def adaptive_stage(res: StudyResult) -> list[str]:
+    """Per LR50 claim, where the adaptive edge stage stopped and the runs its rounds made."""
+    p = res.file.protocol
+    if p is None or p.adaptive is None:
+        return []
+    rows = []
+    for c in res.claims:
+        if c.a is None or c.claim["metric"] != "lr50" or c.agreement == "running":
+            continue
+        a, b = res.arms[c.a].runs, res.arms[c.b].runs
+        ended, used = adaptive_outcome(
+            a, b, c.claim["expect"], p, res.file.ratio_margin, len(res.claims)
+        )
+        spent = round_runs(a, b, p.adaptive)
+        rows.append([c.claim["says"], f"{c.a} vs {c.b}", ended, used, spent, f"**{c.agreement}**"])
+    a = p.adaptive
+    return [
+        "## The adaptive edge stage",
+        "",
+        f"Rounds of {a.seeds_per_round} new seeds at {a.lrs} LRs x{a.step:.3g} apart around each "
+        f"arm's LR50 estimate, at most {a.max_runs} runs a claim ({a.rounds} rounds, {a.looks} "
+        f"looks); a claim stops at the first look where looks x p < {a.alpha:g} / "
+        f"{len(res.claims)} (the Holm family).",
+        "",
+        *table(["claim", "A vs B", "the stage", "its runs", "at its arms", "verdict"], rows),
+        "",
+    ]
+
+
+def per_lr(res: StudyResult) -> list[str]:
+    if not res.per_lr:
+        return []
+    rows = [
+        [
+            a.label,
+            b.label,
+            key,
+            f"{lr:g}",
+            p.n,
+            fmt(p.mean, "+.3f"),
+            interval(p.ci, "+.3f"),
+            p.verdict,
+            fmt(p.p_diff, ".3g"),
+        ]
+        for a, b, key, lr, p in res.per_lr
+    ]
+    return [
+        "## Per-LR paired differences (exploratory)",
+        "",
+        "Every LR both arms ran, over every seed where both trained; not corrected for "
+        "multiplicity and not nested (the LRs were chosen on these seeds): for orientation only.",
+        "",
+        *table(["A", "B", "differ in", "lr", "n", "A - B", "95% CI", "verdict", "p"], rows),
+        "",
+    ]
+
+
+def budget_text(path: Path | None) -> str:
+    """The budget per run in tokens per parameter, all parameters and non-embedding ones (Kaplan et
+    al. 2020's N), one phrase per distinct budget of the arms; '' without a file."""
+    n = lambda values: "-".join(f"{v:,}" for v in sorted(set(values)))  # noqa: E731
+    found = [
+        f"{b['tokens'] / 1e6:.3g}M tokens ({b['steps']} steps of "
+        f"{b['batch'][0]} x {b['batch'][1]}) "
+        f"= {b['per_parameter']} tokens per parameter ({n(b['parameters'])}), "
+        f"{b['per_non_embedding']} per non-embedding parameter ({n(b['non_embedding_parameters'])})"
+        for b in budgets(path)
+    ]
+    return f"Budget per run: {'; '.join(found)}." if found else ""
+
+
+def design(res: StudyResult) -> list[str]:
+    """How the study was run and decided: its size, seeds, budget, rule and statistics."""
+    f, runs = res.file, res.runs
+    lrs = ", ".join(f"{x:g}" for x in sorted({r.lr for r in runs}))
+    steps = budgets_text(runs)
+    how = "the study's protocol" if f.protocol else "the lowest 40% of the seeds (no protocol)"
+    common = f", common seeds {', '.join(map(str, res.common_seeds))}" if res.common_seeds else ""
+    rule = (
+        f"Failure, fixed in the study file before the runs: {f.rule.describe()}."
+        if f.given
+        else f"No study file was given: a run failed if it had {f.rule.describe()}."
+    )
+    out = [
+        "## How this study was run and decided",
+        "",
+        f"{len(runs)} runs in {len(res.arms)} arms "
+        f"(arms differ in: {', '.join(res.keys) or 'nothing'});"
+        f" learning rates {lrs}{f'; {steps} steps per run' if steps else ''}"
+        + (f"; {res.wall_s / 60:.1f} min of sweep wall time" if res.wall_s else "")
+        + f". Selection seeds {', '.join(map(str, res.selection_seeds)) or 'none'}, test seeds "
+        f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
+        "",
+        *([budget_text(f.path), ""] if f.path else []),
+        f"{rule} A failed run is an outcome, never a loss. Stability: per arm, P(fail | lr) fitted "
+        "as a logistic curve in log10 lr with Firth's penalty, from the lowest LR where every "
+        "selection seed trained up; LR50 is a number where some LR has both failed and trained "
+        "runs and >= 2 failed, else the bracket its runs give. Two arms' LR50 ratio: one slope, "
+        "likelihood-ratio p. LR sensitivity (Wortsman et al. 2023): the mean over the LR grid of "
+        "min(L, L0) - L*, per seed, 95% t CI. Loss: each arm's best LR chosen on the selection "
+        "seeds and compared on the test seeds, paired by seed (95% t CI, TOST at the margin, the "
+        "minimum detectable difference). The claims are decided by one primary test each, "
+        "Holm-adjusted; every other table is exploratory (normlab's docs/METHODS.md).",
+        "",
+    ]
+    past = history(f.name, f.history)
+    if past:
+        out += [
+            "The study file was changed after results of it (or of a pilot) were committed; the "
+            "runs are judged by the file as it is now:",
+            "",
+            *(f"- {h}" for h in past),
+            "",
+        ]
+    return out
+
+
+def runs_table(res: StudyResult) -> list[str]:
+    rows = []
+    for r in sorted(res.runs, key=lambda r: r.name):
+        s = r.summary
+        rule = "-" if not r.finished else ("trained" if r.trained else f"failed: {r.why}")
+        rows.append(
+            [
+                r.name,
+                r.status,
+                fmt(s.get("final_val_loss")),
+                fmt(s.get("best_val_loss")),
+                fmt(s.get("diverged_at"), "d"),
+                fmt(r.init_loss),
+                fmt(s.get("tokens_per_s"), ",.0f"),
+                rule,
+            ]
+        )
+    head = ["run", "status", "final val loss", "best val loss", "diverged at", "L0", "tokens/s"]
+    return ["## Runs", "", *table([*head, "study rule"], rows)]
+
+
+def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
+    """report.md: the answer first (verdicts, one figure), then the evidence, then the design."""
+    first = next(((f, c) for f, c in made if f == "stability_map.png"), made[0] if made else None)
+    lines = [
+        f"# {res.file.name}",
+        "",
+        *([res.file.about, ""] if res.file.about else []),
+        *interim(res),
+        *verdicts(res),
+        *([f"![{first[1]}]({first[0]})", ""] if first else []),
+        *by_budget(res),
+        "## What the numbers show",
+        "",
+        *(f"- {s}" for s in findings(res)),
+        "",
+        *claims(res),
+        *arms_table(res),
+        *rules_table(res),
+        *kinds_table(res),
+        *precursor_table(
+            {
+                label: [
+                    (
+                        r.records,
+                        int(r.config.get("log.spike_window", 5)),
+                        float(r.config.get("log.spike_k", 5.0)),
+                    )
+                    for r in arm.runs
+                ]
+                for label, arm in res.arms.items()
+            }
+        ),
+        *comparisons(res),
+        *convergence(res),
+        *adaptive_stage(res),
+        *([] if not res.trends else ["## Trends (exploratory)", ""]),
+        *(f"- {t.describe()}." for t in res.trends),
+        *([""] if res.trends else []),
+        *per_lr(res),
+        "## Figures",
+        "",
+    ]
+    for fname, caption in made:
+        lines += [f"**{caption}**", "", f"![{caption}]({fname})", ""]
+    lines += design(res) + runs_table(res)
+    return "\n".join(lines) + "\n"
+
+
+def failed_entries(paths: list[Path]) -> list[str]:
+    """Runs that crashed (sweep*.json: failed, with the error), as rows of the runs table."""
+    rows = []
+    for p in paths:
+        for index in sorted(p.glob("sweep*.json")):  # sweep.json, or one per shard of a job array
+            for e in json.loads(index.read_text())["runs"]:
+                if e.get("status") == "failed":
+                    error = f"failed (exit {e['exit_code']}): {e.get('error', '')}"
+                    rows.append(f"| {e['name']} | {error} | | | | | | |")
+    return rows
+
+
+def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:
+    """report.md, report.json, runs.json and the figures in `out`, from the runs under `paths`;
+    ValueError when there are none. The equivalence margin: `margin`, else the study file's
+    `equivalence_margin`, else 0.02 nats."""
+    res = compute(paths, margin)
+    out.mkdir(parents=True, exist_ok=True)
+    made = figures(res, out)
+    rows = failed_entries(paths)
+    path = out / "report.md"
+    path.write_text(
+        render(res, made).rstrip("\n") + ("\n" + "\n".join(rows) if rows else "") + "\n"
+    )
+    (out / "report.json").write_text(json.dumps(as_json(res), indent=1) + "\n")
+    (out / "runs.json").write_text(json.dumps(runs_json(res)) + "\n")
+    return path

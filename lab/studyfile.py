@@ -1,0 +1,632 @@
+"""The study file, the first stage of a study (define -> run -> read -> analyse -> render): its
+schema (what it asks, the grid, the protocol's settings, the claims of the literature and the ones
+withdrawn), validated before anything runs, and the grid expanded into run specs (name, overrides),
+each run's config checked up front.
+
+A study file lives in lab/studies/<name>.yaml: its file name, its `name:` and its results folder
+(lab/results/<name>/) are one name. Its `config:` is a training config: a path relative to the
+study file, or the name of a file in configs/train/ (so a copy of the study file kept beside its
+results still reads)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from training.config import ConfigError, load_config
+
+DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
+
+ALIASES = {
+    "norm": "model.norm",
+    "placement": "model.placement",
+    "lr": "optim.lr",
+    "seed": "train.seed",
+    "seeds": "train.seed",
+}
+
+
+TRAIN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "train"
+STUDY_KEYS = {
+    "name",
+    "about",
+    "config",
+    "failure",
+    "sensitivity_margin",
+    "ratio_margin",
+    "overrides",
+    "grid",
+    "exclude",
+    "threads_per_worker",
+    "workers",
+    "equivalence_margin",
+    "margin_reason",
+    "protocol",
+    "claims",
+    "withdrawn",
+    "quick",
+    "expected",
+    "history",
+}
+
+
+def train_config(study_path: Path, name: str) -> str:
+    """The training config a study file names: relative to the study file, else in
+    configs/train/."""
+    for base in (study_path.parent, TRAIN_CONFIGS):
+        if (base / name).is_file():
+            return str((base / name).resolve())
+    raise ConfigError(
+        f"{study_path}: config {name!r} does not exist beside the study file or in {TRAIN_CONFIGS}"
+    )
+
+
+def load_study(path: Path) -> dict:
+    """The study file as a dict, with the grid's keys resolved to dotted config fields."""
+    if not path.is_file():
+        raise ConfigError(f"study file {str(path)!r} does not exist")
+    try:
+        study = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as e:
+        raise ConfigError(f"cannot parse {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
+    if not isinstance(study, dict) or not isinstance(study.get("grid"), dict):
+        raise ConfigError(
+            f"{path}: a study is a mapping with a 'grid' mapping of config fields to value lists"
+        )
+    unknown = set(study) - STUDY_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown study key(s) {', '.join(sorted(unknown))}; valid: "
+            f"{', '.join(sorted(STUDY_KEYS))}"
+        )
+    if not study.get("grid"):
+        raise ConfigError(f"{path}: a study needs a non-empty 'grid'")
+    grid = {}
+    for key, values in study["grid"].items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid.{key} must be a non-empty list of values")
+        grid[ALIASES.get(key, key)] = values
+    study["grid"] = grid
+    study["exclude"] = _exclude(path, study.get("exclude"), grid)
+    for key, low in (
+        ("equivalence_margin", 0.0),
+        ("sensitivity_margin", 0.0),
+        ("ratio_margin", 1.0),
+    ):
+        value = study.get(key)
+        if value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool) or value <= low
+        ):
+            raise ConfigError(
+                f"{path}: {key} must be a number > {low:g}, got {value!r}"
+                + (" (a ratio within [1/m, m])" if key == "ratio_margin" else " (nats)")
+            )
+    for key in ("threads_per_worker", "workers"):
+        value = study.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
+    if "protocol" in study:
+        if "optim.lr" not in grid or "train.seed" in grid:
+            raise ConfigError(
+                f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
+                f"protocol's seeds replace it)"
+            )
+        study["protocol"] = parse_protocol(study["protocol"], str(path))
+    else:
+        study["protocol"] = None
+    study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))
+    study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
+    withdrawn = study.get("withdrawn") or []
+    if not isinstance(withdrawn, list) or any(
+        not isinstance(w, dict) or set(w) != {"paper", "says", "why"} for w in withdrawn
+    ):
+        raise ConfigError(
+            f"{path}: withdrawn is a list of {{paper, says, why}}: a claim this setup cannot test "
+            "as "
+            f"the paper states it, and why"
+        )
+    study["withdrawn"] = withdrawn
+    if not isinstance(study.get("history") or [], list):
+        raise ConfigError(
+            f"{path}: history is a list of notes (what changed after results, and when)"
+        )
+    quick = study.pop("quick", None)
+    if quick is not None and (
+        not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}
+    ):
+        raise ConfigError(
+            f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick "
+            "replaces)"
+        )
+    study["quick"] = quick
+    study["name"] = study.get("name") or path.stem
+    study["about"] = str(study.get("about") or "")
+    study["config"] = train_config(path, study.get("config", "default.yaml"))
+    study["dir"] = str(path.parent.resolve())
+    return study
+
+
+def _exclude(path: Path, section, grid: dict) -> list[dict]:
+    """The study file's `exclude:`, grid combinations that are not run: a list of {field: value}
+    (grid fields other than lr and seed, values of the grid), each dropping every combination that
+    has all of its values. Arms whose fields go together (DyT with its recipe's embedding scalar,
+    RMSNorm without) are a grid minus exclusions; a claim between such arms names every field they
+    differ in (the fields a claim leaves out are equal in its two arms)."""
+    if section is None:
+        return []
+    where = f"{path}: exclude"
+    if not isinstance(section, list) or any(not isinstance(e, dict) or not e for e in section):
+        raise ConfigError(
+            f"{where} is a list of mappings of grid fields to values (the combinations not run)"
+        )
+    out = []
+    for e in section:
+        entry = {ALIASES.get(k, k): v for k, v in e.items()}
+        for key, value in entry.items():
+            if key in ("optim.lr", "train.seed") or key not in grid or value not in grid[key]:
+                raise ConfigError(
+                    f"{where}: {key}={value!r} is not a value of the grid (arms are grid values "
+                    "other "
+                    f"than lr and seed)"
+                )
+        out.append(entry)
+    return out
+
+
+def excluded(study: dict, combination: dict) -> bool:
+    """Whether a grid combination ({field: value}) is one the study file's `exclude:` drops."""
+    return any(
+        all(k in combination and combination[k] == v for k, v in e.items())
+        for e in study.get("exclude") or []
+    )
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """The adaptive edge stage (lab/adaptive.py): rounds of `seeds_per_round` new seeds at `lrs`
+    LRs `step` apart around each arm's current LR50 estimate, until each LR50 claim is decided or
+    `max_runs` runs per claim are spent; `alpha` is spent equally over the looks (a look after the
+    earlier stages and after each round): a claim's p is its raw p x looks."""
+
+    seeds_per_round: int
+    max_runs: int
+    first_seed: int
+    lrs: int = 3
+    step: float = 10**0.25  # x1.78: the grid the rounds' LRs are snapped to
+    alpha: float = 0.05
+    # an arm with failures but no all-failed LR (or no all-trained one) is centred on its highest
+    # (lowest) LR, so its round tries one step beyond, where the edge identification asks for lies;
+    # False: on Firth's penalised LR50 (the studies run before this option)
+    seek_edge: bool = False
+
+    @property
+    def rounds(self) -> int:
+        """The most rounds one claim can take within max_runs (2 arms x lrs x seeds a round)."""
+        return self.max_runs // (2 * self.lrs * self.seeds_per_round)
+
+    @property
+    def looks(self) -> int:
+        return self.rounds + 1
+
+    def seeds(self, r: int) -> tuple:
+        """Round r's seeds (0-based), the same for every arm (runs paired by seed)."""
+        start = self.first_seed + r * self.seeds_per_round
+        return tuple(range(start, start + self.seeds_per_round))
+
+
+ADAPTIVE_KEYS = {"seeds_per_round", "max_runs", "first_seed", "lrs", "step", "alpha", "seek_edge"}
+
+
+def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
+    """The protocol's `adaptive:` section; ConfigError on anything else."""
+    allowed = ", ".join(sorted(ADAPTIVE_KEYS))
+    if not isinstance(section, dict) or set(section) - ADAPTIVE_KEYS:
+        raise ConfigError(f"{where}: protocol.adaptive is a mapping of {allowed}")
+    missing = {"seeds_per_round", "max_runs", "first_seed"} - set(section)
+    if missing:
+        raise ConfigError(f"{where}: protocol.adaptive needs {', '.join(sorted(missing))}")
+    ints = ("seeds_per_round", "max_runs", "first_seed", "lrs")
+    if not all(isinstance(section[k], int) for k in ints if k in section):
+        raise ConfigError(f"{where}: protocol.adaptive's {', '.join(ints)} are integers")
+    if not isinstance(section.get("seek_edge", False), bool):
+        raise ConfigError(f"{where}: protocol.adaptive.seek_edge is true or false")
+    a = Adaptive(**{k: (v if k in (*ints, "seek_edge") else float(v)) for k, v in section.items()})
+    if a.seeds_per_round < 1 or a.lrs < 1 or a.lrs % 2 == 0 or a.step <= 1 or a.rounds < 1:
+        raise ConfigError(
+            f"{where}: protocol.adaptive needs seeds_per_round >= 1, an odd lrs >= 1, step > 1 "
+            f"and max_runs >= 2 x lrs x seeds_per_round (one round), got {section}"
+        )
+    if a.alpha != 0.05:
+        raise ConfigError(f"{where}: protocol.adaptive.alpha must be the claims' level, 0.05")
+    if seeds and a.first_seed <= max(seeds):
+        raise ConfigError(
+            f"{where}: protocol.adaptive.first_seed must be above every other protocol seed "
+            f"(max {max(seeds)}): a round's seeds are its own"
+        )
+    return a
+
+
+@dataclass(frozen=True)
+class Protocol:
+    selection_seeds: tuple
+    test_seeds: tuple
+    failure_seeds: tuple
+    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
+    min_lr: float = 1e-5
+    max_lr: float = 10.0
+    steps: int = 3  # at most this many LRs beyond each end of the grid
+    refine: float = (
+        2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+    )
+    # the seeds that compare a common_loss claim's arms at their common safe LR
+    common_seeds: tuple = ()
+    adaptive: Adaptive | None = None  # the adaptive edge stage; None: the study has none
+
+
+PROTOCOL_KEYS = {
+    "selection_seeds",
+    "test_seeds",
+    "failure_seeds",
+    "common_seeds",
+    "bracket",
+    "refine",
+    "adaptive",
+}
+BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
+
+
+def parse_protocol(section, where: str) -> Protocol:
+    """The study file's `protocol:` section; ConfigError on anything else."""
+    if (
+        not isinstance(section, dict)
+        or set(section) - PROTOCOL_KEYS
+        or not {"selection_seeds", "test_seeds"} <= set(section)
+    ):
+        raise ConfigError(
+            f"{where}: protocol is a mapping with selection_seeds and test_seeds (lists of seeds) "
+            "and "
+            "optionally failure_seeds, common_seeds, bracket "
+            f"{{{', '.join(sorted(BRACKET_KEYS))}}}, "
+            f"refine, adaptive {{{', '.join(sorted(ADAPTIVE_KEYS))}}}"
+        )
+    seeds = {}
+    for key in ("selection_seeds", "test_seeds", "failure_seeds", "common_seeds"):
+        value = section.get(key, [] if key == "common_seeds" else section["test_seeds"])
+        if key == "common_seeds" and value == []:
+            seeds[key] = ()
+            continue
+        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
+            raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
+        seeds[key] = tuple(value)
+    if set(seeds["selection_seeds"]) & (
+        set(seeds["test_seeds"]) | set(seeds["failure_seeds"]) | set(seeds["common_seeds"])
+    ):
+        raise ConfigError(
+            f"{where}: protocol.selection_seeds must not appear among the test, failure or common "
+            f"seeds (an LR is chosen on some seeds and tested on others)"
+        )
+    bracket = section.get("bracket") or {}
+    if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
+        raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
+    adaptive = section.get("adaptive")
+    out = Protocol(
+        **seeds,
+        **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
+        refine=float(section.get("refine", Protocol.refine)),
+        adaptive=None
+        if adaptive is None
+        else parse_adaptive(adaptive, {s for v in seeds.values() for s in v}, where),
+    )
+    if (
+        out.factor <= 1
+        or not 0 < out.min_lr < out.max_lr
+        or out.steps < 0
+        or (out.refine and out.refine <= 1)
+    ):
+        raise ConfigError(
+            f"{where}: protocol needs bracket.factor > 1, 0 < min_lr < max_lr, steps >= 0 and "
+            f"refine > 1 (or 0 for none)"
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a study run fails, fixed in the study file before the runs (the same code judges live
+    runs, reruns and archives): a non-finite loss always; and each criterion that is set:
+      learn_margin   no eval got this many nats below the unigram entropy within the run's budget
+                     (whatever its last slope: a run still falling at the end of its budget failed
+                     at that budget)
+      blowup_margin  an eval rose this many nats above the best eval before it
+      above_l0       an eval rose above L0, the loss before the first step
+      arm_gap        its final loss is this many nats above the best final loss of any run of
+                     its arm
+    and how a failed run's kind is read from its curve (lab/read.py failure_kind): slow_slope,
+    nats per 10% of the budget (the least-squares slope of the evals in the run's last half) below
+    which a run is still falling."""
+
+    name: str = "main"
+    learn_margin: float | None = 0.25
+    blowup_margin: float | None = 0.5
+    above_l0: bool = True
+    arm_gap: float | None = None
+    slow_slope: float = 0.01
+    labels: bool = (
+        False  # judge by train.py's own labels instead (runs compared without a study file)
+    )
+
+    def describe(self) -> str:
+        if self.labels:
+            return "train.py's own label collapsed, unstable or diverged (ok and plateau trained)"
+        parts = ["a non-finite loss"]
+        if self.learn_margin is not None:
+            parts.append(
+                f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget"
+            )
+        if self.blowup_margin is not None:
+            parts.append(f"an eval {self.blowup_margin:g} nats above its best so far")
+        if self.above_l0:
+            parts.append("an eval above L0")
+        if self.arm_gap is not None:
+            parts.append(f"a final loss {self.arm_gap:g} nats above its arm's best")
+        return ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+DEFAULT_ALTERNATIVES = (
+    Rule("the arm's best + 1 nat", None, None, False, 1.0),
+    Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None),
+)
+RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap", "slow_slope"}
+
+
+def parse_rule(section, where: str, name: str) -> Rule:
+    if not isinstance(section, dict) or set(section) - RULE_KEYS:
+        raise ConfigError(f"{where}: a failure rule is a mapping of {', '.join(sorted(RULE_KEYS))}")
+    out = Rule(**{"name": name, **{k: section[k] for k in section}})
+    for key in ("learn_margin", "blowup_margin", "arm_gap", "slow_slope"):
+        value = getattr(out, key)
+        if value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool) or value < 0
+        ):
+            raise ConfigError(f"{where}: {key} must be a number >= 0 or null, got {value!r}")
+    if not isinstance(out.above_l0, bool):
+        raise ConfigError(f"{where}: above_l0 is true or false")
+    return out
+
+
+def parse_failure(section, where: str) -> tuple[Rule, tuple[Rule, ...]]:
+    """The study file's `failure:` section: the main rule's criteria and its `alternatives` (a list
+    of rules, each with a name), reported beside it; without the section, Rule() and
+    DEFAULT_ALTERNATIVES."""
+    if section is None:
+        return Rule(), DEFAULT_ALTERNATIVES
+    if not isinstance(section, dict):
+        raise ConfigError(
+            f"{where}: failure is a mapping: the main rule's criteria and alternatives"
+        )
+    alternatives = section.get("alternatives", [])
+    if not isinstance(alternatives, list) or any(
+        not isinstance(a, dict) or "name" not in a for a in alternatives
+    ):
+        raise ConfigError(f"{where}: failure.alternatives is a list of rules, each with a name")
+    main = parse_rule({k: v for k, v in section.items() if k != "alternatives"}, where, "main")
+    return main, tuple(
+        parse_rule({k: v for k, v in a.items() if k != "name"}, where, str(a["name"]))
+        for a in alternatives
+    )
+
+
+CLAIM_METRICS = {
+    "best_loss": (
+        "final val loss, each arm at its own best LR (chosen on the selection seeds), paired on "
+        "the test seeds where both trained"
+    ),
+    "common_loss": (
+        "final val loss of both arms at one common safe LR (both arms' P(fail) there below "
+        "5% at its upper one-sided 95% bound), paired on the common seeds"
+    ),
+    "lr50": "LR50, the LR at which half the runs fail (both arms' failure curves, one slope)",
+    "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023): mean over the study's LR grid of "
+    "min(L, L0) - L*, paired by seed",
+}
+CLAIM_EXPECTS = ("higher", "lower", "same")
+
+
+def _claim(path: Path, i: int, claim, grid: dict) -> dict:
+    """A claim of the literature, to be checked by the report: arm(s) a vs arm(s) b on a metric,
+    expecting a higher, lower or the same value; a and b name grid values, fields left out range
+    over the grid."""
+    where = f"{path}: claims[{i}]"
+    if not isinstance(claim, dict) or set(claim) != {"paper", "says", "a", "b", "metric", "expect"}:
+        raise ConfigError(f"{where} needs exactly: paper, says, a, b, metric, expect")
+    if claim["metric"] not in CLAIM_METRICS or claim["expect"] not in CLAIM_EXPECTS:
+        raise ConfigError(
+            f"{where}: metric is one of {', '.join(CLAIM_METRICS)}; expect one of "
+            f"{', '.join(CLAIM_EXPECTS)}"
+        )
+    sides = {}
+    for side in ("a", "b"):
+        if not isinstance(claim[side], dict) or not claim[side]:
+            raise ConfigError(f"{where}.{side} must be a mapping of grid fields to values")
+        sides[side] = {}
+        for key, value in claim[side].items():
+            field = ALIASES.get(key, key)
+            if field in ("optim.lr", "train.seed") or field not in grid or value not in grid[field]:
+                raise ConfigError(
+                    f"{where}.{side}: {key}={value!r} is not a value of the grid (arms are grid "
+                    f"values other than lr and seed)"
+                )
+            sides[side][field] = value
+    if sides["a"] == sides["b"]:
+        raise ConfigError(f"{where}: a and b are the same arm")
+    return {**claim, **sides}
+
+
+def expected_time(study: dict, runs: list[dict]) -> str | None:
+    """The study file's `expected: {device, mfu, gpus}` turned into an estimate from the model's
+    FLOPs: training FLOPs of every run (training/flops.py, 6N + 12LdT per token x batch x seq_len x
+    steps; evals not counted) over `gpus` devices at `mfu` of the device's dense peak. None without
+    an `expected` section."""
+    import train
+
+    exp = study.get("expected")
+    if not exp:
+        return None
+    total, peak = 0.0, None
+    device, dtype = str(exp["device"]), str(exp.get("dtype", "bfloat16"))
+    for r in runs:
+        cfg = load_config(study["config"], r["overrides"])
+        about, t = train.describe(cfg, device, dtype), cfg.train
+        total += about["flops_per_token"] * t.batch_size * t.seq_len * t.steps
+        peak = about["peak_flops"]
+    if not peak:
+        raise ConfigError(
+            f"expected.device {exp['device']!r} has no known peak (training/flops.py PEAK_TFLOPS)"
+        )
+    gpus, mfu = int(exp.get("gpus", 8)), float(exp.get("mfu", 0.4))
+    hours = total / (peak * mfu * gpus) / 3600
+    return (
+        f"expected: {total:.3g} training FLOPs over {len(runs)} runs = {hours:.1f} h on {gpus} x "
+        f"{exp['device']} "
+        f"at {mfu:.0%} MFU ({total / len(runs) / (peak * mfu) / 3600:.2f} GPU-h per run)"
+    )
+
+
+def quick_study(study: dict) -> dict:
+    """The study's `quick` version (its grid, overrides and config replace the study's), named
+    <name>-quick: a seconds-long smoke run of the same axes. Claims are kept (their values must be
+    in the quick grid)."""
+    quick = study["quick"]
+    if quick is None:
+        raise ConfigError(f"study {study['name']!r} has no quick section")
+    out = {**study, "name": f"{study['name']}-quick", "protocol": None}
+    if "config" in quick:
+        out["config"] = train_config(Path(study["dir"]) / "study.yaml", quick["config"])
+    if "overrides" in quick:
+        out["overrides"] = OmegaConf.to_container(
+            OmegaConf.merge(study.get("overrides") or {}, quick["overrides"])
+        )
+    if "grid" in quick:
+        out["grid"] = {ALIASES.get(k, k): v for k, v in quick["grid"].items()}
+    out["claims"] = [
+        c
+        for c in study["claims"]
+        if all(v in out["grid"].get(k, []) for side in ("a", "b") for k, v in c[side].items())
+    ]
+    return out
+
+
+def flatten(d: dict, prefix: str = "") -> list[str]:
+    """{'train': {'steps': 5}} -> ['train.steps=5']."""
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += flatten(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={'null' if v is None else v}")
+    return out
+
+
+def _slug(key: str, value) -> str:
+    short = {"model.norm": "", "model.placement": "", "optim.lr": "lr", "train.seed": "s"}
+    return f"{short.get(key, key.rsplit('.', 1)[-1])}{value}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _validate(config: str, overrides: tuple) -> None:
+    """A run's config loads (once per config and overrides: the protocol's stages ask again and
+    again)."""
+    load_config(config, list(overrides))
+
+
+def expand(study: dict, extra: list[str] = ()) -> list[dict]:
+    """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config
+    validated up front."""
+    base = flatten(study.get("overrides") or {}) + list(extra)
+    runs = []
+    keys = list(study["grid"])
+    for values in itertools.product(*study["grid"].values()):
+        if excluded(study, dict(zip(keys, values, strict=True))):
+            continue
+        name = "-".join(_slug(k, v) for k, v in zip(keys, values, strict=True))
+        overrides = base + [f"{k}={v}" for k, v in zip(keys, values, strict=True)]
+        _validate(str(study["config"]), tuple(overrides))  # raises ConfigError on a bad value
+        runs.append({"name": name, "overrides": overrides})
+    return runs
+
+
+@dataclass
+class StudyFile:
+    """What a report needs of the study file, read once: what it asks, its margin and why, its
+    claims, its protocol. Runs compared without a study file get the defaults."""
+
+    name: str
+    about: str = ""
+    margin: float = DEFAULT_MARGIN
+    margin_reason: str | None = None
+    claims: list = field(default_factory=list)
+    protocol: Protocol | None = None
+    withdrawn: list = field(default_factory=list)  # [{paper, says, why}]
+    rule: Rule = field(default_factory=Rule)
+    alternatives: tuple = DEFAULT_ALTERNATIVES
+    sensitivity_margin: float = 0.1  # nats: LR sensitivity's equivalence margin
+    ratio_margin: float = 2.0  # an LR50 ratio within [1/m, m] is "the same"
+    grid_lrs: tuple = ()  # the study file's LR grid: where LR sensitivity is measured
+    # notes on changes made after results (lab/history.py)
+    history: list = field(default_factory=list)
+    given: bool = True  # False: runs compared without a study file (train.py's labels judge them)
+    path: Path | None = None  # the study file (its arms' configs state the budget)
+
+
+def study_file(paths: list[Path]) -> StudyFile:
+    """The first study.yaml among `paths` (a study directory keeps a copy of its file), else the
+    defaults."""
+    for p in paths:
+        if (p / "study.yaml").is_file():
+            return read_study_file(p / "study.yaml")
+    return StudyFile(
+        ", ".join(p.name for p in paths),
+        rule=Rule(name="train.py's labels", labels=True),
+        alternatives=(),
+        given=False,
+    )
+
+
+def read_study_file(path: Path) -> StudyFile:
+    study = load_study(path)
+    return StudyFile(
+        study["name"],
+        study["about"],
+        float(study.get("equivalence_margin") or DEFAULT_MARGIN),
+        study.get("margin_reason"),
+        study["claims"],
+        study["protocol"],
+        study["withdrawn"],
+        study["rule"],
+        study["alternatives"],
+        float(study.get("sensitivity_margin") or 0.1),
+        float(study.get("ratio_margin") or 2.0),
+        tuple(study["grid"].get("optim.lr", ())),
+        list(study.get("history") or []),
+        path=path,
+    )
+
+
+def arm_configs(study: dict) -> list:
+    """One training config per arm (every grid field but the LR and the seed, exclusions dropped):
+    what its model and budget are."""
+    axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
+    base = flatten(study.get("overrides") or {})
+    out = []
+    for values in itertools.product(*axes.values()):
+        arm = dict(zip(axes, values, strict=True))
+        if not excluded(study, arm):
+            out.append(load_config(study["config"], base + [f"{k}={v}" for k, v in arm.items()]))
+    return out

@@ -1,0 +1,246 @@
+"""lab/readme.py writes the README's answer and the results index from the committed report.json
+files: short, answer first, one number and its CI per cell, sentences that follow the verdicts."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.readme import at_longest, found, index, norm_sentence, placement_sentence, table
+from lab.text import g
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ["model.norm", "model.placement"]
+
+
+def _run(readme: Path, results: Path):
+    argv = [sys.executable, "-m", "lab.readme", "--readme", str(readme), "--results", str(results)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def _claim(metric, a, b, agreement, expect="same", ratio=None, ci=None, bounds=(None, None), **kw):
+    c = {
+        "paper": "P et al.",
+        "says": "S",
+        "metric": metric,
+        "expect": expect,
+        "A": a,
+        "B": b,
+        "agreement": agreement,
+        "p": 0.01,
+        "p_holm": 0.04,
+    }
+    if metric == "lr50":
+        identified = ratio is not None
+        c["lr50_ratio"] = {
+            "ratio": ratio,
+            "ci": ci,
+            "bounds": list(bounds),
+            "identified": identified,
+        }
+        c["lr50_ratio"] |= {"p": 0.01, "n": 40, "failed": 10}
+    else:
+        c["loss"] = {"n": 12, "mean": kw.get("mean", 0.01), "ci": [-0.01, 0.03]}
+    return c
+
+
+def _arm(lr50=None, ci=None, bounds=(None, None)):
+    return {"lr50": lr50, "ci": ci, "bounds": list(bounds), "identified": lr50 is not None}
+
+
+def _default(post="agrees", pre="agrees", post_ratio=1.0, pairs=None):
+    """A constructed default study report: both placements, both norms, at one budget."""
+    same_post = _claim(
+        "lr50", "rmsnorm/post", "layernorm/post", post, ratio=post_ratio, ci=[0.7, 1.4]
+    )
+    if pairs:
+        same_post["outcome_pairs"] = pairs
+    return {
+        "arm_keys": KEYS,
+        "ratio_margin": 2.0,
+        "read_at": 300,
+        "claims": [
+            same_post,
+            _claim("lr50", "rmsnorm/pre", "layernorm/pre", pre, ratio=1.1, ci=[0.8, 1.5]),
+            _claim("lr50", "layernorm/post", "layernorm/pre", "agrees", "lower", 0.13, [0.1, 0.18]),
+            _claim("lr50", "rmsnorm/post", "rmsnorm/pre", "agrees", "lower", 0.12, [0.1, 0.17]),
+        ],
+        "per_arm": {
+            "layernorm/post": _arm(0.04, [0.03, 0.05]),
+            "rmsnorm/post": _arm(0.04, [0.03, 0.05]),
+            "layernorm/pre": _arm(None, bounds=(0.1, 0.316)),
+            "rmsnorm/pre": _arm(0.3, [0.25, 0.37]),
+        },
+        "comparisons": [],
+    }
+
+
+def test_the_committed_readme_and_index_are_what_the_script_writes(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    r = _run(readme, REPO / "lab" / "results")
+    assert r.returncode == 0, r.stderr
+    assert readme.read_text() == (REPO / "README.md").read_text()
+    assert (REPO / "lab" / "results" / "README.md").read_text() == index(REPO / "lab" / "results")
+
+
+def test_the_readme_answers_on_its_first_screen_and_briefly():
+    """The answer within the first 25 lines; <= 1,000 words outside code; no line over 300
+    characters; the table <= 6 rows, every cell <= 80 characters with one number and its CI."""
+    text = (REPO / "README.md").read_text()
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("**RMSNorm"))
+    assert first < 25
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert len(prose.split()) <= 1000
+    assert max(len(line) for line in lines) <= 300
+    block = text.split("<!-- found: lab/results -->")[1].split("<!-- /found -->")[0]
+    rows = [line for line in block.splitlines() if line.startswith("|")][2:]
+    assert 1 <= len(rows) <= 6
+    for row in rows:
+        for cell in row.strip("|").split("|")[1:]:
+            assert len(cell.strip()) <= 80
+            # one estimate and the two ends of its interval at most
+            assert len(re.findall(r"[-+]?\d+\.?\d*(?:e-?\d+)?", cell)) <= 3, cell
+    paragraphs = [p for p in block.split("\n\n") if p.strip().startswith("**")]
+    assert len(paragraphs) == 3  # the norm, the placement, the settings
+    sentences = [x for p in paragraphs for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", p)]
+    assert max(len(x.split()) for x in sentences) <= 60
+
+
+def test_a_missing_report_is_one_line(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- found: results -->\n<!-- /found -->\n")
+    (tmp_path / "results").mkdir()
+    r = _run(readme, tmp_path / "results")
+    assert r.returncode == 2 and r.stderr.startswith("error:") and r.stderr.count("\n") == 1
+
+
+def test_the_norm_sentence_follows_the_verdicts():
+    both = norm_sentence(_default())
+    assert both.startswith("**RMSNorm is as stable as LayerNorm** (LR50 within x2)")
+    assert "x1.00 (0.700-1.40) in post-norm" in both and "x1.10 (0.800-1.50) in pre-norm" in both
+    assert "Holm p 0.04, 0.04" in both and "40 and 40 runs at 300 steps" in both
+    mixed = norm_sentence(_default(pre="cannot tell"))
+    assert mixed.startswith("**Is RMSNorm as stable as LayerNorm (LR50 within x2)?**")
+    assert "post-norm: agrees, pre-norm: cannot tell" in mixed
+    assert "as stable as LayerNorm**" not in mixed
+
+
+def test_equal_lr50s_are_explained_only_by_the_runs_pairs():
+    """Two equal LR50s read as a copy bug unless the report says why: every (LR, seed) pair had
+    the same outcome under both norms. Said only when the pairs show it."""
+    why = "had the same outcome under both norms (51 of 51"
+    assert why in norm_sentence(_default(pairs={"n": 51, "same": 51}))
+    assert "same outcome" not in norm_sentence(_default(pairs={"n": 51, "same": 49}))
+    assert "same outcome" not in norm_sentence(_default(post_ratio=1.2, pairs={"n": 4, "same": 4}))
+
+
+def test_the_placement_sentence_names_its_paper_as_the_verdicts_say():
+    text = placement_sentence(_default())
+    assert text.startswith("**Placement decides stability**: post-norm's LR50 is pre-norm's")
+    assert "x0.130 (0.100-0.180) with LayerNorm" in text and "agrees with P et al." in text
+    report = _default()
+    report["claims"][2]["agreement"] = "cannot tell"
+    text = placement_sentence(report)
+    assert "Placement decides" not in text and "agrees with" not in text and "asking P" in text
+
+
+def test_the_table_has_one_number_and_its_ci_per_cell():
+    """LR50s where identified, brackets where not (never Firth's penalised point); a comparison
+    stored LayerNorm first is turned into RMSNorm - LayerNorm."""
+    report = _default()
+    report["comparisons"] = [
+        {
+            "A": "layernorm/pre/steps=300",
+            "B": "rmsnorm/pre/steps=300",
+            "key": "model.norm",
+            "loss": {"n": 4, "mean": 0.05, "ci": [0.01, 0.09]},
+        }
+    ]
+    rows = {r.split(" | ")[0].strip("| "): r for r in table(report, None)[2:]}
+    assert rows["LR50, LayerNorm"] == "| LR50, LayerNorm | 0.0400 (0.0300-0.0500) | in 0.1-0.316 |"
+    assert "1.00 (0.700-1.40) | 1.10 (0.800-1.50)" in rows["LR50 ratio, RMSNorm / LayerNorm"]
+    best = next(r for name, r in rows.items() if name.startswith("loss at each one's best LR"))
+    assert "nats, 4 seeds" in best and "| -0.050 (-0.090..-0.010) |" in best
+    assert "... on the stdlib source" not in rows  # no replication: no row of dashes
+
+
+def test_a_study_with_budgets_is_read_at_its_longest_finished_one():
+    def at(steps, agreement):
+        tail = f"/schedule_steps={steps}/steps={steps}"
+        return _claim("lr50", f"rmsnorm/post{tail}", f"rmsnorm/pre{tail}", agreement, "lower", 0.1)
+
+    report = {
+        "arm_keys": [*KEYS, "optim.schedule_steps", "train.steps"],
+        "claims": [at(300, "agrees"), at(1000, "cannot tell"), at(3000, "running")],
+        "running": {"3000": "adaptive"},
+        "per_arm": {
+            f"rmsnorm/{p}/schedule_steps={s}/steps={s}": s
+            for p in ("pre", "post")
+            for s in (300, 1000, 3000)
+        },
+    }
+    got = at_longest(report)
+    assert [c["agreement"] for c in got["claims"]] == ["cannot tell"] and got["read_at"] == 1000
+    assert got["per_arm"] == {"rmsnorm/pre": 1000, "rmsnorm/post": 1000}
+    assert got["arm_keys"] == KEYS
+
+
+def test_a_claim_asked_only_at_a_shorter_budget_is_read_there():
+    def c(a, b, steps, agreement):
+        tail = f"/schedule_steps={steps}/steps={steps}"
+        return _claim("common_loss", a + tail, b + tail, agreement)
+
+    report = {
+        "arm_keys": ["model.norm", "model.embed_scale", "optim.schedule_steps", "train.steps"],
+        "claims": [
+            c("dyt/sqrt_dim", "rmsnorm/sqrt_dim", 300, "disagrees"),
+            c("dyt/sqrt_dim", "rmsnorm/sqrt_dim", 1200, "agrees"),
+            c("dyt/none", "rmsnorm/none", 300, "cannot tell"),
+        ],
+        "per_arm": {},
+    }
+    got = at_longest(report)
+    assert [(x["A"], x["agreement"]) for x in got["claims"]] == [
+        ("dyt/sqrt_dim", "agrees"),
+        ("dyt/none", "cannot tell"),
+    ]
+
+
+def test_the_index_has_a_row_per_claim_with_its_n_ci_and_holm_p(tmp_path):
+    for name, claims in (("a", ["agrees", "cannot tell"]), ("b", [])):
+        (tmp_path / name).mkdir()
+        report = {
+            "name": name,
+            "about": f"Does {name} matter?",
+            "runs": 8,
+            "arm_keys": KEYS,
+            "claims": [
+                _claim("best_loss", "rmsnorm/pre", "layernorm/pre", v, mean=0.02) for v in claims
+            ],
+            "withdrawn": [{"paper": "Q", "says": "T", "why": "not testable here"}],
+        }
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    text = index(tmp_path)
+    assert text.count("\n## [") == 2 and "Does a matter? (8 runs)" in text
+    row = "| S (P et al.) | rmsnorm vs layernorm (pre) | **agrees** | +0.020 (-0.010..+0.030) nats "
+    assert row + "| 12 seeds | 0.04 |" in text
+    assert text.count("withdrawn: T (Q): not testable here") == 2
+
+
+def test_the_readme_prints_no_lr50_its_data_do_not_identify():
+    """Firth's penalised point of an arm whose LR50 is only bracketed is never printed."""
+    text = found(REPO / "lab" / "results", "lab/results")
+    default = at_longest(
+        json.loads((REPO / "lab/results/norm-placement-lr/report.json").read_text())
+    )
+    shown = {g(a["lr50"]) for a in default["per_arm"].values() if a.get("lr50")}
+    hidden = [
+        a["penalised_lr50"]
+        for a in default["per_arm"].values()
+        if not a["identified"] and a.get("penalised_lr50")
+    ]
+    for x in hidden:
+        assert g(x) in shown or f"{x:#.3g} (" not in text
