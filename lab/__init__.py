@@ -2,7 +2,7 @@
 
 define    studyfile                                                 schema, claims, protocol
 run       protocol, adaptive, runner, worker, sweep                 stages, workers, the command
-read      read, archive                                             run dirs, committed runs.json
+read      read, archive, history                                    run dirs, runs.json, git
 analyse   arms, lr50, sensitivity, paired, claims, trend, result, record   the numbers, report.json
-render    text, findings, figures, history, precursors, report, compare, redecide, readme
+render    text, findings, figures, precursors, report, compare, redecide, readme
 """

@@ -46,13 +46,14 @@ def compare(argv: list[str] | None = None) -> int:
         default=None,
         help="equivalence margin in nats (default: the study file's equivalence_margin, else 0.02)",
     )
+    p.add_argument("--no-figures", action="store_true", help="the text and JSON only (faster)")
     a = p.parse_args(argv)
     missing = [d for d in a.dirs if not d.is_dir()]
     if missing:
         print(f"error: {missing[0]} is not a directory", file=sys.stderr)
         return 2
     try:
-        path = write_report(a.dirs, a.out or a.dirs[0], a.margin)
+        path = write_report(a.dirs, a.out or a.dirs[0], a.margin, draw=not a.no_figures)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,14 +22,12 @@ def findings(res: StudyResult) -> list[str]:
         if n.lrs is None:
             out.append(
                 f"{c.a.label} - {c.b.label}: no loss comparison (an arm has no LR where every "
-                "selection "
-                f"seed trained)."
+                "selection seed trained)."
             )
             continue
         line = (
             f"{c.a.label} - {c.b.label}, each at its best LR ({n.lrs[0]:g}, {n.lrs[1]:g}; chosen "
-            "on seeds "
-            f"{sel}), final val loss on the test seeds: {n.paired.describe()}"
+            f"on seeds {sel}), final val loss on the test seeds: {n.paired.describe()}"
         )
         if n.dropped:
             line += f"; left out (a run failed): {', '.join(n.dropped)}"
@@ -40,9 +38,8 @@ def findings(res: StudyResult) -> list[str]:
             side = "lowest" if a.best_lr == tried[0] else "highest"
             out.append(
                 f"**{a.label}**: its best LR ({a.best_lr:g}) is the {side} its selection seeds "
-                "tried: not "
-                "bracketed, the loss at its true best may be lower (a protocol study extends the "
-                "grid)."
+                "tried: not bracketed, the loss at its true best may be lower (a protocol study "
+                "extends the grid)."
             )
     for a in res.arms.values():  # failures under the study's rule, as outcomes
         failed = [r for r in a.runs if r.failed]
@@ -50,9 +47,8 @@ def findings(res: StudyResult) -> list[str]:
             lrs = sorted({r.lr for r in failed})
             slow = len(a.slow())
             out.append(
-                f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's rule "
-                "(at lr "
-                f"{', '.join(f'{x:g}' for x in lrs)})"
+                f"**{a.label}**: {len(failed)} of {len(a.runs)} runs failed under the study's "
+                f"rule (at lr {', '.join(f'{x:g}' for x in lrs)})"
                 + (
                     f"; {slow} of them below its floor, too slow to learn within the budget"
                     if slow
@@ -110,10 +106,9 @@ def margin_in_steps(res: StudyResult) -> str | None:
         fall = -statistics.fmean(slopes) if slopes else 0.0
         if fall > 0:
             out.append(
-                f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step between "
-                "steps "
-                f"{at[0]} and {at[1]}, so +-{res.margin:g} nats is ~{res.margin / fall:.0f} steps "
-                "of training"
+                f"{c.a} vs {c.b} at lr {lr:g}: the val loss falls {fall:.2g} nats per step "
+                f"between steps {at[0]} and {at[1]}, so +-{res.margin:g} nats is ~"
+                f"{res.margin / fall:.0f} steps of training"
             )
     return "; ".join(out) or None
 

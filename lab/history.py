@@ -85,11 +85,13 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
     rows = _follow(f"lab/studies/{name}.yaml", repo)
     lines = []
     for i, (commit, t, date, subject, path, status) in enumerate(rows):
-        if t <= first[1] or commit == first[0] or status == "R100":  # moved, not changed
+        if t <= first[1] or commit == first[0]:
             continue
         older = rows[i + 1] if i + 1 < len(rows) else None
         before = _load(older[0], older[4], repo) if older else {}
         changed = _changed(before, _load(commit, path, repo))
+        if status.startswith("R") and not changed:  # moved (its comments' paths with it)
+            continue
         what = ", ".join(changed) if changed else "nothing but its name or layout"
         lines.append(f"{commit[:7]} ({date}) changed {what}: {subject[:72]}")
     if lines:

@@ -152,6 +152,13 @@ def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
 def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Firth-penalized log-likelihood log L + 1/2 log det I(beta) of logit p = X beta, for one beta
     (p,) or many (m, p) at once; -inf where the information is singular (never the maximum)."""
+    if np.ndim(beta) == 1:  # one beta: X^T diag(w) X without the (n, k, k) outer products
+        eta = X @ beta
+        soft = np.logaddexp(0.0, eta)
+        w = np.exp(eta - 2 * soft)  # p (1 - p), computed stably
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sign, logdet = np.linalg.slogdet((X * w[:, None]).T @ X)
+        return float(np.sum(y * eta - soft) + 0.5 * logdet) if sign > 0 else -np.inf
     B = np.atleast_2d(beta)
     eta = B @ X.T  # (m, n)
     ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
@@ -159,7 +166,8 @@ def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     k = X.shape[1]
     # sum_n w x x^T
     info = (w @ (X[:, :, None] * X[:, None, :]).reshape(len(X), k * k)).reshape(-1, k, k)
-    sign, logdet = np.linalg.slogdet(info)
+    with np.errstate(divide="ignore", invalid="ignore"):  # singular where every p is 0 or 1: -inf
+        sign, logdet = np.linalg.slogdet(info)
     out = np.where(sign > 0, ll + 0.5 * logdet, -np.inf)
     return out if np.ndim(beta) == 2 else float(out[0])
 

@@ -171,9 +171,8 @@ def norm_sentence(report: dict) -> str:
     running = sorted(float(b) for b in report.get("running") or {} if b != "all")
     later = "".join(f"; {b:g} steps still running" for b in running if b > report.get("read_at", 0))
     out = (
-        f"{head}: its LR50 is LayerNorm's {' and '.join(parts)} "
-        f"(95% CI; TOST, Holm p {_holm(cs)}; {n} runs at {report.get('read_at', '?')} steps"
-        f"{later})."
+        f"{head}: its LR50 is LayerNorm's {' and '.join(parts)} (95% CI; TOST, Holm p "
+        f"{_holm(cs)}; {n} runs at {report.get('read_at', '?')} steps{later})."
     )
     for place, c in same.items():
         pairs = c.get("outcome_pairs")
@@ -297,11 +296,10 @@ def found(results: Path, rel: str) -> str:
     lines.append("\n".join(table(default, rep)))
     read = reports[DEFAULT]
     note = (
-        f"LR50: the LR at which half the runs fail, a Firth logistic fit over "
-        f"{read['runs']} runs; differences paired over seeds, 95% t CI "
-        f"([report]({rel}/{DEFAULT}/report.md), [methods](docs/METHODS.md)). "
-        f"Every study's verdicts ({len(reports)} studies; {counts(reports)}): "
-        f"[{rel}/README.md]({rel}/README.md)."
+        f"LR50: the LR at which half the runs fail, a Firth logistic fit over {read['runs']} "
+        f"runs; differences paired over seeds, 95% t CI ([report]({rel}/{DEFAULT}/report.md), "
+        f"[methods](docs/METHODS.md)). Every study's verdicts ({len(reports)} studies; "
+        f"{counts(reports)}): [{rel}/README.md]({rel}/README.md)."
     )
     lines.append(textwrap.fill(note, 110, break_on_hyphens=False, break_long_words=False))
     return "\n\n".join(lines) + "\n"

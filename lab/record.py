@@ -4,6 +4,7 @@ directories: lab/archive.py)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from lab.history import history
@@ -14,9 +15,20 @@ from lab.text import BUDGET, lr50_cell
 def budgets(path: Path | None) -> list[dict]:
     """Each distinct budget of the study's arms, shortest first: steps, tokens, and tokens per
     parameter, all parameters and non-embedding ones (Kaplan et al. 2020's N), with the ranges of
-    both counts over the arms; [] without a file."""
+    both counts over the arms; [] without a file. Counted once per version of the file."""
     if path is None:
         return []
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _COUNTED:
+        _COUNTED[key] = _budgets(path)
+    return copy.deepcopy(_COUNTED[key])
+
+
+_COUNTED: dict = {}
+
+
+def _budgets(path: Path) -> list[dict]:
     import train
     from lab.studyfile import arm_configs, load_study
 

@@ -21,13 +21,10 @@ from lab.result import StudyResult, compute
 from lab.text import BUDGET, bare, fmt, g, interval, lr50_cell
 
 
-def table(head: list[str], rows: list[list]) -> list[str]:
-    """A markdown table: its header, its rule and one line per row."""
-    return [
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(str(x) for x in r) + " |" for r in rows),
-    ]
+def table(head: str, rows: list) -> list[str]:
+    """A markdown table from its header ('a | b') and rows (lists of cells, or finished lines)."""
+    cells = lambda r: r if isinstance(r, str) else "| " + " | ".join(map(str, r)) + " |"  # noqa: E731
+    return [f"| {head} |", "|" + "---|" * (head.count(" | ") + 1), *map(cells, rows)]
 
 
 def ratio_cells(r) -> tuple[str, str]:
@@ -50,21 +47,16 @@ def estimate(c) -> str:
 
 
 def verdicts(res: StudyResult) -> list[str]:
-    """The first screen: every claim's verdict and number, by budget where there are several."""
-    tested = [c for c in res.claims if c.a is not None]
-    if not tested:
-        return []
+    """The first screen: every claim's verdict and number."""
     rows = [
-        [
-            c.claim["says"],
-            f"{c.a} vs {c.b}",
-            f"**{c.agreement}**",
-            estimate(c),
-            fmt(c.p_holm, ".2g"),
-        ]
-        for c in tested
+        f"| {c.claim['says']} | {c.a} vs {c.b} | **{c.agreement}** | {estimate(c)} | "
+        f"{fmt(c.p_holm, '.2g')} |"
+        for c in res.claims
+        if c.a is not None
     ]
-    return [*table(["claim", "A vs B", "verdict", "estimate (95% CI)", "Holm p"], rows), ""]
+    return (
+        [*table("claim | A vs B | verdict | estimate (95% CI) | Holm p", rows), ""] if rows else []
+    )
 
 
 def by_budget(res: StudyResult) -> list[str]:
@@ -98,8 +90,8 @@ def by_budget(res: StudyResult) -> list[str]:
             for s, v in zip(budgets_, cells, strict=True)
         ]
         out.append([says, f"{a} vs {b}", *shown, whole])
-    head = ["claim", "A vs B", *(f"{s} steps" for s in budgets_), "at every budget"]
-    return ["## Verdicts by budget", "", *table(head, out), ""] if out else []
+    head = " | ".join(["claim", "A vs B", *(f"{s} steps" for s in budgets_), "at every budget"])
+    return [*table(head, out), ""] if out else []
 
 
 def interim(res: StudyResult) -> list[str]:
@@ -154,45 +146,31 @@ def sensitivity_cell(res: StudyResult, label: str) -> str:
 def arms_table(res: StudyResult) -> list[str]:
     """Per arm: best LR, its loss, LR50 under the main rule and under instability alone, LR
     sensitivity, the runs' labels, spike scores and speed."""
+    seeds = lambda values: (  # noqa: E731
+        ", ".join(f"{v:.3f}" for _, v in sorted(values.items(), key=lambda t: str(t[0]))) or "-"
+    )
     rows = []
     for label, a in res.arms.items():
-        c = a.outcomes()
-        sel = a.losses(a.best_lr, res.selection_seeds) if a.best_lr else {}
-        test = a.losses(a.best_lr, res.test_seeds) if a.best_lr else {}
-        seeds = lambda values: (  # noqa: E731
-            ", ".join(f"{v:.3f}" for _, v in sorted(values.items(), key=lambda t: str(t[0]))) or "-"
+        c, lr, unstable = a.outcomes(), a.best_lr, res.instability.get(label)
+        sel, test = (a.losses(lr, s) if lr else {} for s in (res.selection_seeds, res.test_seeds))
+        labels = " / ".join(
+            str(c[k]) for k in ("ok", "plateau", "collapsed", "unstable", "diverged")
         )
-        unstable = res.instability.get(label)
         rows.append(
-            [
-                label,
-                fmt(a.best_lr, "g"),
-                f"{seeds(sel)} / {seeds(test)}",
-                lr50_cell(res.failures[label]),
-                lr50_cell(unstable) if unstable else "-",
-                sensitivity_cell(res, label),
-                len(a.slow()),
-                " / ".join(
-                    str(c[k]) for k in ("ok", "plateau", "collapsed", "unstable", "diverged")
-                )
-                + f" / {c['failed'] + c['interrupted']}",
-                f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
-                f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')}",
-                fmt(a.tokens_per_s(), ",.0f"),
-            ]
+            f"| {label} | {fmt(lr, 'g')} | {seeds(sel)} / {seeds(test)} | "
+            f"{lr50_cell(res.failures[label])} | {lr50_cell(unstable) if unstable else '-'} | "
+            f"{sensitivity_cell(res, label)} | {len(a.slow())} | "
+            f"{labels} / {c['failed'] + c['interrupted']} | "
+            f"{fmt(a.summary_mean('spike_score/loss'), '.2f')} / "
+            f"{fmt(a.summary_mean('spike_score/grad_norm'), '.2f')} | "
+            f"{fmt(a.tokens_per_s(), ',.0f')} |"
         )
-    head = [
-        "arm",
-        "best LR",
-        "final val loss there: selection / test seeds",
-        "LR50 (main rule)",
-        "LR50 (instability alone)",
-        "LR sensitivity (nats, 95% CI)",
-        "failed below the floor (slow)",
-        "ok / plateau / collapsed / unstable / diverged / crashed",
-        "spike score loss / grad norm",
-        "tokens/s",
-    ]
+    head = (
+        "arm | best LR | final val loss there: selection / test seeds | LR50 (main rule) | "
+        "LR50 (instability alone) | LR sensitivity (nats, 95% CI) | failed below the floor (slow) "
+        "| ok / plateau / collapsed / unstable / diverged / crashed | spike score loss / grad norm "
+        "| tokens/s"
+    )
     return ["## Arms", "", *table(head, rows), ""]
 
 
@@ -211,7 +189,7 @@ def rules_table(res: StudyResult) -> list[str]:
         "",
         f"The study file's alternative rules, the same runs judged again: {described}.",
         "",
-        *table(["arm", "main rule", *names], rows),
+        *table(" | ".join(["arm", "main rule", *names]), rows),
         "",
         rule_sensitivity(res),
         "",
@@ -257,17 +235,16 @@ def kinds_table(res: StudyResult) -> list[str]:
         "## Failures by kind",
         "",
         "Each failed run's kind, read from its eval curve by the study file's thresholds: "
-        "collapsed (its last half at or above the unigram entropy minus the learn margin), "
-        "blew up, non-finite, slow (still falling faster than "
-        f"{res.file.rule.slow_slope:g} nats per 10% of the budget: still learning when the "
-        "budget ended, censored for instability), stalled. LRs where every run trained are "
-        "left out.",
+        "collapsed (its last half at or above the unigram entropy minus the learn margin), blew "
+        f"up, non-finite, slow (still falling faster than {res.file.rule.slow_slope:g} nats per "
+        "10% of the budget: still learning when the budget ended, censored for instability), "
+        "stalled. LRs where every run trained are left out.",
         "",
         *table(
-            ["arm", "lr", "runs", "trained", *kinds],
+            " | ".join(["arm", "lr", "runs", "trained", *kinds]),
             [
-                [label, f"{lr:g}", row["runs"], row["trained"], *(row[k] for k in kinds)]
-                for label, lr, row in rows
+                [label, f"{lr:g}", r["runs"], r["trained"], *(r[k] for k in kinds)]
+                for label, lr, r in rows
             ],
         ),
         "",
@@ -281,23 +258,13 @@ def comparisons(res: StudyResult) -> list[str]:
     for c in res.comparisons:
         r, p = c.ratio, c.loss.paired
         rows.append(
-            [
-                c.a.label,
-                c.b.label,
-                c.key,
-                *ratio_cells(r),
-                fmt(r.p, ".2g"),
-                fmt(p.mean, "+.3f"),
-                interval(p.ci, "+.3f"),
-                p.n,
-                p.verdict,
-                fmt(p.p_tost, ".3g"),
-                fmt(p.mde),
-                "; ".join(c.loss.dropped) or "-",
-            ]
+            f"| {c.a.label} | {c.b.label} | {c.key} | {' | '.join(ratio_cells(r))} | "
+            f"{fmt(r.p, '.2g')} | {fmt(p.mean, '+.3f')} | {interval(p.ci, '+.3f')} | {p.n} | "
+            f"{p.verdict} | {fmt(p.p_tost, '.3g')} | {fmt(p.mde)} | "
+            f"{'; '.join(c.loss.dropped) or '-'} |"
         )
-    head = ["A", "B", "differ in", "LR50 A / B", "95% CI", "p", "A - B (nats)", "95% CI", "n"]
-    head += ["verdict", "TOST p", "MDE", "left out"]
+    head = "A | B | differ in | LR50 A / B | 95% CI | p | A - B (nats) | 95% CI | n | verdict | "
+    head += "TOST p | MDE | left out"
     return [
         "## Arms compared (exploratory)",
         "",
@@ -329,7 +296,7 @@ def convergence(res: StudyResult) -> list[str]:
             )
     if not rows:
         return []
-    head = ["arm", "best LR", "final val loss", "end-of-run slope: mean (min..max)", "curve"]
+    head = "arm | best LR | final val loss | end-of-run slope: mean (min..max) | curve"
     return [
         "## Convergence at each arm's best LR",
         "",
@@ -365,7 +332,7 @@ def adaptive_stage(res: StudyResult) -> list[str]:
         f"looks); a claim stops at the first look where looks x p < {a.alpha:g} / "
         f"{len(res.claims)} (the Holm family).",
         "",
-        *table(["claim", "A vs B", "the stage", "its runs", "at its arms", "verdict"], rows),
+        *table("claim | A vs B | the stage | its runs | at its arms | verdict", rows),
         "",
     ]
 
@@ -374,17 +341,8 @@ def per_lr(res: StudyResult) -> list[str]:
     if not res.per_lr:
         return []
     rows = [
-        [
-            a.label,
-            b.label,
-            key,
-            f"{lr:g}",
-            p.n,
-            fmt(p.mean, "+.3f"),
-            interval(p.ci, "+.3f"),
-            p.verdict,
-            fmt(p.p_diff, ".3g"),
-        ]
+        f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
+        f"{interval(p.ci, '+.3f')} | {p.verdict} | {fmt(p.p_diff, '.3g')} |"
         for a, b, key, lr, p in res.per_lr
     ]
     return [
@@ -393,7 +351,7 @@ def per_lr(res: StudyResult) -> list[str]:
         "Every LR both arms ran, over every seed where both trained; not corrected for "
         "multiplicity and not nested (the LRs were chosen on these seeds): for orientation only.",
         "",
-        *table(["A", "B", "differ in", "lr", "n", "A - B", "95% CI", "verdict", "p"], rows),
+        *table("A | B | differ in | lr | n | A - B | 95% CI | verdict | p", rows),
         "",
     ]
 
@@ -464,19 +422,14 @@ def runs_table(res: StudyResult) -> list[str]:
         s = r.summary
         rule = "-" if not r.finished else ("trained" if r.trained else f"failed: {r.why}")
         rows.append(
-            [
-                r.name,
-                r.status,
-                fmt(s.get("final_val_loss")),
-                fmt(s.get("best_val_loss")),
-                fmt(s.get("diverged_at"), "d"),
-                fmt(r.init_loss),
-                fmt(s.get("tokens_per_s"), ",.0f"),
-                rule,
-            ]
+            f"| {r.name} | {r.status} | {fmt(s.get('final_val_loss'))} | "
+            f"{fmt(s.get('best_val_loss'))} | {fmt(s.get('diverged_at'), 'd')} | "
+            f"{fmt(r.init_loss)} | {fmt(s.get('tokens_per_s'), ',.0f')} | {rule} |"
         )
-    head = ["run", "status", "final val loss", "best val loss", "diverged at", "L0", "tokens/s"]
-    return ["## Runs", "", *table([*head, "study rule"], rows)]
+    head = (
+        "run | status | final val loss | best val loss | diverged at | L0 | tokens/s | study rule"
+    )
+    return ["## Runs", "", *table(head, rows)]
 
 
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
@@ -487,9 +440,10 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         "",
         *([res.file.about, ""] if res.file.about else []),
         *interim(res),
-        *verdicts(res),
+        # along a budget axis the first screen is each claim by budget, then every estimate
+        *(by_budget(res) or verdicts(res)),
         *([f"![{first[1]}]({first[0]})", ""] if first else []),
-        *by_budget(res),
+        *(["## Every claim at every budget", "", *verdicts(res)] if by_budget(res) else []),
         "## What the numbers show",
         "",
         *(f"- {s}" for s in findings(res)),
@@ -539,13 +493,15 @@ def failed_entries(paths: list[Path]) -> list[str]:
     return rows
 
 
-def write_report(paths: list[Path], out: Path, margin: float | None = None) -> Path:
-    """report.md, report.json, runs.json and the figures in `out`, from the runs under `paths`;
-    ValueError when there are none. The equivalence margin: `margin`, else the study file's
-    `equivalence_margin`, else 0.02 nats."""
+def write_report(
+    paths: list[Path], out: Path, margin: float | None = None, draw: bool = True
+) -> Path:
+    """report.md, report.json, runs.json and (unless not `draw`) the figures in `out`, from the runs
+    under `paths`; ValueError when there are none. The equivalence margin: `margin`, else the study
+    file's `equivalence_margin`, else 0.02 nats."""
     res = compute(paths, margin)
     out.mkdir(parents=True, exist_ok=True)
-    made = figures(res, out)
+    made = figures(res, out) if draw else []
     rows = failed_entries(paths)
     path = out / "report.md"
     path.write_text(

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _script(name: str, *args: str, env: dict | None = None) -> str:
-    """Run scripts/<name>.py as a user does (nothing imports scripts/); its stdout."""
+    """Run bench/<name>.py as a user does (nothing imports bench/); its stdout."""
     r = subprocess.run(
-        [sys.executable, f"scripts/{name}.py", *args],
+        [sys.executable, f"bench/{name}.py", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

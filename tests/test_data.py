@@ -241,6 +241,7 @@ def _run_prepare(args, tmp_path):
         ("kind", "unknown data source 'ftp:x'; valid: pydocs, pystdlib, text:"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_clear_line(case, match, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n  \n")

@@ -14,6 +14,8 @@ import fused.norms as fast_norms
 from model.fused_norms import FusedLayerNorm, FusedRMSNorm
 from model.norms import LayerNorm, RMSNorm
 
+pytestmark = pytest.mark.slow  # the fused kernels: built on first use (~40 s fresh)
+
 FastRMSNorm, FastLayerNorm = FusedRMSNorm, FusedLayerNorm
 PAIRS = [(RMSNorm, FastRMSNorm), (LayerNorm, FastLayerNorm)]
 
@@ -285,6 +287,7 @@ def _cpu_has(capability: str) -> bool:
     }[capability] <= set(flags)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [FusedRMSNorm, FusedLayerNorm])
 def test_compiles_without_a_graph_break_and_matches_eager(cls):
     """torch.compile traces the fused norm (torch.ops.normlab.norm, its autograd in C++) with no
@@ -312,6 +315,7 @@ def test_compiles_without_a_graph_break_and_matches_eager(cls):
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)  # the same kernels, traced
 
 
+@pytest.mark.slow
 def test_kernel_available_is_a_compile_constant_without_importing_dynamo():
     """`import fused` (so `import train`) no longer pays for torch._dynamo; kernel_available carries
     exactly the mark torch.compiler.assume_constant_result would give it (if torch changes that

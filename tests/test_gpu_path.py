@@ -74,6 +74,7 @@ def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
     assert len(rows) == 2 and "| bfloat16 |" in rows[0] and "| float32 |" in rows[1]
 
 
+@pytest.mark.slow
 def test_gpu_script_without_a_gpu_is_one_line():
     r = subprocess.run(
         [sys.executable, "bench/gpu_check.py"],

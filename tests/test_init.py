@@ -260,6 +260,7 @@ def test_jacobian_gain_of_a_linear_map_is_its_rms_singular_value():
     )
 
 
+@pytest.mark.slow
 def test_jacobian_gain_of_a_block_matches_its_full_jacobian():
     ig = _init_grads()
     torch.manual_seed(0)

@@ -505,6 +505,7 @@ def _logz_run(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", ["z_loss", "norm"])
 def test_the_log_z_figure_is_drawn_where_the_arms_differ_in_z_loss_or_decay(tmp_path, axis):
     """Arms that differ in train.z_loss, runs that logged logits/log_z: log_z.png is drawn and the

@@ -219,6 +219,7 @@ def _falling(n: int, noise: float, seed: int) -> list[float]:
     return [(3 * math.exp(-t / 60) + 2) * math.exp(r.gauss(0, noise)) for t in range(n)]
 
 
+@pytest.mark.slow
 def test_no_spikes_on_smooth_or_noisy_falling_curves():
     """False alarms: 200 curves (noise 0.2% to 10% per step, 500 steps, 98,600 judged steps) give at
     most a few; measured 1 (k = 5, window 5)."""
@@ -231,6 +232,7 @@ def test_no_spikes_on_smooth_or_noisy_falling_curves():
     assert judged > 95_000 and alarms <= 5
 
 
+@pytest.mark.slow
 def test_injected_spikes_are_found_from_the_first_steps_and_on_a_falling_curve():
     """Hits: spikes x1.3-x3 at steps 8, 12, 25 (where the curve falls fastest, before any 50-step
     window could fill), 200 and 400: measured 482 of 500 found (the misses: step 8 on the noisiest

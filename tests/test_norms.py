@@ -130,6 +130,7 @@ def test_unknown_norm_lists_valid_names():
     assert set(NORMS) >= {"rmsnorm", "layernorm", "none"}
 
 
+@pytest.mark.slow  # builds the fused kernels on a fresh machine (~40 s)
 @pytest.mark.parametrize("name", sorted(NORMS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_registered_norm_fused_equals_reference_and_has_known_parameters(name, dtype):

@@ -17,6 +17,8 @@ from fused import SOURCES, kernel_available
 from model import Llama, ModelArgs
 from model.ops import fused_cross_entropy, fused_swiglu, reference_cross_entropy, reference_swiglu
 
+pytestmark = pytest.mark.slow  # the fused kernels: built on first use (~40 s fresh)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

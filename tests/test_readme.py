@@ -33,7 +33,8 @@ SLOW = {
     "python -m pip install -r requirements.txt && python train.py": (
         "installs, trains the default model (~2 min)"
     ),
-    "python -m pip install -r requirements-dev.txt && python -m pytest -q": "this test suite",
+    "python -m pip install -r requirements-dev.txt && ruff check . && ruff format --check . "
+    "&& python -m pytest -q": "this test suite (.ci/run runs exactly it)",
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
     "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
     "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",

@@ -91,6 +91,7 @@ def threshold(edges: dict):
     return lambda norm, lr, seed: lr > edges[norm]
 
 
+@pytest.mark.slow
 def test_a_round_is_three_lrs_x178_apart_around_each_arms_estimate_on_shared_new_seeds(tmp_path):
     study = study_file(tmp_path)
     runs, log = drive(study, threshold({"rmsnorm": 0.02, "layernorm": 0.02}))
@@ -122,6 +123,7 @@ def test_a_round_is_three_lrs_x178_apart_around_each_arms_estimate_on_shared_new
     ) == ("not finished (round 2 not run yet)", 12)
 
 
+@pytest.mark.slow
 def test_a_decided_claim_stops_and_a_resume_asks_for_nothing_new(tmp_path):
     """Arms a decade apart, each with a rising curve: decided after the first round; the runs of
     later stages (test, common seeds) do not move the rounds: the finished study asks for none."""
@@ -204,6 +206,7 @@ def test_bad_adaptive_sections_are_one_line_errors(tmp_path, text, message):
         study_file(tmp_path, text)
 
 
+@pytest.mark.slow
 def test_the_claims_p_carries_the_looks(tmp_path):
     """check_claims multiplies an LR50 claim's raw p by the stage's looks (Bonferroni over them)."""
     from lab.arms import Arm
@@ -301,6 +304,7 @@ def _drive_by(study, outcome, budgets):
     return order
 
 
+@pytest.mark.slow
 def test_a_study_with_budgets_runs_each_budget_to_its_end_first_and_makes_the_same_runs(tmp_path):
     """Budget by budget, every stage of the shortest first: the same runs as all budgets at once
     (each budget's rounds are its own), and a study stopped early has its short budgets complete."""

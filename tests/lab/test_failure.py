@@ -111,6 +111,7 @@ def test_one_failure_at_the_top_leaves_the_upper_end_open_and_is_a_bound():
     )
 
 
+@pytest.mark.slow
 def test_the_profile_is_the_maximum_a_brute_force_scan_finds():
     lrs, failed = RMS_PRE
     x = np.log10(lrs) - np.log10(lrs).mean()
@@ -187,6 +188,7 @@ def test_the_lr50_ratio_ci_covers_a_known_ratio_in_90_to_99_percent_of_simulated
     assert fitted >= 38 and 0.90 <= covered / fitted <= 0.99, (covered, fitted)
 
 
+@pytest.mark.slow
 def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     lrs = [1e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-2] * 5
     # A's edge between 3e-3 and 1e-2, B's between 1e-2 and 3e-2, both separated: the brackets allow
@@ -226,6 +228,7 @@ def test_the_lr50_ratio_on_separated_arms_and_on_arms_with_one_outcome():
     assert not lr50_ratio([1e-2] * 4, [True, False] * 2, [1e-2] * 4, [False] * 4).identified
 
 
+@pytest.mark.slow
 def test_a_reports_table_prints_a_ratio_only_where_both_lr50s_are_identified():
     """The exploratory "Arms compared" table once printed Firth's ratio and CI for arms that are
     only bracketed (pystdlib's pre-norm pair at 300 steps: "0.969 (0.812..1.16)")."""
@@ -245,6 +248,7 @@ def test_a_reports_table_prints_a_ratio_only_where_both_lr50s_are_identified():
     assert float(ratio) == pytest.approx(mixed.ratio, rel=2e-3) and ".." in ci
 
 
+@pytest.mark.slow
 def test_the_equivalence_of_two_lr50s_within_a_factor():
     """TOST on the log ratio by the profile's signed root: two arms with the same mixed edge
     (per-seed thresholds between grid LRs) are within x4 of each other (p < 0.05) and not outside
@@ -275,6 +279,7 @@ def test_the_upper_bound_of_p_fail_falls_below_the_edge():
     )
 
 
+@pytest.mark.slow
 def test_brackets_that_meet_at_one_lr_with_opposite_outcomes_order_the_arms():
     """At lr 0.1 every run of A trained and every run of B failed: LR50_A > 0.1 > LR50_B (each end
     a strict binomial statement), so the ratio's lower bound of exactly 1 orders the arms; brackets

@@ -84,6 +84,7 @@ def _decide(a, b, expect):
     return c
 
 
+@pytest.mark.slow
 def test_two_identical_separated_arms_are_cannot_tell_not_the_same():
     """0/5 then 5/5 at the same LRs in both arms: Firth's joint fit puts the ratio at 1 with a CI
     inside x2, but the data only say it lies in 0.316..3.16; the `same` claim is decided on the
@@ -96,6 +97,7 @@ def test_two_identical_separated_arms_are_cannot_tell_not_the_same():
     assert c.agreement == "cannot tell" and "decided on the brackets" in c.note
 
 
+@pytest.mark.slow
 def test_separated_arms_a_decade_apart_differ_on_their_brackets_and_mixed_arms_are_numbers():
     a, b = _arm("rmsnorm", [1.0] * 8, seeds=8), _arm("layernorm", [1e-2] * 8, seeds=8)
     c = _decide(a, b, "same")

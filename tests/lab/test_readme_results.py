@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lab.readme import at_longest, found, index, norm_sentence, placement_sentence, table
 from lab.text import g
 
@@ -76,6 +78,7 @@ def _default(post="agrees", pre="agrees", post_ratio=1.0, pairs=None):
     }
 
 
+@pytest.mark.slow
 def test_the_committed_readme_and_index_are_what_the_script_writes(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text())
@@ -109,6 +112,7 @@ def test_the_readme_answers_on_its_first_screen_and_briefly():
     assert max(len(x.split()) for x in sentences) <= 60
 
 
+@pytest.mark.slow
 def test_a_missing_report_is_one_line(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("<!-- found: results -->\n<!-- /found -->\n")

@@ -117,6 +117,7 @@ def test_a_run_that_fails_stays_that_runs_failure(tmp_path, data_args, monkeypat
     assert worker.proc.poll() == 0  # closing its requests ends a worker
 
 
+@pytest.mark.slow
 def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_path):
     """Not JSON, JSON without argv, argv not a list of strings: each answered with exit code 2 and
     one line saying what a request is (a traceback ended the worker before); then a well-formed
