@@ -12,6 +12,7 @@ Outcomes, exit codes and the resume rules: docs/usage.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,24 +22,44 @@ DEFAULT_CONFIG = REPO / "configs" / "train" / "default.yaml"
 
 def cli() -> argparse.ArgumentParser:
     """The command line, built without torch: --help answers at once."""
+    from model.args import NORM_NAMES, PLACEMENT_NAMES
+
     head, _, tail = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(
         description=head, epilog=tail, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
-    p.add_argument("--norm", help="model.norm, e.g. layernorm (the names: default.yaml)")
-    p.add_argument("--placement", help="model.placement, e.g. post (the names: default.yaml)")
+    p.add_argument("--norm", help=f"model.norm: {', '.join(NORM_NAMES)}")
+    p.add_argument("--placement", help=f"model.placement: {', '.join(PLACEMENT_NAMES)}")
     p.add_argument("--name", help="run name: the run directory is <log.out_dir>/<name>")
     p.add_argument("--resume", action="store_true", help="continue the run --name (its checkpoint)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config fields: optim.lr=3e-3")
     return p
 
 
-if __name__ == "__main__":
-    cli().parse_intermixed_args()  # --help and usage errors end here, before torch is imported
+def read_cli(argv: list[str] | None):
+    """(arguments, config path, config merged from defaults, YAML and flags): torch-free, so that
+    a bad path, YAML or key is said before torch loads; validate() checks the rest."""
+    from training.config import merge_config
 
-import os  # the imports from here on take seconds (torch)
-import time
+    a = cli().parse_intermixed_args(argv)  # flags and key=value overrides in any order
+    flags = {"model.norm": a.norm, "model.placement": a.placement, "log.name": a.name}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    config = Path(a.config) if a.config else DEFAULT_CONFIG
+    return a, config, flags, merge_config(config, a.overrides, flags)
+
+
+if __name__ == "__main__":
+    from training.config import ConfigError
+
+    try:  # --help, usage errors and a bad config file end here, before torch is imported
+        read_cli(None)
+    except ConfigError as e:
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # under torchrun rank 0 says it for all
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+import time  # the imports from here on take seconds (torch)
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +73,8 @@ from model import Llama
 from model.layers import attention_path
 from training import distributed, faults, memory
 from training.checkpoint import full_model_state
-from training.config import Config, ConfigError, load_config, resumed_config, to_dict
+from training.config import Config, ConfigError, resumed_config, to_dict
+from training.config import validate as validate_config
 from training.cpu import tune_cpu
 from training.evaluate import evaluate, sample
 from training.flops import flops_per_token, peak_flops
@@ -68,11 +90,8 @@ from training.step import NO_PROBE, Every, StepParts, step_parts, train_step
 
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     """(config, resume, default run name): defaults < YAML < flags and key=value."""
-    a = cli().parse_intermixed_args(argv)  # flags and key=value overrides in any order
-    flags = {"model.norm": a.norm, "model.placement": a.placement, "log.name": a.name}
-    flags = {k: v for k, v in flags.items() if v is not None}
-    config = Path(a.config) if a.config else DEFAULT_CONFIG
-    cfg = load_config(config, a.overrides, flags)
+    a, config, flags, merged = read_cli(argv)
+    cfg = validate_config(merged)
     if a.resume:
         if not cfg.log.name:
             raise ConfigError(

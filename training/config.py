@@ -8,10 +8,12 @@ allowed."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -151,6 +153,13 @@ def _load_yaml(path: Path, seen: tuple = ()):
         raise ConfigError(f"config {str(path)!r} includes itself through 'base'")
     try:
         node = OmegaConf.load(path)
+    except yaml.MarkedYAMLError as e:  # file:line:column of the fault, then what it is
+        mark, ctx = e.problem_mark or e.context_mark, e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        started = f" ({e.context} at line {ctx.line + 1})" if e.context and ctx else ""
+        raise ConfigError(
+            f"{where}: YAML syntax error: {e.problem or e.context}{started}"
+        ) from None
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "Invalid loaded object type" in msg:  # a bare scalar
@@ -182,7 +191,15 @@ def load_config(
 ) -> Config:
     """Config from defaults, then the YAML file (and its bases), then `key=value` overrides (parsed
     as YAML), then `values` ({dotted key: value}, taken as given: --name on stays the string
-    'on')."""
+    'on'); validated."""
+    return validate(merge_config(path, overrides, values))
+
+
+def merge_config(
+    path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
+) -> Config:
+    """load_config's layers merged, not yet validated: its errors (a missing file, bad YAML, an
+    unknown key, a wrong type) come before torch is imported."""
     layers = [OmegaConf.structured(Config)]
     if path:
         layers += _load_yaml(Path(path))
@@ -195,10 +212,9 @@ def load_config(
         for key, value in (values or {}).items():
             OmegaConf.update(exact, key, value)
         layers.append(exact)
-        cfg: Config = OmegaConf.to_object(OmegaConf.merge(*layers))
+        return OmegaConf.to_object(OmegaConf.merge(*layers))
     except OmegaConfBaseException as e:
         raise ConfigError(_one_line(e)) from None
-    return validate(cfg)
 
 
 def _one_line(e: OmegaConfBaseException) -> str:
@@ -211,10 +227,11 @@ def _one_line(e: OmegaConfBaseException) -> str:
             if section
             else OmegaConf.structured(Config)
         )
-        valid = ", ".join(node.keys()) if OmegaConf.is_dict(node) else ""
-        return (
-            f"unknown config key {key!r}; valid keys{' in ' + section if section else ''}: {valid}"
-        )
+        keys = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], keys, n=1, cutoff=0.6)
+        hint = f"did you mean {section + '.' if section else ''}{close[0]}? " if close else ""
+        where = f" in {section}" if section else ""
+        return f"unknown config key {key!r}; {hint}valid keys{where}: {', '.join(keys)}"
     return f"bad value for {key}: {msg}" if key else msg
 
 
@@ -299,6 +316,12 @@ def validate(cfg: Config) -> Config:
         )
     # resolved once, recorded in config.yaml: a resume keeps it
     o.schedule_steps = o.schedule_steps or t.steps
+    if o.warmup_steps >= o.schedule_steps:
+        raise ConfigError(
+            f"optim.warmup_steps={o.warmup_steps} is not shorter than the schedule's "
+            f"{o.schedule_steps} steps: the LR would never reach optim.lr; set optim.warmup_steps "
+            f"below it (the reference recipes warm up for ~10%: {max(1, o.schedule_steps // 10)})"
+        )
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
         raise ConfigError(
             "optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "

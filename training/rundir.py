@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from training.monitor import dead_gradients_at, spike_score
+from training.monitor import SpikeDetector, dead_gradients_at, spike_score
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,6 +150,12 @@ def spike_scores(records: list[dict], window: int, k: float) -> dict:
     }
 
 
+def spike_steps(records: list[dict], key: str, window: int, k: float) -> list[int]:
+    """The steps at which series `key` spiked (training/monitor.py's SpikeDetector, as scored)."""
+    detector = SpikeDetector(window, k)
+    return [r["step"] for r in records if r.get(key) is not None and detector.update(float(r[key]))]
+
+
 def summarize(
     records: list[dict],
     status: str,
@@ -186,6 +192,9 @@ def summarize(
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,
         **spike_scores(records, spike_window, spike_k),
+        # the steps behind the scores (scripts/inspect_runs.py marks them)
+        "spikes/loss": spike_steps(records, "train/loss", spike_window, spike_k),
+        "spikes/grad_norm": spike_steps(records, "grad/norm", spike_window, spike_k),
         "spike_window": spike_window,
         "spike_k": spike_k,
         "tokens_per_s": tps[len(tps) // 2] if tps else None,  # median over steps

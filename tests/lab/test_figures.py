@@ -8,9 +8,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-import study.figures as figures  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
+import lab.figures as figures  # noqa: E402
 from lab.arms import Arm  # noqa: E402
 from lab.read import Run  # noqa: E402
 
