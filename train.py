@@ -88,18 +88,30 @@ from training.rundir import RunDir, summarize, write_json
 from training.step import NO_PROBE, Every, StepParts, step_parts, train_step
 
 
+def on_rank_0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     """(config, resume, default run name): defaults < YAML < flags and key=value."""
     a, config, flags, merged = read_cli(argv)
+    warmup = merged.optim.warmup_steps
     cfg = validate_config(merged)
+    saved = Path(cfg.log.out_dir) / (cfg.log.name or "") / "config.yaml"
     if a.resume:
         if not cfg.log.name:
             raise ConfigError(
                 "--resume needs --name (the run to continue, or to start if it does not exist yet)"
             )
-        saved = Path(cfg.log.out_dir) / cfg.log.name / "config.yaml"
-        if saved.is_file():  # the checkpoint holds a model and optimizer built from it
-            cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
+    if a.resume and saved.is_file():  # the checkpoint holds a model and optimizer built from it
+        cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
+    elif cfg.optim.warmup_steps != warmup and on_rank_0():  # a new run's shortened warmup
+        print(
+            f"note: optim.warmup_steps={warmup} is not shorter than the schedule's "
+            f"{cfg.optim.schedule_steps} steps (the LR would never reach optim.lr): warmup "
+            f"shortened to {cfg.optim.warmup_steps} steps, 10% of it",
+            file=sys.stderr,
+        )
     return cfg, a.resume, f"{config.stem}-{cfg.model.norm}-{cfg.model.placement}"
 
 
@@ -243,9 +255,11 @@ def inputs(cfg: Config, d: distributed.Dist) -> tuple[Data, dict]:
 def start(run: Run) -> None:
     """Restore the newest checkpoint or write a new run's files; the logger; the first lines."""
     cfg, d, p, data, tc = run.cfg, run.d, run.parts, run.data, run.cfg.train
-    if run.how == "resume":
+    warnings = []
+    if run.how == "resume":  # a skipped (damaged) checkpoint is a warning
         state = (run.model, p.opt, p.scaler, data.loader, run.machine)
-        run.step, notes = resume_state(run.dir, cfg, d, *state)
+        run.step, warnings = resume_state(run.dir, cfg, d, *state)
+        notes = []
     else:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
     where, wandb = run.dir.path if d.is_master else None, (cfg.log.wandb, cfg.log.wandb_project)
@@ -254,13 +268,18 @@ def start(run: Run) -> None:
     split = [(p.accum, "micro-batches"), (d.data_world, "data shares"), (tp, "tensor parallel")]
     split = " x ".join(f"{n} {what}" for n, what in split if n > 1)
     resumed = f" | resumed at step {run.step}" if run.step else ""
+    cpu = run.machine["cpu"]
+    n = cpu["threads"] if cpu else 0
+    threads = f", {n} thread{'s' * (n != 1)} ({cpu['threads_why']})" if cpu else ""
     run.logger.message(
         f"run {run.dir.path} | {run.model.num_params():,} parameters | {cfg.model.norm} "
         f"{cfg.model.placement} | {tc.batch_size}x{tc.seq_len} tokens/step"
-        f"{f' ({split})' if split else ''} | {d.device} {tc.dtype}{resumed}"
+        f"{f' ({split})' if split else ''} | {d.device} {tc.dtype}{threads}{resumed}"
     )
     fallbacks = "; ".join(fallen_back(run.machine["kernels"]))
-    for note in ([f"fast paths that fall back: {fallbacks}"] if fallbacks else []) + notes:
+    for warning in ([f"fast paths that fall back: {fallbacks}"] if fallbacks else []) + warnings:
+        run.logger.warn(warning)
+    for note in notes:
         run.logger.message(note)
 
 

@@ -76,6 +76,9 @@ class SavedOutput:
     def flush(self) -> None:
         self.stdout.flush()
 
+    def isatty(self) -> bool:
+        return self.stdout.isatty()
+
     def __enter__(self):
         sys.stdout = self
         return self

@@ -203,7 +203,7 @@ def _is_complete(out: Path, digest: str) -> bool:
 
 def _log(verbose: bool, msg: str) -> None:
     if verbose:
-        print(f"[prepare] {msg}", file=sys.stderr, flush=True)
+        print(f"[prepare] {msg}", flush=True)  # progress: stdout
 
 
 def _build(

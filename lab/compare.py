@@ -5,7 +5,8 @@ stability report.
 
 Runs are grouped into arms by every config field that differs between them, except the learning rate
 and the seed. Writes report.md, report.json and PNG figures into --out (default: the first
-directory). Reads only files; never a live process.
+directory if it is a study's, else studies/compare-<first run>). Reads only files; never a live
+process. To look at runs rather than decide a study: scripts/inspect_runs.py.
 
 Per arm: its failure curve P(fail | lr) (collapsed, unstable and diverged runs fail) and LR50 with a
 95% CI; the best LR, chosen on the selection seeds; the final val loss there on the test seeds;
@@ -38,7 +39,8 @@ def compare(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=None,
-        help="where report.md and the figures go (default: first dir)",
+        help="where report.md and the figures go (default: the first dir when it is a study "
+        "directory; for run directories studies/compare-<first run>: never inside a run)",
     )
     p.add_argument(
         "--margin",
@@ -52,8 +54,11 @@ def compare(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: {missing[0]} is not a directory", file=sys.stderr)
         return 2
+    out = a.out or a.dirs[0]
+    if a.out is None and (a.dirs[0] / "config.yaml").is_file():  # a run directory is the run's own
+        out = Path("studies") / f"compare-{a.dirs[0].resolve().name}"
     try:
-        path = write_report(a.dirs, a.out or a.dirs[0], a.margin, draw=not a.no_figures)
+        path = write_report(a.dirs, out, a.margin, draw=not a.no_figures)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,12 @@ def findings(res: StudyResult) -> list[str]:
             f"{c.a.label} over {c.b.label} (differ in {c.key}), stability: {c.ratio.describe()}."
         )
         n = c.loss
+        if not res.test_seeds:  # one seed: it chose each arm's LR, none is left to compare them
+            out.append(
+                f"{c.a.label} - {c.b.label}: no loss comparison (no test seed: seed {sel} chose "
+                "each arm's LR; a study with more seeds tests on the others)."
+            )
+            continue
         if n.lrs is None:
             out.append(
                 f"{c.a.label} - {c.b.label}: no loss comparison (an arm has no LR where every "

@@ -388,7 +388,7 @@ def design(res: StudyResult) -> list[str]:
         f"{len(runs)} runs in {len(res.arms)} arms "
         f"(arms differ in: {', '.join(res.keys) or 'nothing'});"
         f" learning rates {lrs}{f'; {steps} steps per run' if steps else ''}"
-        + (f"; {res.wall_s / 60:.1f} min of sweep wall time" if res.wall_s else "")
+        + (f"; {res.wall_s / 60:.1f} min with at least one run in flight" if res.wall_s else "")
         + f". Selection seeds {', '.join(map(str, res.selection_seeds)) or 'none'}, test seeds "
         f"{', '.join(map(str, res.test_seeds)) or 'none'}{common} ({how}).",
         "",

@@ -325,8 +325,7 @@ def run_study(
     print(
         f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
         f"{len(todo)} to run "
-        f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}",
-        file=sys.stderr,
+        f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}"
     )
     prepare_once(study, runs)
     _write_index(index_path, study, runs, index, running)  # what is running, before any run ends
@@ -336,12 +335,14 @@ def run_study(
         for i in range(n_workers)
     ]
     counts: dict[str, int] = {}
-    bar = tqdm(
+    bar = tqdm(  # progress on stdout; a file or pipe gets the lines, not a bar
         total=len(runs),
         initial=len(runs) - len(todo),
         unit="run",
         desc=study["name"],
         dynamic_ncols=True,
+        file=sys.stdout,
+        disable=not sys.stdout.isatty(),
     )
     pool = ThreadPoolExecutor(n_workers)
     # Ctrl-C and SIGTERM stop the sweep at a checkpoint; SIGINT's handler is installed here, not
@@ -371,7 +372,8 @@ def run_study(
             bar.update(1)
             if entry["status"] == "failed":
                 bar.write(
-                    f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}"
+                    f"run {entry['name']} failed (exit {entry['exit_code']}): {entry['error']}",
+                    file=sys.stderr,
                 )
             _write_index(index_path, study, runs, index, running)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler

@@ -176,8 +176,7 @@ def sweep(argv: list[str] | None = None) -> int:
         return 130
     print(
         f"sweep finished in {time.time() - t0:.0f}s: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-        file=sys.stderr,
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     )
     if not a.no_report:
         print(f"report: {shown(write_report([study_dir], study_dir))}")
@@ -199,8 +198,7 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
         running = {budget: name, **{b: "grid" for b in later}}
         print(
             f"{name}{'' if budget is None else f' at {budget:g} steps'}: {len(more)} more runs "
-            f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})",
-            file=sys.stderr,
+            f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})"
         )
         more_counts = run_study(
             study, made, study_dir, a.workers, process_per_run=a.process_per_run, running=running
@@ -235,10 +233,8 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
         while counts is not None and study.get("protocol"):
             if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
                 print(
-                    "the protocol's next stage waits until every run so far has finished; run this "
-                    "task again "
-                    "then",
-                    file=sys.stderr,
+                    "the protocol's next stage waits until every run so far has finished; run "
+                    "this task again then"
                 )
                 break
             stage = next_stage(study, study_dir, runs, a.set)
@@ -253,10 +249,7 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
         return 2
     if counts is None:
         return 130
-    print(
-        f"shard {k}/{n} finished; when every shard has: python -m lab.compare {study_dir}",
-        file=sys.stderr,
-    )
+    print(f"shard {k}/{n} finished; when every shard has: python -m lab.compare {study_dir}")
     return 0
 
 

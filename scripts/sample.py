@@ -13,7 +13,8 @@ import torch
 
 from data.tokenizer import Tokenizer
 from training.checkpoint import CheckpointError, load_run
-from training.config import ConfigError
+from training.config import ConfigError, load_config
+from training.cpu import tune_cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, prepared = load_run(a.run_dir)
         tok = Tokenizer(prepared / "tokenizer.model")
+        threads = load_config(a.run_dir / "config.yaml").train.threads
     except (ConfigError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    tune_cpu(threads, malloc=False)  # train.py's choice: its cores less the machine's load
     gen = torch.Generator().manual_seed(a.seed)
     prompt = torch.tensor([tok.encode(a.prompt)] * a.num)
     out = model.generate(prompt, a.tokens, temperature=a.temperature, top_k=a.top_k, generator=gen)

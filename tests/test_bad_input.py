@@ -12,7 +12,7 @@ from lab.sweep import sweep
 
 # (case, file contents or None, extra arguments, what the line must say); {f} is the bad file's path
 CONFIGS = [
-    ("not yaml", "model: {dim: [32\n", [], "cannot parse"),
+    ("not yaml", "model: {dim: [32\n", [], "YAML syntax error"),
     ("binary", b"\x00\xff\xfe PK\x03\x04", [], "cannot parse"),
     ("a list", "- model\n- data\n", [], "must be a mapping"),
     ("a scalar", "42\n", [], "must be a mapping"),

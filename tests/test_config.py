@@ -32,8 +32,16 @@ def test_precedence_defaults_yaml_cli(tmp_path):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("optim.lrr=1", "unknown config key 'optim.lrr'; valid keys in optim: lr, schedule"),
-        ("trian.steps=1", "unknown config key 'trian'; valid keys: model, data, optim, train, log"),
+        (
+            "optim.lrr=1",
+            "unknown config key 'optim.lrr'; did you mean optim.lr? valid keys in optim: lr, "
+            "schedule",
+        ),
+        (
+            "trian.steps=1",
+            "unknown config key 'trian'; did you mean train? valid keys: model, data, optim, "
+            "train, log",
+        ),
         (
             "train.steps=abc",
             "bad value for train.steps: Value 'abc' of type 'str' could not be converted to "
@@ -123,3 +131,50 @@ def test_lr_schedule_warms_up_then_reaches_the_floor_at_the_last_step():
     )
     # one decay step still ends low
     assert [lr_at(s, cfg, 6) for s in range(6)][-1] == pytest.approx(0.1)
+
+
+def test_the_registries_torch_free_names_are_the_registries():
+    from model.args import NORM_NAMES, PLACEMENT_NAMES
+    from model.blocks import BLOCKS
+
+    assert NORM_NAMES == tuple(NORMS) and PLACEMENT_NAMES == tuple(BLOCKS)
+
+
+def _train_py(*args: str, cwd):
+    """train.py as a user runs it, with Python's import log (which modules loaded) on stderr."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-X", "importtime", str(train.REPO / "train.py"), *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_names_and_config_file_errors_come_before_torch(tmp_path):
+    r = _train_py("--help", cwd=tmp_path)
+    assert r.returncode == 0 and "| torch\n" not in r.stderr
+    help_text = " ".join(r.stdout.split())
+    assert f"model.norm: {', '.join(NORMS)}" in help_text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  dim: [1, 2\noptim: {lr: 1}\n")
+    for args, said in (
+        (["--config", "nope.yaml"], "error: config file 'nope.yaml' does not exist"),
+        (["--config", str(bad)], f"error: {bad}:3:6: YAML syntax error: did not find expected"),
+        (["optim.lrr=1"], "error: unknown config key 'optim.lrr'; did you mean optim.lr?"),
+    ):
+        r = _train_py(*args, cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if not line.startswith("import time:")]
+        assert r.returncode == 2 and len(errors) == 1 and errors[0].startswith(said), r.stderr
+        assert not any(line.endswith("| torch") for line in r.stderr.splitlines())
+        assert r.stdout == "" and not (tmp_path / "runs").exists()
+
+
+def test_a_warmup_as_long_as_the_schedule_is_shortened_and_said(tmp_path, capsys, run_tiny):
+    cfg = load_config(train.DEFAULT_CONFIG, ["train.steps=20"])
+    assert cfg.optim.warmup_steps == 2 and cfg.optim.schedule_steps == 20
+    assert load_config(train.DEFAULT_CONFIG, ["train.steps=31"]).optim.warmup_steps == 30
+    assert run_tiny("--name", "w", "train.steps=4", "train.eval_every=2") == 0  # tiny: warmup 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "note: optim.warmup_steps=5 is not shorter than the schedule's 4 steps (the LR would never "
+        "reach optim.lr): warmup shortened to 0 steps, 10% of it"
+    ]

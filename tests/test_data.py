@@ -361,8 +361,8 @@ def test_preparing_prints_one_line_per_stage_and_no_datasets_bars(tmp_path, capf
     text = "\n\n".join(" ".join(rng.choice(words, size=80)) for _ in range(60))
     (tmp_path / "c.txt").write_text(text)
     prep.prepare(f"text:{tmp_path / 'c.txt'}", vocab_size=320, root=tmp_path / "p", verbose=True)
-    err = capfd.readouterr().err
-    assert "examples/s" not in err and "%|" not in err  # datasets' bars silenced
-    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    out, err = capfd.readouterr()
+    assert "examples/s" not in out + err and "%|" not in out + err  # datasets' bars silenced
+    lines = [line for line in out.replace("\r", "\n").splitlines() if line.strip()]
     for stage in ("tokenized val:", "tokenized train:"):
         assert sum(stage in line for line in lines) == 1, lines

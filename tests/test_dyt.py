@@ -64,7 +64,7 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
     )
     assert (
         "collapsed: dead gradients (every gradient below the final norm 0 from step"
-        in capsys.readouterr().err
+        in capsys.readouterr().out
     )
     summary = json.loads((tmp_path / "absolute" / "summary.json").read_text())
     assert summary["status"] == "collapsed" and summary["dead_gradients_at"] <= 50
@@ -125,10 +125,10 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
         r["grad/absmax/trunk"] == 0.0 for r in records
     )
     assert all(r["dyt/saturated/final"] == 1.0 and r["grad/norm/head"] > 0 for r in records)
-    err = capsys.readouterr().err
+    out = capsys.readouterr().out
     assert (
         "collapsed: dead gradients (every gradient below the final norm 0 from step 1); final val "
-        "loss" in err
+        "loss" in out
     )
     # DyT's default alpha0 0.5 on the unshifted embedding: gradients flow throughout, nothing is
     # said (with the +1 shift and alpha0 0.5 the stream grows until every final unit saturates: dead
@@ -138,7 +138,7 @@ def test_a_dead_trunk_is_reported_as_collapsed_with_its_reason(tmp_path, capsys,
     assert (
         json.loads((tmp_path / "alive" / "summary.json").read_text())["dead_gradients_at"] is None
     )
-    assert "dead gradients" not in capsys.readouterr().err
+    assert "dead gradients" not in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     assert [r["step"] for r in records(tmp_path / "p")] == list(range(0, 9))
     capsys.readouterr()
     assert run_tiny(*args) == 0  # finished: says so, touches nothing
-    assert "already finished" in capsys.readouterr().err
+    assert "already finished" in capsys.readouterr().out  # a result: stdout
     assert (
         run_tiny("--name", "ref", "train.steps=8", "train.checkpoint_every=4", "train.eval_every=4")
         == 0
@@ -58,7 +58,7 @@ def test_resume_is_safe_on_every_launch(tmp_path, capsys, run_tiny):
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "tr')
     assert run_tiny(*args[:1], "q", *args[2:]) == 0
-    assert "no checkpoint" in capsys.readouterr().err and curve(tmp_path / "q") == curve(
+    assert "no checkpoint" in capsys.readouterr().out and curve(tmp_path / "q") == curve(
         tmp_path / "ref"
     )
     # a different config under the same name is refused, in one line
@@ -339,7 +339,7 @@ def test_two_prepares_of_one_dataset_build_it_once(tmp_path, corpus_file):
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     # the second waited, then hit the cache
-    assert sum("training a 320-piece" in err for _, err in outs) == 1
+    assert sum("training a 320-piece" in out for out, _ in outs) == 1  # progress: stdout
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
 
 

@@ -40,6 +40,7 @@ class Job:
     seconds: float
     root: tuple | None  # (rank, exit code) of torchrun's root cause: the first process that failed
     report: str  # torchrun's own stderr
+    outs: list  # each rank's stdout (its progress and results), progress bars dropped
 
     def errors(self) -> list[tuple[int, str]]:
         """(rank, line) of every `error:` line any rank printed."""
@@ -91,12 +92,12 @@ def launch(
         cmd, cwd=train.REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
     seconds, report = time.time() - t0, r.stderr
-    errs = []
+    errs, outs = [], []
     for i in range(n):
-        text = "".join(f.read_text() for f in logs.glob(f"*/attempt_0/{i}/stderr.log")).replace(
-            "\r", "\n"
-        )
-        errs.append("\n".join(line for line in text.splitlines() if "step/s" not in line))
+        for kind, into in (("stderr", errs), ("stdout", outs)):
+            logged = logs.glob(f"*/attempt_0/{i}/{kind}.log")
+            text = "".join(f.read_text() for f in logged).replace("\r", "\n")
+            into.append("\n".join(line for line in text.splitlines() if "step/s" not in line))
     failed = dict(re.findall(r"rank\s+: (\d+) \(local_rank.*\n\s+exitcode\s+: (-?\d+)", report))
     root = re.search(r"Root Cause.*?rank\s+: (\d+).*?exitcode\s+: (-?\d+)", report, re.S)
     return Job(
@@ -105,6 +106,7 @@ def launch(
         seconds,
         root and tuple(map(int, root.groups())),
         report,
+        outs,
     )
 
 
@@ -227,7 +229,7 @@ def test_a_rank_killed_mid_run_is_named_by_torchrun_and_the_survivors_stop(tmp_p
     assert job.errors() == [] and job.tracebacks() == [] and "Signal 9 (SIGKILL)" in job.report, (
         job.errs
     )
-    assert "(2 data shares x 2 tensor parallel)" in job.errs[0]
+    assert "(2 data shares x 2 tensor parallel)" in job.outs[0]
 
 
 # -- the job's layout is checked before anything divides, every rank sees one run directory --------
@@ -484,7 +486,7 @@ def test_resuming_a_diverged_run_exits_3_again(tmp_path, tiny, capsys):
     assert (
         train.main(["--name", "boom", "--resume", f"log.out_dir={tmp_path}", "train.steps=60"]) == 3
     )
-    assert "diverged at step" in capsys.readouterr().err
+    assert "diverged at step" in capsys.readouterr().out
 
 
 @pytest.mark.slow

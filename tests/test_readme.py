@@ -38,6 +38,9 @@ SLOW = {
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
     "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
     "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",
+    "python scripts/inspect_runs.py runs/default-rmsnorm-pre runs/default-layernorm-pre": (
+        "needs the two default runs above; tests/test_inspect.py runs it on constructed runs"
+    ),
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~45 s)",
     "python train.py --name my-run --resume": "the default model, 200 more steps (~90 s)",
     "torchrun --standalone --nproc_per_node 2 train.py": (

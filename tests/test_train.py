@@ -317,8 +317,8 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]  # 10 would mean wandb was imported while disabled
-    last = r.stderr.strip().splitlines()[-1]  # the result line, not the progress bar drawn again
-    assert "final val loss" in last and f"-> {tmp_path / 'off'}" in last, r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]  # the result line, not the progress bar drawn again
+    assert "final val loss" in last and f"-> {tmp_path / 'off'}" in last, r.stdout[-2000:]
     r = subprocess.run(
         [*base, "--name", "on", "log.wandb=offline"],
         cwd=train.REPO,

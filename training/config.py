@@ -316,12 +316,8 @@ def validate(cfg: Config) -> Config:
         )
     # resolved once, recorded in config.yaml: a resume keeps it
     o.schedule_steps = o.schedule_steps or t.steps
-    if o.warmup_steps >= o.schedule_steps:
-        raise ConfigError(
-            f"optim.warmup_steps={o.warmup_steps} is not shorter than the schedule's "
-            f"{o.schedule_steps} steps: the LR would never reach optim.lr; set optim.warmup_steps "
-            f"below it (the reference recipes warm up for ~10%: {max(1, o.schedule_steps // 10)})"
-        )
+    if o.warmup_steps >= o.schedule_steps:  # it would never reach optim.lr: 10%, as the recipes
+        o.warmup_steps = o.schedule_steps // 10  # (train.py says so in one line)
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps >= 0 and 0 <= o.min_lr_ratio <= 1):
         raise ConfigError(
             "optim.beta1 and optim.beta2 must be in [0, 1), optim.eps >= 0, "

@@ -25,8 +25,16 @@ def tune_cpu(threads: int = 0, malloc: bool = True) -> dict:
       measured by bench/bench_norms.py and bench/bench_train.py (about 3x on norm kernels here).
     """
     torch.set_flush_denormal(True)
-    torch.set_num_threads(choose_threads(threads, torch.get_num_threads(), *_free_cores()))
-    return {"flush_denormal": True, "allocator": _tune_malloc() if malloc else "glibc default"}
+    cores, load = _free_cores()
+    n = choose_threads(threads, torch.get_num_threads(), cores, load)
+    torch.set_num_threads(n)
+    why = f"train.threads={threads}" if threads > 0 else f"auto: {cores} cores, load {load:.1f}"
+    return {
+        "flush_denormal": True,
+        "allocator": _tune_malloc() if malloc else "glibc default",
+        "threads": n,
+        "threads_why": why,
+    }
 
 
 def choose_threads(requested: int, default: int, cores: int, load: float) -> int:

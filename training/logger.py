@@ -1,4 +1,5 @@
-"""One log(step, metrics) API: metrics.jsonl always, the progress bar, and wandb when enabled."""
+"""One log(step, metrics) API: metrics.jsonl always, the progress bar, and wandb when enabled.
+Progress and results go to stdout, warnings to stderr."""
 
 from __future__ import annotations
 
@@ -40,15 +41,16 @@ class Logger:
         self.enabled = run_dir is not None  # only the master process logs
         run = RunDir(run_dir) if self.enabled else None
         self.file = open(run.metrics, "a") if self.enabled else None
-        tty = sys.stderr.isatty()
+        tty = sys.stdout.isatty()
         self.bar = tqdm(
+            file=sys.stdout,
             total=total_steps,
             initial=start_step,
             desc=name,
             unit="step",
-            disable=not self.enabled,
+            disable=not (self.enabled and tty),  # a file or pipe gets the lines, not a bar
             dynamic_ncols=True,
-            mininterval=0.5 if tty else 30.0,
+            mininterval=0.5,
         )
         self.wandb = None
         if self.enabled and wandb_mode != "disabled":
@@ -71,7 +73,7 @@ class Logger:
                 self.wandb.define_metric(STEP)
                 self.wandb.define_metric("*", step_metric=STEP)
             except Exception as e:
-                self.message(
+                self.warn(
                     f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}"
                 )
 
@@ -93,10 +95,16 @@ class Logger:
             try:
                 self.wandb.log({STEP: step, **metrics})  # wandb's own step just counts calls
             except Exception as e:
-                self.message(f"wandb logging stopped: {e}")
+                self.warn(f"wandb logging stopped: {e}")
                 self.wandb = None
 
     def message(self, text: str) -> None:
+        """A line of the run's progress or result: stdout (`python train.py > log.txt` keeps it)."""
+        if self.enabled:
+            tqdm.write(text, file=sys.stdout)
+
+    def warn(self, text: str) -> None:
+        """A warning: stderr, above the progress bar."""
         if self.enabled:
             tqdm.write(text, file=sys.stderr)
 
@@ -113,7 +121,7 @@ class Logger:
                     self.wandb.summary.update({k: v for k, v in summary.items() if v is not None})
                 self.wandb.finish()
             except Exception as e:
-                self.message(f"wandb finish failed: {e}")
+                self.warn(f"wandb finish failed: {e}")
 
 
 def _wandb_id(run: RunDir) -> str:

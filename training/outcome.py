@@ -52,14 +52,12 @@ def finished(run: RunDir, say: bool) -> int:
         at = (run.read_summary() or {}).get("diverged_at")
         print(
             f"run {run.path} diverged at step {at} (a result: it cannot be trained further); "
-            f"nothing to do",
-            file=sys.stderr,
+            f"nothing to do"
         )
     elif say:
         print(
             f"run {run.path} already finished ({status}); nothing to do (pass train.steps=N to "
-            f"train further)",
-            file=sys.stderr,
+            f"train further)"
         )
     return status_code(status)
 

@@ -230,7 +230,7 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
     stamps = {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
     capsys.readouterr()
     assert sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
-    assert "8 already finished, 0 to run" in capsys.readouterr().err
+    assert "8 already finished, 0 to run" in capsys.readouterr().out
     assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
 
 
@@ -425,8 +425,8 @@ def test_report_on_split_failed_and_one_seed(tmp_path):
     )
     # one seed: it chooses; nothing is left to test on
     text = _two_arms(tmp_path / "one", [3.0], [3.1])
-    assert "no seed where both runs trained" in _sentence(
-        text, "layernorm - rmsnorm, each at its best LR"
+    assert "no test seed: seed 0 chose each arm's LR" in _sentence(
+        text, "layernorm - rmsnorm: no loss comparison"
     )
 
 
