@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from training.config import number
+
 REPO = Path(__file__).resolve().parent.parent
 FUSED = ["model.norm_impl=fused", "model.ops_impl=fused"]
 ARMS = {"fresh": [], "fresh-fused": FUSED, "warm-fused": FUSED}
@@ -72,7 +74,7 @@ def cache_of(arm: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=number(int, ">= 1"), default=3)
     p.add_argument("--arm", action="append", default=[], metavar="NAME=k=v,k=v")
     p.add_argument(
         "--set", nargs="*", default=[], metavar="key=value", help="overrides for every arm"

@@ -34,6 +34,7 @@ from benchlib import SavedOutput
 from fused import kernel_available
 from model.fused_norms import FusedLayerNorm, FusedRMSNorm
 from model.norms import LayerNorm, RMSNorm
+from training.config import number
 from training.cpu import tune_cpu
 
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["32x512x768", "32x128x128"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--repeats", type=number(int, ">= 1"), default=15)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-malloc-tuning", action="store_true")
     p.add_argument(

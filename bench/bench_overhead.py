@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import train
-from training.config import load_config
+from training.config import load_config, number
 from training.rundir import RunDir
 
 
@@ -32,8 +32,8 @@ def step_seconds(run_dir: Path, tokens_per_step: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(train.DEFAULT_CONFIG))
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=number(int, ">= 1"), default=50)
+    p.add_argument("--rounds", type=number(int, ">= 1"), default=3)
     p.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)

@@ -39,7 +39,7 @@ import model.layers
 import training.optim
 from lab.studyfile import flatten, load_study
 from model import Llama
-from training.config import load_config
+from training.config import load_config, number
 from training.cpu import tune_cpu
 from training.flops import flops_per_token
 from training.optim import build_optimizer, lr_at
@@ -275,12 +275,14 @@ def spread(xs: list[float], fmt: str = ".2f") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--study", default="lab/studies/norm-placement-lr.yaml")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--steps", type=int, default=5, help="steps per variant and round")
+    p.add_argument("--threads", type=number(int, ">= 1"), default=1)
+    p.add_argument("--rounds", type=number(int, ">= 1"), default=15)
+    p.add_argument(
+        "--steps", type=number(int, ">= 1"), default=5, help="steps per variant and round"
+    )
     p.add_argument("--variant", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--breakdown", nargs="*", default=["current"], choices=list(VARIANTS))
-    p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--profile-steps", type=number(int, ">= 0"), default=5)
     p.add_argument("--save", default=None)
     p.add_argument("overrides", nargs="*", metavar="key=value")
     a = p.parse_args(argv)

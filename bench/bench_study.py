@@ -31,7 +31,7 @@ from benchlib import SavedOutput
 from lab.protocol import first_runs
 from lab.runner import run_study
 from lab.studyfile import load_study
-from training.config import load_config
+from training.config import load_config, number
 from training.rundir import RunDir
 
 MODES = {
@@ -72,9 +72,9 @@ def one_round(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--study", type=Path, default=Path("lab/studies/norm-placement-lr.yaml"))
-    p.add_argument("--runs", type=int, default=6, help="runs per mode and round")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--runs", type=number(int, ">= 1"), default=6, help="runs per mode and round")
+    p.add_argument("--rounds", type=number(int, ">= 1"), default=3)
+    p.add_argument("--workers", type=number(int, ">= 1"), default=2)
     p.add_argument(
         "--where",
         nargs="*",

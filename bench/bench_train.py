@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from benchlib import SavedOutput
 
 from model import Llama
-from training.config import load_config
+from training.config import load_config, number
 from training.cpu import tune_cpu
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,8 +150,10 @@ def ratio_stats(num: list[float], den: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(REPO / "configs" / "train" / "default.yaml"))
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--steps", type=int, default=1, help="timed steps per variant per round")
+    p.add_argument("--rounds", type=number(int, ">= 1"), default=20)
+    p.add_argument(
+        "--steps", type=number(int, ">= 1"), default=1, help="timed steps per variant per round"
+    )
     p.add_argument("--no-compile", action="store_true")
     p.add_argument(
         "--only",

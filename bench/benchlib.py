@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from training.rundir import write_text
+
 # the instruction sets that change which kernels run (torch's dispatch, oneDNN/MKL, normlab's native
 # build)
 _ISA = (
@@ -95,6 +97,4 @@ class SavedOutput:
             f"`{env + ' ' if env else ''}{self.command}` on {datetime.date.today().isoformat()}\n\n"
             f"Machine: {machine()}\n"
         )
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(header + self.buffer.getvalue())
-        os.replace(tmp, path)
+        write_text(path, header + self.buffer.getvalue())

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from model import Llama
-from training.config import load_config
+from training.config import load_config, number
 from training.distributed import use_tf32
 from training.flops import flops_per_token, peak_flops
 from training.optim import build_optimizer
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny sizes: checks the code path in seconds"
     )
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=number(int, ">= 1"), default=20)
+    p.add_argument("--warmup", type=number(int, ">= 0"), default=5)
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not a.dry_run
     if not cuda and not a.dry_run:

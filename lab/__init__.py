@@ -1,6 +1,6 @@
 """The lab, a study as a pipeline; its modules by stage (tests/test_layout.py keeps this map true):
 
-define    studyfile                                                 schema, claims, protocol
+define    studyfile, design                                         schema, claims, its design
 run       protocol, adaptive, runner, worker, sweep                 stages, workers, the command
 read      read, archive, history                                    run dirs, runs.json, git
 analyse   arms, lr50, sensitivity, paired, claims, trend, result, record   the numbers, report.json

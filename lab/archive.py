@@ -19,6 +19,7 @@ from pathlib import Path
 from lab.read import Run, judged
 from lab.studyfile import expand, flatten, load_study
 from training.config import Config, flat, load_config, to_dict
+from training.rundir import read_json
 
 ROW = re.compile(
     r"^\| (?P<name>[^|]+?) \| (?P<status>[a-z]+)[^|]* \| (?P<final>[^|]*) \| (?P<best>[^|]*) \| "
@@ -38,7 +39,7 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
     the sweep names them)."""
     if (folder / "runs.json").is_file():
         out = []
-        for e in json.loads((folder / "runs.json").read_text()):
+        for e in read_json(folder / "runs.json"):
             config = {**flat(to_dict(Config())), **e["config"]}
             records = [{"step": s, "val/loss": v} for s, v in e["val"]]
             summary = {**e["summary"], "status": judged(config, e["summary"], records)}

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 from lab.report import write_report
-from lab.runner import shown
+from lab.runner import EXIT_STORAGE, shown, storage_line
+from training.config import number
 
 
 def compare(argv: list[str] | None = None) -> int:
@@ -44,7 +45,7 @@ def compare(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--margin",
-        type=float,
+        type=number(float, "> 0"),
         default=None,
         help="equivalence margin in nats (default: the study file's equivalence_margin, else 0.02)",
     )
@@ -62,6 +63,9 @@ def compare(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only folder: every file is the old one or the new
+        print(storage_line(e, out), file=sys.stderr)
+        return EXIT_STORAGE
     print(f"report: {shown(path)}")
     return 0
 

@@ -14,6 +14,7 @@ from lab.read import Run
 from lab.sensitivity import capped
 from lab.text import fmt
 from lab.trend import fitted
+from training.rundir import replacing
 
 # One colour per norm and one line style per placement, the same in every panel and figure; a
 # name not listed takes a fixed one from the fallback cycle (by a hash of the name, so it too is the
@@ -115,7 +116,8 @@ def _axes(
 def _save(fig, path: Path, made: list, caption: str) -> None:
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with replacing(path) as tmp:  # the old figure or the new one, never half of one
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
     made.append((path.name, caption))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from omegaconf import OmegaConf
 from lab.studyfile import Rule
 from training import monitor
 from training.config import Config, flat, to_dict
-from training.rundir import RunDir, series, spike_scores
+from training.rundir import RunDir, read_json, series, spike_scores
 
 # not arms: the x axis and the seeds, where and how a run was kept, and how its spikes were measured
 # (the same experiment whatever the detector's parameters: studies from before the detector changed
@@ -259,11 +260,19 @@ def _ended(study_dir: Path) -> set[str] | None:
     names, found = set(), False
     for index in study_dir.glob("sweep*.json"):
         try:
-            names |= {r["name"] for r in json.loads(index.read_text()).get("runs", [])}
+            names |= {r["name"] for r in read_json(index).get("runs", [])}
             found = True
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return names if found else None
+
+
+def _running(d: Path) -> bool:
+    """Whether run d is still being written (its lock held, no summary yet): left out, said once."""
+    if RunDir(d).summary.is_file() or not RunDir(d).live():
+        return False
+    print(f"note: {d} is still running: left out until it ends", file=sys.stderr)
+    return True
 
 
 def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
@@ -283,6 +292,7 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
                     for d in base.iterdir()
                     if RunDir(d).config.is_file()
                     and (ended is None or d.name in ended or RunDir(d).summary.is_file())
+                    and not _running(d)
                 )
                 if base.is_dir()
                 else []
@@ -295,7 +305,11 @@ def find_runs(paths: list[Path], rule: Rule | None = None) -> list[Run]:
         # a field added after a run was made is missing from its config.yaml; new fields default to
         # the old behaviour, so the run is read as having the default (runs from before and after
         # compare)
-        config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
+        try:
+            config = {**defaults, **flat(OmegaConf.to_container(OmegaConf.load(run.config)))}
+        except Exception as e:  # a run directory whose config.yaml is not what train.py wrote
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{run.config} cannot be read: {first}") from None
         records = run.records()
         summary["status"] = judged(config, summary, records)
         summary.update(rescored(config, records))

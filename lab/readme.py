@@ -11,15 +11,16 @@ per cell. Every other study's verdicts are the index's, one row per claim.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import textwrap
 from pathlib import Path
 
+from lab.runner import EXIT_STORAGE, storage_line
 from lab.studyfile import flatten, load_study
 from lab.text import BUDGET, bare, g, interval, steps_of
 from training.config import load_config
+from training.rundir import read_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "lab" / "results"
@@ -279,9 +280,7 @@ def counts(reports: dict[str, dict]) -> str:
 
 def found(results: Path, rel: str) -> str:
     """The README's block: three sentences, the stability map, the table, the index's link."""
-    reports = {
-        p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))
-    }
+    reports = {p.parent.name: read_json(p) for p in sorted(results.glob("*/report.json"))}
     if DEFAULT not in reports:
         raise ValueError(f"{results} has no {DEFAULT}/report.json")
     default = at_longest(reports[DEFAULT])
@@ -316,7 +315,7 @@ def index(results: Path) -> str:
         "its report has every budget, every arm and every run.",
     ]
     for path in sorted(results.glob("*/report.json")):
-        r, name = json.loads(path.read_text()), path.parent.name
+        r, name = read_json(path), path.parent.name
         page = r.get("page") or ("decision.md" if r.get("decided_from") else "report.md")
         size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "")
         size += f", {r['wall_min']} min" if r.get("wall_min") else ""
@@ -353,14 +352,7 @@ def update(readme: Path, results: Path) -> None:
             f"{readme} has no generated block (<!-- found: PATH --> ... <!-- /found -->)"
         )
     body = found(results, m.group("path").rstrip("/"))
-    write(readme, text[: m.start("body")] + body + text[m.end("body") :])
-
-
-def write(path: Path, text: str) -> None:
-    """Atomically: a temporary file beside it, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text(readme, text[: m.start("body")] + body + text[m.end("body") :])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,12 +360,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=REPO / "README.md")
     p.add_argument("--results", type=Path, default=RESULTS)
     a = p.parse_args(argv)
+    for path, kind in ((a.readme, "file"), (a.results, "folder")):
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            print(f"error: {path} is not a {kind}", file=sys.stderr)
+            return 2
     try:
         update(a.readme, a.results)
-    except (ValueError, OSError) as e:
+        write_text(a.results / "README.md", index(a.results))
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write(a.results / "README.md", index(a.results))
+    except OSError as e:
+        print(storage_line(e, a.results), file=sys.stderr)
+        return EXIT_STORAGE
     print(f"{a.readme}: generated block written; {a.results / 'README.md'}: index written")
     return 0
 

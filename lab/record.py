@@ -235,6 +235,9 @@ def as_json(res: StudyResult) -> dict:
             for c in res.claims
         ],
         "withdrawn": res.file.withdrawn,
+        "designs": [
+            {k: d.get(k) for k in ("hash", "since", "changed", "why", "runs")} for d in res.designs
+        ],
         "history": history(res.file.name, res.file.history),
         "trends": [
             {

@@ -25,7 +25,9 @@ from lab.figures import result_figures
 from lab.record import as_json
 from lab.report import render
 from lab.result import compute_runs
+from lab.runner import EXIT_STORAGE, storage_line
 from lab.studyfile import read_study_file
+from training.rundir import read_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURE = re.compile(r"^\*\*(.+?)\*\*\n\n!\[.*?\]\((.+?\.png)\)", re.M)
@@ -61,7 +63,7 @@ def redecide(folder: Path) -> list[str]:
         )
     res = compute_runs(archived_runs(folder, path), file)
     old_path = folder / "report.json"
-    old = json.loads(old_path.read_text()) if old_path.exists() else {}
+    old = read_json(old_path) if old_path.exists() else {}
     metric = {"sensitivity": "lr50"}  # the claims that were about LR sensitivity are now about LR50
     before = {
         (c["paper"], c["A"], c["B"], metric.get(c["metric"], c["metric"])): c["agreement"]
@@ -75,11 +77,11 @@ def redecide(folder: Path) -> list[str]:
         kept = FIGURE.findall((folder / "report.md").read_text())
         drawn = dict(result_figures(res, folder))
         made = [(f, drawn.pop(f, c)) for c, f in kept] + list(drawn.items())
-        (folder / "report.md").write_text(render(res, made))
+        write_text(folder / "report.md", render(res, made))
     else:
         note = NOTE_JSON if from_json else NOTE_TABLE
         text = render(res, []).replace("\n\n", f"\n\n{note}\n\n", 1)
-        (folder / "decision.md").write_text(text)
+        write_text(folder / "decision.md", text)
     new = as_json(res)
     new["about"] = old.get("about") or new["about"]
     new["wall_min"] = old.get("wall_min")
@@ -89,7 +91,7 @@ def redecide(folder: Path) -> list[str]:
         else "archived runs (report.md), lab/redecide.py"
     )
     new["page"] = "report.md" if in_place else "decision.md"
-    old_path.write_text(json.dumps(new, indent=1) + "\n")
+    write_text(old_path, json.dumps(new, indent=1) + "\n")
     return [
         f"{folder.name}: {c['paper']}: {c['A']} vs {c['B']} ({c['metric']}): "
         f"{before.get((c['paper'], c['A'], c['B'], c['metric']), 'new claim')} -> {c['agreement']}"
@@ -104,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     for folder in a.folders:
         try:
             lines = redecide(folder)
-        except (ValueError, OSError) as e:
+        except ValueError as e:
             print(f"error: {folder}: {e}", file=sys.stderr)
             return 2
+        except OSError as e:
+            print(storage_line(e, folder), file=sys.stderr)
+            return EXIT_STORAGE
         print("\n".join(lines) or f"{folder.name}: no claims")
     return 0
 

@@ -19,6 +19,7 @@ from lab.read import KINDS, last_half
 from lab.record import as_json, budgets, budgets_text, runs_json
 from lab.result import StudyResult, compute
 from lab.text import BUDGET, bare, fmt, g, interval, lr50_cell
+from training.rundir import read_json, write_text
 
 
 def table(head: str, rows: list) -> list[str]:
@@ -404,6 +405,21 @@ def design(res: StudyResult) -> list[str]:
         "Holm-adjusted; every other table is exploratory (normlab's docs/METHODS.md).",
         "",
     ]
+    if len(res.designs) > 1:  # the study file changed between runs, with a note why
+        out += [
+            "The study file changed between its runs (lab/design.py); runs by design:",
+            "",
+            *(
+                f"- design {d['hash']} (since {d['since']}, {d['runs']} runs)"
+                + (
+                    f": changed {', '.join(d['changed'])}; why: {d['why']}"
+                    if d.get("changed")
+                    else ""
+                )
+                for d in res.designs
+            ),
+            "",
+        ]
     past = history(f.name, f.history)
     if past:
         out += [
@@ -486,7 +502,7 @@ def failed_entries(paths: list[Path]) -> list[str]:
     rows = []
     for p in paths:
         for index in sorted(p.glob("sweep*.json")):  # sweep.json, or one per shard of a job array
-            for e in json.loads(index.read_text())["runs"]:
+            for e in read_json(index)["runs"]:
                 if e.get("status") == "failed":
                     error = f"failed (exit {e['exit_code']}): {e.get('error', '')}"
                     rows.append(f"| {e['name']} | {error} | | | | | | |")
@@ -504,9 +520,9 @@ def write_report(
     made = figures(res, out) if draw else []
     rows = failed_entries(paths)
     path = out / "report.md"
-    path.write_text(
-        render(res, made).rstrip("\n") + ("\n" + "\n".join(rows) if rows else "") + "\n"
+    write_text(
+        path, render(res, made).rstrip("\n") + ("\n" + "\n".join(rows) if rows else "") + "\n"
     )
-    (out / "report.json").write_text(json.dumps(as_json(res), indent=1) + "\n")
-    (out / "runs.json").write_text(json.dumps(runs_json(res)) + "\n")
+    write_text(out / "report.json", json.dumps(as_json(res), indent=1) + "\n")
+    write_text(out / "runs.json", json.dumps(runs_json(res)) + "\n")
     return path

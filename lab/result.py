@@ -5,7 +5,6 @@ per-LR table. lab/report.py renders it."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from lab.read import Run, arm_bests, failure, find_runs, group_arms, judge
 from lab.sensitivity import Sensitivity, sensitivities
 from lab.studyfile import StudyFile, study_file
 from lab.trend import trends
+from training.rundir import read_json
 
 INSTABILITY_RULE = "instability alone (slow runs censored)"
 
@@ -61,6 +61,8 @@ class StudyResult:
     common_seeds: list = field(default_factory=list)
     # {budget (steps; None: the study's one): the first stage not run}: an interim report there
     running: dict = field(default_factory=dict)
+    # lab/design.py: the designs the runs were made under, each with its runs' count
+    designs: list = field(default_factory=list)
 
     @property
     def margin(self) -> float:
@@ -74,7 +76,7 @@ def wall_span(runs) -> float | None:
     spans = []
     for r in runs:
         try:
-            meta = json.loads((r.path / "meta.json").read_text())
+            meta = read_json(r.path / "meta.json")
             start = time.mktime(time.strptime(meta["started"][:19], "%Y-%m-%dT%H:%M:%S"))
         except (OSError, ValueError, KeyError):
             continue
@@ -117,7 +119,29 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
         )
     if margin is not None:
         file.margin = margin
-    return compute_runs(runs, file, running)
+    res = compute_runs(runs, file, running)
+    res.designs = designs_of(paths)
+    return res
+
+
+def designs_of(paths: list[Path]) -> list[dict]:
+    """The designs a study folder's runs were made under (design.json), each with how many of the
+    runs sweep.json says were made under it; ValueError where the folder's study file is not its
+    last design (lab/design.py check)."""
+    from lab.design import check
+    from lab.studyfile import load_study
+
+    for p in paths:
+        if (p / "study.yaml").is_file() and (p / "design.json").is_file():
+            designs = check(p, load_study(p / "study.yaml"), str(p / "study.yaml"))
+            made = {}
+            for index in p.glob("sweep*.json"):
+                for e in read_json(index).get("runs", []):
+                    made[e["name"]] = e.get("design")
+            for d in designs:
+                d["runs"] = sum(h == d["hash"] for h in made.values())
+            return designs
+    return []
 
 
 def sweep_running(path: Path) -> dict | None:
@@ -127,7 +151,7 @@ def sweep_running(path: Path) -> dict | None:
     index = path / "sweep.json"
     if not index.is_file():
         return None
-    running = json.loads(index.read_text()).get("running")
+    running = read_json(index).get("running")
     if running is None:
         return None
     return {(None if b == "all" else float(b)): stage for b, stage in running.items()}

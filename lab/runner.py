@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from training.config import load_config
 from training.monitor import FINISHED
-from training.rundir import RunDir, has_checkpoint
+from training.rundir import RunDir, has_checkpoint, read_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,6 +141,7 @@ def run_one(
         "exit_code": code,
         "wall_time_s": round(time.time() - t0, 1),
         "resumed": resumed,
+        **({"design": study["design"]} if study.get("design") else {}),
     }
     if status == "failed":
         errors = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
@@ -216,9 +217,7 @@ def _running(running: dict) -> dict:
 
 def _write_json(path: Path, obj: dict) -> None:
     """Write `path` whole or not at all (a .tmp beside it, then an atomic rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=dataclasses.asdict) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=2, default=dataclasses.asdict) + "\n")
 
 
 def mark_finished(study_dir: Path, rest: dict | None = None) -> None:
@@ -226,7 +225,33 @@ def mark_finished(study_dir: Path, rest: dict | None = None) -> None:
     {budget: the first stage not run})."""
     path = study_dir / "sweep.json"
     if path.is_file():
-        _write_json(path, {**json.loads(path.read_text()), "running": _running(rest or {})})
+        _write_json(path, {**read_json(path), "running": _running(rest or {})})
+
+
+EXIT_STORAGE = 4  # train.py's code for files that could not be written (docs/usage.md)
+EXIT_INTERRUPTED = 130
+
+
+def storage_line(e: OSError, where: Path) -> str:
+    """The one line of a write that failed: which file, why; the files there are whole."""
+    what = e.filename or where
+    return (
+        f"error: cannot write {what}: {e.strerror or e}; every file in {where} is whole (the old "
+        "one or the new one): free some space or choose another folder, then run the command again"
+    )
+
+
+def _stop_at_once(signum, frame):
+    """A second Ctrl-C while the runs stop: end now, in one line (the runs got it too: each stops
+    at once, its last checkpoint intact; finished runs and sweep.json are whole files)."""
+    kill = [p.kill() for p in _procs if p.poll() is None]  # noqa: F841  (any still in flight)
+    print(
+        "\ninterrupted again: stopped at once; finished runs are intact, rerun the same command to "
+        "resume the others",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _raise_interrupt(signum, frame):
@@ -316,11 +341,7 @@ def run_study(
     n_workers, threads, gpus = workers_for(study, workers)
     # a shard of an array job writes its own (sweep-K-of-N.json)
     index_path = study_dir / index_name
-    index = (
-        {e["name"]: e for e in json.loads(index_path.read_text())["runs"]}
-        if index_path.exists()
-        else {}
-    )
+    index = {e["name"]: e for e in read_json(index_path)["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     print(
         f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
@@ -377,6 +398,8 @@ def run_study(
                 )
             _write_index(index_path, study, runs, index, running)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a scheduler
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one stops at once
+            signal.signal(sig, _stop_at_once)
         pool.shutdown(wait=False, cancel_futures=True)
         stop_runs()  # runs checkpoint and exit; a rerun resumes them
         pool.shutdown(wait=True)

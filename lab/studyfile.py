@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from training.config import ConfigError, load_config
+from training.config import ConfigError, check_number, load_config
 
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
 
@@ -93,25 +93,15 @@ def load_study(path: Path) -> dict:
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
     study["exclude"] = _exclude(path, study.get("exclude"), grid)
-    for key, low in (
-        ("equivalence_margin", 0.0),
-        ("sensitivity_margin", 0.0),
-        ("ratio_margin", 1.0),
+    for key, kind, spec in (
+        ("equivalence_margin", float, "> 0"),  # nats
+        ("sensitivity_margin", float, "> 0"),
+        ("ratio_margin", float, "> 1"),  # a ratio within [1/m, m]
+        ("threads_per_worker", int, ">= 1"),
+        ("workers", int, ">= 1"),
     ):
-        value = study.get(key)
-        if value is not None and (
-            not isinstance(value, int | float) or isinstance(value, bool) or value <= low
-        ):
-            raise ConfigError(
-                f"{path}: {key} must be a number > {low:g}, got {value!r}"
-                + (" (a ratio within [1/m, m])" if key == "ratio_margin" else " (nats)")
-            )
-    for key in ("threads_per_worker", "workers"):
-        value = study.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise ConfigError(f"{path}: {key} must be an integer >= 1, got {value!r}")
+        if study.get(key) is not None:
+            check_number(f"{path}: {key}", study[key], kind, spec)
     if "protocol" in study:
         if "optim.lr" not in grid or "train.seed" in grid:
             raise ConfigError(
@@ -233,8 +223,16 @@ def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
     if missing:
         raise ConfigError(f"{where}: protocol.adaptive needs {', '.join(sorted(missing))}")
     ints = ("seeds_per_round", "max_runs", "first_seed", "lrs")
-    if not all(isinstance(section[k], int) for k in ints if k in section):
-        raise ConfigError(f"{where}: protocol.adaptive's {', '.join(ints)} are integers")
+    for key, kind, spec in (
+        ("seeds_per_round", int, ">= 1"),
+        ("max_runs", int, ">= 2"),
+        ("first_seed", int, ">= 0"),
+        ("lrs", int, ">= 1"),
+        ("step", float, "> 1"),
+        ("alpha", float, "(0, 1)"),
+    ):
+        if key in section:
+            check_number(f"{where}: protocol.adaptive.{key}", section[key], kind, spec)
     if not isinstance(section.get("seek_edge", False), bool):
         raise ConfigError(f"{where}: protocol.adaptive.seek_edge is true or false")
     a = Adaptive(**{k: (v if k in (*ints, "seek_edge") else float(v)) for k, v in section.items()})
@@ -302,8 +300,10 @@ def parse_protocol(section, where: str) -> Protocol:
         if key == "common_seeds" and value == []:
             seeds[key] = ()
             continue
-        if not isinstance(value, list) or not value or not all(isinstance(s, int) for s in value):
+        if not isinstance(value, list) or not value:
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
+        for s in value:
+            check_number(f"{where}: protocol.{key}[]", s, int, ">= 0")
         seeds[key] = tuple(value)
     if set(seeds["selection_seeds"]) & (
         set(seeds["test_seeds"]) | set(seeds["failure_seeds"]) | set(seeds["common_seeds"])
@@ -315,6 +315,13 @@ def parse_protocol(section, where: str) -> Protocol:
     bracket = section.get("bracket") or {}
     if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
         raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
+    for key, value in bracket.items():
+        kind, spec = (
+            (int, ">= 0") if key == "steps" else (float, "> 1" if key == "factor" else "> 0")
+        )
+        check_number(f"{where}: protocol.bracket.{key}", value, kind, spec)
+    if "refine" in section:
+        check_number(f"{where}: protocol.refine", section["refine"], float, ">= 0")
     adaptive = section.get("adaptive")
     out = Protocol(
         **seeds,
@@ -392,10 +399,8 @@ def parse_rule(section, where: str, name: str) -> Rule:
     out = Rule(**{"name": name, **{k: section[k] for k in section}})
     for key in ("learn_margin", "blowup_margin", "arm_gap", "slow_slope"):
         value = getattr(out, key)
-        if value is not None and (
-            not isinstance(value, int | float) or isinstance(value, bool) or value < 0
-        ):
-            raise ConfigError(f"{where}: {key} must be a number >= 0 or null, got {value!r}")
+        if value is not None:  # null: the criterion is off
+            check_number(f"{where}: {key}", value, float, ">= 0")
     if not isinstance(out.above_l0, bool):
         raise ConfigError(f"{where}: above_l0 is true or false")
     return out

@@ -38,20 +38,42 @@ or SIGTERM stops the runs in flight at a checkpoint and waits for them. At the e
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from lab.design import pin
 from lab.protocol import budget_of, budgets, first_runs, next_stage
 from lab.report import write_report
-from lab.runner import mark_finished, parse_shard, run_study, sbatch_script, shown, state
+from lab.runner import (
+    EXIT_STORAGE,
+    mark_finished,
+    parse_shard,
+    run_study,
+    sbatch_script,
+    shown,
+    state,
+    storage_line,
+)
 from lab.studyfile import expected_time, load_study, quick_study
-from training.config import ConfigError
+from training.config import ConfigError, number
+from training.rundir import write_text
 
 
 def sweep(argv: list[str] | None = None) -> int:
-    """python -m lab.sweep"""
+    """python -m lab.sweep; a write that fails (a full disk) is one line and exit 4, every file
+    whole."""
+    try:
+        return _sweep(argv)
+    except ValueError as e:  # a changed design; a study folder's file the sweep did not write
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(storage_line(e, Path(".")), file=sys.stderr)
+        return EXIT_STORAGE
+
+
+def _sweep(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
@@ -66,7 +88,7 @@ def sweep(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=number(int, ">= 1"),
         default=None,
         help="parallel runs, >= 1 (default: the study file's workers, else one per "
         "threads_per_worker cores, one per GPU)",
@@ -96,7 +118,12 @@ def sweep(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="write an sbatch job-array script (one task per run, --shard) to FILE and exit",
     )
-    p.add_argument("--gpus-per-run", type=int, default=0, help="with --slurm: GPUs per array task")
+    p.add_argument(
+        "--gpus-per-run",
+        type=number(int, ">= 0"),
+        default=0,
+        help="with --slurm: GPUs per array task",
+    )
     p.add_argument(
         "--set",
         nargs="+",
@@ -106,22 +133,16 @@ def sweep(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--up-to",
-        type=int,
+        type=number(int, ">= 1"),
         default=None,
         metavar="STEPS",
         help="along a budget axis (train.steps), run only the budgets up to STEPS (every stage "
         "of each); a later sweep without it goes on to the rest",
     )
     a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1:  # as a study file's workers: 0 is not "auto"
-        print(
-            f"error: --workers must be >= 1 (leave it out for one per core), got {a.workers}",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        study = load_study(a.study)
-        study = quick_study(study) if a.quick else study
+        raw = load_study(a.study)  # the design: the file as study.yaml keeps it (lab/design.py)
+        study = quick_study(raw) if a.quick else raw
         runs = first_runs(study, a.set)
         shard = parse_shard(a.shard) if a.shard else None
     except (ConfigError, ValueError) as e:
@@ -129,16 +150,9 @@ def sweep(argv: list[str] | None = None) -> int:
         return 2
     study_dir = a.out.resolve() / study["name"]
     if a.slurm:
-        a.slurm.write_text(
-            sbatch_script(
-                study,
-                a.study,
-                a.out.resolve(),
-                len(runs),
-                a.gpus_per_run,
-                a.set + (["--quick"] if a.quick else []),
-            )
-        )
+        extra = a.set + (["--quick"] if a.quick else [])
+        script = sbatch_script(study, a.study, a.out.resolve(), len(runs), a.gpus_per_run, extra)
+        write_text(a.slurm, script)
         print(f"{a.slurm}: {len(runs)} array tasks; submit with: sbatch {a.slurm}")
         return 0
     if shard:
@@ -160,7 +174,12 @@ def sweep(argv: list[str] | None = None) -> int:
                 return 2
         return 0
     study_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(a.study, study_dir / "study.yaml")
+    try:  # the design its runs are made under; a changed file needs a history note
+        study["design"] = pin(study_dir, raw, str(a.study), a.set)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_text(study_dir / "study.yaml", a.study.read_text())
     t0 = time.time()
     try:
         counts = (
@@ -225,8 +244,10 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
     shared folder after."""
     k, n = shard
     study_dir.mkdir(parents=True, exist_ok=True)
+    # a ConfigError: sweep() says it
+    study["design"] = pin(study_dir, load_study(a.study), str(a.study), a.set)
     if not (study_dir / "study.yaml").exists():
-        shutil.copy(a.study, study_dir / "study.yaml")
+        write_text(study_dir / "study.yaml", a.study.read_text())
     index = f"sweep-{k}-of-{n}.json"
     try:
         counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)

@@ -42,7 +42,12 @@ def serve(requests, answers) -> int:
             )
             answers.write(json.dumps({"exit_code": EXIT_BAD_INPUT, "error": error}) + "\n")
             continue
-        code, fatal = run_logged(argv, log)
+        try:
+            code, fatal = run_logged(argv, log)
+        except OSError as e:  # the log cannot be opened: the run never started
+            error = f"error: cannot open the run's log {log}: {e.strerror or e}"
+            answers.write(json.dumps({"exit_code": EXIT_BAD_INPUT, "error": error}) + "\n")
+            continue
         answers.write(json.dumps({"exit_code": code}) + "\n")
         if fatal or code in (1, EXIT_INTERRUPTED):  # a bug (state unknown), or the study stops
             return code

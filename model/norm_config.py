@@ -7,6 +7,7 @@ which builds any norm of any implementation (as OLMo-core's LayerNormConfig(...)
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from torch import nn
@@ -52,6 +53,8 @@ def _typed(value, kind: str, where: str):
     if kind == "bool" and isinstance(value, bool):
         return value
     if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     raise ValueError(f"{where} must be a {kind}, got {value!r}")
 

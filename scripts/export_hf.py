@@ -18,7 +18,7 @@ from data.sources import DataError
 from model.hf import check_expressible
 from training.checkpoint import CheckpointError, load_run
 from training.config import ConfigError, load_config
-from training.rundir import RunDir
+from training.rundir import RunDir, storage_error
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:
@@ -69,6 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (
+        OSError
+    ) as e:  # a full disk, a read-only folder: the directory appears whole or not at all
+        e = storage_error(e) or e
+        print(
+            f"error: cannot write {a.out_dir}: {e.strerror or e}; nothing was left there",
+            file=sys.stderr,
+        )
+        return 4
+    except Exception as e:  # safetensors, torch or tokenizers around a full disk's error
+        if storage_error(e) is None and "No space left on device" not in str(e):
+            raise
+        print(
+            f"error: cannot write {a.out_dir}: No space left on device; nothing was left there",
+            file=sys.stderr,
+        )
+        return 4
     except ImportError as e:
         print(
             f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt",

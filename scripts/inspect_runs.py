@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from training.config import flat
-from training.rundir import RunDir, spike_steps, write_text
+from training.rundir import RunDir, replacing, spike_steps, write_text
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 PANELS = (
@@ -225,10 +225,9 @@ def draw(runs: list[Run], names: list[str], path: Path) -> None:
             )
     ax["loss"].legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from data.tokenizer import Tokenizer
 from training.checkpoint import CheckpointError, load_run
-from training.config import ConfigError, load_config
+from training.config import ConfigError, load_config, number
 from training.cpu import tune_cpu
 
 
@@ -21,11 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--prompt", default="The ")
-    p.add_argument("--tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--num", type=int, default=1, help="number of samples")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=number(int, ">= 1"), default=100)
+    p.add_argument("--temperature", type=number(float, ">= 0"), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=number(int, ">= 0"), default=50, help="0 = every token")
+    p.add_argument("--num", type=number(int, ">= 1"), default=1, help="number of samples")
+    p.add_argument("--seed", type=number(int, ">= 0"), default=0)
     a = p.parse_args(argv)
     try:
         model, prepared = load_run(a.run_dir)

@@ -57,12 +57,12 @@ def test_precedence_defaults_yaml_cli(tmp_path):
         ),
         ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float16, float32"),
         ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),
-        ("train.steps=0", "train.steps must be > 0"),
+        ("train.steps=0", "train.steps=0 must be an integer >= 1"),
         ("model.n_heads=3", "model.dim=128 must be divisible by model.n_heads=3"),
         ("optim.lr", "expected key=value overrides"),
-        ("model.n_heads=0", "model.n_heads must be positive"),
+        ("model.n_heads=0", "model.n_heads=0 must be an integer >= 1"),
         ("model.init_scale=fan_in", "unknown init_scale 'fan_in'; valid: absolute, width"),
-        ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
+        ("optim.beta2=1.5", "optim.beta2=1.5 must be a finite number in [0, 1)"),
     ],
 )
 def test_bad_values_raise_one_clear_line(override, message):
@@ -178,3 +178,25 @@ def test_a_warmup_as_long_as_the_schedule_is_shortened_and_said(tmp_path, capsys
         "note: optim.warmup_steps=5 is not shorter than the schedule's 4 steps (the LR would never "
         "reach optim.lr): warmup shortened to 0 steps, 10% of it"
     ]
+
+
+def test_every_number_a_config_sets_refuses_nan_inf_and_a_bool_naming_its_key():
+    """The numeric fields found by walking the config dataclasses (not a hand list): each has a
+    range, and NaN, inf and YAML's true are refused in one line that names the key."""
+    import dataclasses
+
+    from training.config import RANGES, Config, _numbers
+
+    keys = [key for key, _, _ in _numbers(Config())]
+    assert len(keys) > 50 and set(keys) == set(RANGES)
+    for key in keys:
+        for bad in ("nan", "inf", "-inf", "true"):
+            with pytest.raises(ConfigError) as e:
+                load_config(train.DEFAULT_CONFIG, [f"{key}={bad}"])
+            assert str(e.value).startswith(key) or f"for {key}:" in str(e.value), (key, bad)
+    for name, cls in NORMS.items():  # each norm's own numeric options, by its Options dataclass
+        for f in dataclasses.fields(cls.Options):
+            if f.type == "float":
+                for bad in ("nan", "inf", "true"):
+                    with pytest.raises(ConfigError, match=f"model.norm_options.{name}: {f.name}"):
+                        load_config(None, [f"model.norm_options.{name}.{f.name}={bad}"])

@@ -421,6 +421,28 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
 
 
 @pytest.mark.slow
+def test_a_second_interrupt_stops_a_sweep_at_once_in_one_line(tmp_path, corpus_file):
+    """Ctrl-C twice: the first asks the runs to stop at a checkpoint, the second ends the sweep at
+    once with exit 130 and one line, no traceback; its files are whole and a rerun finishes."""
+    cmd = _sweep_cmd(tmp_path, corpus_file)
+    study_dir = tmp_path / "out" / "s"
+    sweep = subprocess.Popen(
+        cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    assert _wait_for(lambda: len(list(study_dir.glob("runs/*/checkpoints/latest.pt"))) == 2)
+    sweep.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=60) == 130
+    err = sweep.stderr.read()
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted again")
+    assert _wait_for(lambda: _runs_in_flight(study_dir) == [], 30)  # none outlives it
+    json.loads((study_dir / "sweep.json").read_text())  # whole
+    r = subprocess.run(cmd, cwd=train.REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_file):
     cmd = _sweep_cmd(tmp_path, corpus_file)
     study_dir = tmp_path / "out" / "s"

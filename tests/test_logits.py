@@ -78,9 +78,9 @@ def test_a_bad_qk_norm_or_softcap_is_one_line():
         ConfigError, match="unknown qk_norm 'lay'; valid: layernorm, none, olmo2, rmsnorm"
     ):
         load_config(None, ["model.qk_norm=lay"])
-    with pytest.raises(ConfigError, match="model.attn_softcap must be >= 0"):
+    with pytest.raises(ConfigError, match=r"model.attn_softcap=-1.0 must be a finite number >= 0"):
         load_config(None, ["model.attn_softcap=-1"])
-    with pytest.raises(ConfigError, match="model.qk_norm_eps must be > 0"):
+    with pytest.raises(ConfigError, match=r"model.qk_norm_eps=0.0 must be a finite number > 0"):
         load_config(None, ["model.qk_norm_eps=0"])
 
 
@@ -369,7 +369,7 @@ def test_bad_optimizer_choices_are_one_line():
         ConfigError, match="optim.parametrization='mup' is not one of: mup_simple, sp"
     ):
         load_config(None, ["optim.parametrization=mup"])
-    with pytest.raises(ConfigError, match="optim.mup_base_width must be > 0"):
+    with pytest.raises(ConfigError, match=r"optim.mup_base_width=0 must be an integer >= 1"):
         load_config(None, ["optim.mup_base_width=0"])
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from training import distributed, faults
 from training.parallel import is_sharded
-from training.rundir import RunDir, fsync_dir
+from training.rundir import RunDir, fsync_dir, storage_error
 
 
 class CheckpointError(ValueError):
@@ -58,7 +58,10 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 def save_durably(obj, path: Path) -> None:
     """torch.save to `path`, flushed and fsynced (on disk before anything is renamed onto it)."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:  # a full disk: torch's RuntimeError around Python's OSError
+            raise storage_error(e) or e from None
         f.flush()
         os.fsync(f.fileno())
 

@@ -11,8 +11,9 @@ yet), resume (rank 0: a resumed run's checkpoint loaded, its config and meta.jso
 rewritten), step (after an optimizer step, before its metrics are logged), log (after a metrics
 record), eval (inside an evaluation), checkpoint (the new checkpoint written to its temp file, not
 yet renamed), checkpoint_swap (latest.pt moved to previous.pt, the new one not yet in place),
-summary (before summary.json). Rank 0 alone reaches config, resume, and a .pt checkpoint's
-checkpoint and checkpoint_swap; a sharded run's checkpoint point is every rank's."""
+summary (before summary.json), write (any file written whole by training/rundir.py's replacing:
+complete beside its target, not yet renamed onto it). Rank 0 alone reaches config, resume, and a .pt
+checkpoint's checkpoint and checkpoint_swap; a sharded run's checkpoint point is every rank's."""
 
 from __future__ import annotations
 

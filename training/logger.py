@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training.rundir import RunDir
+from training.rundir import RunDir, write_text
 
 STEP = "train/step"  # the x axis of every wandb chart
 
@@ -130,5 +130,5 @@ def _wandb_id(run: RunDir) -> str:
     if not path.exists():
         import uuid
 
-        path.write_text(uuid.uuid4().hex[:12])
+        write_text(path, uuid.uuid4().hex[:12])
     return path.read_text().strip()

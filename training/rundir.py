@@ -10,11 +10,13 @@ import platform
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from training import faults
 from training.monitor import SpikeDetector, dead_gradients_at, spike_score
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,6 +52,16 @@ class RunDir:
             return json.loads(self.summary.read_text())
         except (OSError, ValueError):
             return None
+
+    def live(self) -> bool:
+        """Whether a process holds the run's lock now (training it): read from the kernel's lock
+        table (/proc/locks), never by taking the lock, which would race a run starting."""
+        try:
+            inode = os.stat(self.lock).st_ino
+            table = Path("/proc/locks").read_text()
+        except OSError:  # no lock file: nothing trains it; no /proc: not known, say not live
+            return False
+        return any(line.split()[5].endswith(f":{inode}") for line in table.splitlines() if line)
 
     def status(self) -> str | None:
         return (self.read_summary() or {}).get("status")
@@ -209,13 +221,59 @@ def write_text(path: Path, text: str) -> None:
     """Replace a file atomically (a reader sees the old or the new content, never half) and durably
     (fsynced before the rename, the rename fsynced after: a power cut leaves the old file or the new
     one, never an empty one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """write_text's rule for bytes: a temporary file beside `path`, fsynced, then renamed."""
+    with replacing(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+@contextmanager
+def replacing(path: Path):
+    """A temporary path beside `path` (same folder, same suffix) for a writer that wants a file
+    name (savefig, torch.save): renamed onto `path` when the block ends, removed if it raised. A
+    fault at any byte leaves the old file or the new one; a full disk is the OSError it is
+    (storage_error)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        try:
+            yield tmp
+        except Exception as e:
+            raise storage_error(e) or e from None
+        faults.point("write")  # the new file complete, not yet in place
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def storage_error(e: BaseException) -> OSError | None:
+    """The OSError behind an error (torch.save turns a full disk's OSError into a RuntimeError whose
+    context it is), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def read_json(path: Path):
+    """A JSON file's content; ValueError naming the file, line and fault when it is not JSON (a
+    truncated write by another tool, a hand edit)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not valid JSON (not UTF-8 text)") from None
 
 
 def fsync_dir(path: Path) -> None:

@@ -25,7 +25,7 @@ from data.prepare import prepare
 from lab.studyfile import flatten, load_study
 from model import Llama
 from training import distributed
-from training.config import load_config
+from training.config import load_config, number
 from training.evaluate import evaluate
 from training.metrics import StabilityProbe
 from training.optim import build_optimizer, lr_at
@@ -144,19 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--init-scale", nargs="+", default=["absolute", "width"], help="model.init_scale values"
     )
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=number(float, "> 0"), default=3e-3)
+    p.add_argument("--seed", type=number(int, ">= 0"), default=0)
     p.add_argument(
         "--steps",
-        type=int,
+        type=number(int, ">= 1"),
         default=300,
         help="train.steps: the LR schedule's horizon (the study's)",
     )
     p.add_argument(
-        "--at", type=int, nargs="+", default=[0, 10, 20, 30, 50, 100], help="steps to measure after"
+        "--at",
+        type=number(int, ">= 0"),
+        nargs="+",
+        default=[0, 10, 20, 30, 50, 100],
+        help="steps to measure after",
     )
     p.add_argument("--data-root", default="data/prepared")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=number(int, ">= 1"), default=1)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field")
     a = p.parse_intermixed_args(argv)
     print(

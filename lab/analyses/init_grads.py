@@ -47,6 +47,8 @@ from lab.paired import mean_ci
 from model import Llama, ModelArgs
 from model.blocks import BLOCKS
 from model.layers import FFNS
+from training.config import number
+from training.rundir import replacing, write_text
 
 
 def _xiong(dim: int) -> dict:
@@ -334,21 +336,21 @@ def main(argv: list[str] | None = None) -> int:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--depths", type=int, nargs="+", default=[2, 8, 24])
-    p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--depths", type=number(int, ">= 1"), nargs="+", default=[2, 8, 24])
+    p.add_argument("--seeds", type=number(int, ">= 0"), nargs="+", default=list(range(10)))
+    p.add_argument("--dim", type=number(int, ">= 2"), default=64)
+    p.add_argument("--batch", type=number(int, ">= 1"), default=8)
+    p.add_argument("--seq", type=number(int, ">= 2"), default=64)
     p.add_argument(
         "--jvp-dirs",
-        type=int,
+        type=number(int, ">= 0"),
         default=4,
         help="random directions per block for the Jacobian gain "
         "(measured at the deepest depth; 0: not measured)",
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=number(int, ">= 1"),
         default=1,
         help="torch threads (models this small run fastest on one)",
     )
@@ -408,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(map(str, a.seeds))} --dim {a.dim} --batch {a.batch} --seq {a.seq} --jvp-dirs "
         f"{a.jvp_dirs}"
     )
-    (a.out / "report.md").write_text(
+    write_text(
+        a.out / "report.md",
         "\n".join(
             [
                 "# Per-layer gradient norm and Jacobian gain at initialization",
@@ -434,9 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                 *rows,
                 "",
             ]
-        )
+        ),
     )
-    (a.out / "report.json").write_text(
+    write_text(
+        a.out / "report.json",
         json.dumps(
             {
                 "name": "init-grads",
@@ -473,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             indent=1,
         )
-        + "\n"
+        + "\n",
     )
     print(f"report: {a.out / 'report.md'}")
     return 0
@@ -519,7 +523,8 @@ def figure(
     # fixed margins for a fixed grid of panels: tight_layout measures every tick label of 55 log
     # axes (~5 s each)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.04, top=0.97, wspace=0.42, hspace=0.55)
-    fig.savefig(path, dpi=90)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
 
 

@@ -26,6 +26,8 @@ from lab.lr50 import lr50_ratio, lr50_test
 from lab.paired import ALPHA
 from lab.protocol import arm_pairs, edge_lrs
 from lab.studyfile import Adaptive, load_study
+from training.config import number
+from training.rundir import write_text
 
 
 @dataclass
@@ -169,10 +171,14 @@ def table(d: Design, rows: list[tuple[float, float, list[Outcome]]]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("study", type=Path, help="a study file with a protocol.adaptive section")
-    ap.add_argument("--reps", type=int, default=200, help="simulated studies per scenario")
-    ap.add_argument("--ratios", type=float, nargs="+", default=[1.0, 2.0, 4.0])
-    ap.add_argument("--slopes", type=float, nargs="+", default=[9.4], help="logit per decade")
-    ap.add_argument("--lr50", type=float, default=0.01, help="arm B's true LR50")
+    ap.add_argument(
+        "--reps", type=number(int, ">= 1"), default=200, help="simulated studies per scenario"
+    )
+    ap.add_argument("--ratios", type=number(float, "> 0"), nargs="+", default=[1.0, 2.0, 4.0])
+    ap.add_argument(
+        "--slopes", type=number(float, "> 0"), nargs="+", default=[9.4], help="logit per decade"
+    )
+    ap.add_argument("--lr50", type=number(float, "> 0"), default=0.01, help="arm B's true LR50")
     ap.add_argument("--save", type=Path, help="also write the table to this markdown file")
     a = ap.parse_args(argv)
     if a.reps < 1:
@@ -194,7 +200,7 @@ def main(argv=None) -> int:
     )
     print(text)
     if a.save:
-        a.save.write_text(text)
+        write_text(a.save, text)
         ad = d.adaptive
         keep = {
             "study": str(a.study),
@@ -221,7 +227,7 @@ def main(argv=None) -> int:
                 for i, (r, s, res) in enumerate(rows)
             ],
         }
-        a.save.with_suffix(".json").write_text(json.dumps(keep, indent=1) + "\n")
+        write_text(a.save.with_suffix(".json"), json.dumps(keep, indent=1) + "\n")
     return 0
 
 

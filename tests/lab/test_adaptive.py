@@ -197,7 +197,12 @@ def test_seek_edge_takes_a_round_past_a_mixed_top_lr_to_where_identification_nee
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, lrs: 2}", "an odd lrs"),
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, alpha: 0.1}", "0.05"),
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, rounds: 3}", "a mapping of"),
-        ("{seeds_per_round: 2.5, max_runs: 24, first_seed: 100}", "are integers"),
+        (
+            "{seeds_per_round: 2.5, max_runs: 24, first_seed: 100}",
+            "seeds_per_round=2.5 must be an integer",
+        ),
+        ("{seeds_per_round: true, max_runs: 24, first_seed: 100}", "=True must be an integer"),
+        ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, step: .nan}", "step=nan must be"),
         ("{seeds_per_round: 2, max_runs: 24, first_seed: 100, seek_edge: 1}", "true or false"),
     ],
 )

@@ -137,7 +137,7 @@ def test_the_bracket_goes_down_and_stops_at_its_bounds(study):
         ),
         (
             "protocol: {selection_seeds: [0], test_seeds: [1], bracket: {factor: 1.0}}",
-            "bracket.factor > 1",
+            "protocol.bracket.factor=1.0 must be a finite number > 1",
         ),
         (
             "protocol: {selection_seeds: [0], test_seeds: [1], bracket: {width: 2}}",

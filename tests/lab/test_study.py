@@ -1550,3 +1550,38 @@ def test_a_runs_spike_scores_are_read_from_its_records_by_todays_detector(tmp_pa
     (path / "metrics.jsonl").write_text("")
     (run,) = study_runs.find_runs([tmp_path])
     assert run.summary["spike_score/loss"] == 1.0  # the summary's own (conftest's) value
+
+
+def test_a_truncated_sweep_json_is_one_line_naming_it(tmp_path, capsys):
+    study = tmp_path / "s.yaml"
+    study.write_text(f"name: s\nconfig: {CONFIGS / 'tiny.yaml'}\ngrid: {{lr: [0.01]}}\n")
+    (tmp_path / "out" / "s").mkdir(parents=True)
+    (tmp_path / "out" / "s" / "sweep.json").write_text('{"study": {"name": "s"}, "runs": [{"na')
+    assert sweep([str(study), "--out", str(tmp_path / "out"), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: {tmp_path / 'out' / 's' / 'sweep.json'} is "
+    )
+    assert "not valid JSON (line 1: Unterminated string" in err[0]
+
+
+def test_a_run_in_flight_in_a_plain_runs_folder_is_not_read_as_crashed(tmp_path, capsys):
+    """A run directory without a summary whose lock a process holds is training: left out, not
+    counted as a failed (crashed) run."""
+    from filelock import FileLock
+
+    from lab.read import find_runs
+    from training.rundir import RunDir
+
+    for seed in (0, 1):
+        write_run(tmp_path, f"done-{seed}", "rmsnorm", 1e-2, seed, "ok", 3.0)
+    write_run(tmp_path, "live", "rmsnorm", 1e-2, 2, "ok", 3.0)
+    (tmp_path / "runs" / "live" / "summary.json").unlink()
+    write_run(tmp_path, "dead", "rmsnorm", 1e-2, 3, "ok", 3.0)
+    (tmp_path / "runs" / "dead" / "summary.json").unlink()
+    lock = FileLock(str(RunDir(tmp_path / "runs" / "live").lock))
+    with lock:
+        names = {r.name: r.status for r in find_runs([tmp_path / "runs"])}
+    assert "live" not in names and names["dead"] == "failed" and names["done-0"] == "ok"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"note: {tmp_path / 'runs' / 'live'} is still running: left out until it ends"]

@@ -128,6 +128,7 @@ def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_pat
         '{"log": "x"}',
         '{"argv": [1, 2], "log": "x"}',
         '["argv"]',
+        json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(tmp_path / "no" / "r.log")}),
         json.dumps({"argv": ["--config", "nowhere.yaml"], "log": str(log)}),
     ]
     r = subprocess.run(
@@ -141,6 +142,8 @@ def test_a_malformed_request_gets_one_answer_line_and_the_worker_goes_on(tmp_pat
     )
     answers = [json.loads(a) for a in r.stdout.splitlines()]
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert [a["exit_code"] for a in answers] == [2] * 5
+    assert [a["exit_code"] for a in answers] == [2] * 6
     assert all(a["error"].startswith("error: malformed request") for a in answers[:4])
+    # a log folder that does not exist: the run never starts, one line names the log
+    assert answers[4]["error"].startswith(f"error: cannot open the run's log {tmp_path / 'no'}")
     assert "does not exist" in log.read_text()  # the last one ran: its bad config is its own line
