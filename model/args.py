@@ -65,6 +65,10 @@ class ModelArgs:
     )
     # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
     init_scale: str = "absolute"
+    # keep every writer of the residual stream zero-mean over its features (the token embedding
+    # centred, wo and w2 as W - mean_0(W), b - mean(b)): Pre-RMSNorm then trains exactly as Pre-LN
+    # from the same seed (Jiang et al. 2023); pre-norm placements only (pre, lns)
+    zero_mean_writers: bool = False
 
     @property
     def matrix_std(self) -> float:
@@ -153,6 +157,11 @@ class ModelArgs:
             raise ValueError(
                 "model.placement=hybrid normalizes q, k and v with the block norm itself: "
                 f"model.qk_norm must be none, got {self.qk_norm}"
+            )
+        if self.zero_mean_writers and self.placement not in ("pre", "lns"):
+            raise ValueError(
+                "model.zero_mean_writers needs a placement whose norms all read the residual "
+                f"stream (pre, lns), got model.placement={self.placement}"
             )
         if self.qk_norm_eps is not None and self.qk_norm_eps <= 0:
             raise ValueError(f"model.qk_norm_eps must be > 0 or null, got {self.qk_norm_eps}")

@@ -1,8 +1,22 @@
-"""Norm conversions of a trained model. swap_norms is the naive swap: every LayerNorm / RMSNorm
-module replaced by another norm with its gain carried over; the model then computes something else
-(how much: its val loss before and after)."""
+"""Norm conversions of a trained model.
+
+to_rmsnorm is exact (Jiang et al. 2023, "Pre-RMSNorm and Pre-CRMSNorm Transformers", arXiv
+2305.14858): in a pre-norm model every LayerNorm reads the residual stream, and LayerNorm
+ignores its mean, LN(x) = RMSNorm(x - mean(x)) (same eps: var(x) = mean((x - mean(x))^2)). So
+fold each LayerNorm's gain g into the linear layers it feeds (W' = W diag(g)), re-centre every
+writer of the stream over its output dimension (the token embedding E -= E.mean(-1), each
+attention output and FFN down projection W -= W.mean(0), b -= mean(b)), and every LayerNorm
+becomes an RMSNorm with unit gain: the stream is the old one minus its mean, which no norm sees,
+and the logits are unchanged.
+
+gpt2_to_rmsnorm does the same to a Hugging Face GPT-2 (its LayerNorms have biases beta: b' = b +
+W beta, and the output head gains a bias). swap_norms is the naive swap: every LayerNorm /
+RMSNorm replaced by another norm with its gain carried over; the model then computes something
+else (how much: its val loss before and after)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -10,6 +24,126 @@ from torch import nn
 from model.args import lookup
 from model.norm_config import NORMS
 from model.norms import _Norm
+
+# placements whose norms all read the residual stream (LayerNorm's input is what the writers sum)
+EXACT_PLACEMENTS = ("pre", "lns")
+# the linear layers each block norm feeds
+FEEDS = {
+    "attention_norm": ("attention.wq", "attention.wk", "attention.wv", "attention.w_gate"),
+    "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
+}
+WRITERS = ("attention.wo", "feed_forward.w2")  # what each block adds to the stream
+
+
+def refusal(args) -> str | None:
+    """Why a model of these ModelArgs has no exact LayerNorm -> RMSNorm conversion, or None."""
+    if args.norm != "layernorm":
+        return f"its norm is {args.norm!r}, not 'layernorm'"
+    if args.placement not in EXACT_PLACEMENTS:
+        return (
+            f"its placement is {args.placement!r}: the identity needs every norm to read the "
+            f"residual stream (placements {', '.join(EXACT_PLACEMENTS)}); a norm after the "
+            "residual sum sees a mean no writer's centring removes"
+        )
+    if (args.norm_options.get("layernorm") or {}).get("bias"):
+        return "its LayerNorms have a bias, which the output head (no bias) cannot absorb"
+    return None  # qk-norm, gates, soft-capping, embed_scale act past the stream's norms
+
+
+@torch.no_grad()
+def to_rmsnorm(model: nn.Module) -> nn.Module:
+    """The pre-RMSNorm Llama computing the same logits as pre-LN `model` (module docstring); the
+    algebra in float64, the result in model's dtype and device. The head is untied (the embedding
+    is re-centred as a writer, the head keeps its rows with the final gain folded in). ValueError
+    (refusal's reason) for a model without the identity."""
+    from model.llama import Llama
+
+    args = model.args
+    reason = refusal(args)
+    if reason:
+        raise ValueError(f"no exact LayerNorm -> RMSNorm conversion: {reason}")
+    sd = {k: v.detach().to(torch.float64).clone() for k, v in model.state_dict().items()}
+    for i in range(args.n_layers):
+        p = f"layers.{i}."
+        for norm, feeds in FEEDS.items():
+            g = sd.pop(p + norm + ".weight")
+            for name in feeds:
+                if p + name + ".weight" in sd:
+                    sd[p + name + ".weight"] *= g  # W diag(g): column j times g_j
+        for name in WRITERS:
+            sd[p + name + ".weight"] -= sd[p + name + ".weight"].mean(0, keepdim=True)
+            if p + name + ".bias" in sd:
+                sd[p + name + ".bias"] -= sd[p + name + ".bias"].mean()
+    sd["output.weight"] = sd["output.weight"] * sd.pop("norm.weight")
+    sd["tok_embeddings.weight"] -= sd["tok_embeddings.weight"].mean(-1, keepdim=True)
+    options = {k: v for k, v in args.norm_options.items() if k != "layernorm"}
+    new_args = dataclasses.replace(
+        args, norm="rmsnorm", norm_options=options, tie_embeddings=False, init_head_std=None
+    )
+    weight = model.output.weight
+    with torch.device("meta"):
+        new = Llama(new_args)
+    new = new.to_empty(device=weight.device).to(weight.dtype)
+    missing = {k for k in new.state_dict() if k not in sd}
+    for k in missing:  # the RMSNorms' gains: 1
+        if not k.endswith("norm.weight"):
+            raise ValueError(f"to_rmsnorm: no value for {k}")
+        sd[k] = torch.ones_like(new.state_dict()[k], dtype=torch.float64)
+    new.load_state_dict(sd)  # copies, casting to each parameter's dtype
+    return new.train(model.training)
+
+
+@torch.no_grad()
+def gpt2_to_rmsnorm(model: nn.Module) -> nn.Module:
+    """A transformers GPT2LMHeadModel (pre-LN) converted in place to RMSNorm modules (torch's
+    nn.RMSNorm, gain 1) with the same logits; its head untied and given a bias. Conv1D weights
+    are (in, out): a gain folds into rows, writers centre over columns. Save it whole
+    (torch.save(model); torch.load(path, weights_only=False)): save_pretrained would rebuild
+    LayerNorms."""
+    cfg = model.config
+    if cfg.model_type != "gpt2":
+        raise ValueError(
+            f"no exact LayerNorm -> RMSNorm conversion for model_type {cfg.model_type!r}: "
+            "this converter knows GPT-2's layout (model_type gpt2)"
+        )
+    t = model.transformer
+    if any(not isinstance(m, nn.LayerNorm) for m in (t.ln_f, *(b.ln_1 for b in t.h))):
+        raise ValueError("no exact LayerNorm -> RMSNorm conversion: the model has no LayerNorms")
+
+    def fold(ln: nn.LayerNorm, conv) -> None:
+        w, g = conv.weight.double(), ln.weight.double()
+        beta = ln.bias.double() if ln.bias is not None else torch.zeros_like(g)
+        conv.bias.copy_(conv.bias.double() + beta @ w)
+        conv.weight.copy_(w * g[:, None])
+
+    def centre(conv) -> None:
+        w = conv.weight.double()
+        conv.weight.copy_(w - w.mean(1, keepdim=True))
+        conv.bias.copy_(conv.bias.double() - conv.bias.double().mean())
+
+    def rms(ln: nn.LayerNorm) -> nn.RMSNorm:
+        return nn.RMSNorm(ln.normalized_shape, eps=ln.eps).to(ln.weight.device, ln.weight.dtype)
+
+    emb = t.wte.weight.double().clone()
+    for block in t.h:
+        fold(block.ln_1, block.attn.c_attn)
+        fold(block.ln_2, block.mlp.c_fc)
+        centre(block.attn.c_proj)
+        centre(block.mlp.c_proj)
+        block.ln_1, block.ln_2 = rms(block.ln_1), rms(block.ln_2)
+    g = t.ln_f.weight.double()
+    beta = t.ln_f.bias.double() if t.ln_f.bias is not None else torch.zeros_like(g)
+    old = model.lm_head.weight
+    head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=True).to(old.device, old.dtype)
+    head.weight.copy_(emb * g)
+    head.bias.copy_(emb @ beta)
+    model.lm_head = head
+    cfg.tie_word_embeddings = False
+    t.ln_f = rms(t.ln_f)
+    for e in (t.wte, t.wpe):
+        w = e.weight.double()
+        e.weight.copy_(w - w.mean(-1, keepdim=True))
+    return model
 
 
 def swap_norms(module: nn.Module, to: str) -> int:

@@ -38,6 +38,7 @@ def check_expressible(args: ModelArgs) -> None:
         "attn_gate": (args.attn_gate, "none"),
         "ffn": (args.ffn, "swiglu"),
         "linear_bias": (args.linear_bias, False),
+        "zero_mean_writers": (args.zero_mean_writers, False),
         "embed_scale": (args.embed_scale, "none"),
         "attn_softcap": (args.attn_softcap, 0.0),
         "logit_softcap": (args.logit_softcap, 0.0),

@@ -40,6 +40,21 @@ def runs_in_float32(
     return device == "cuda" and (autocast_dtype if autocast else dtype) == torch.float32
 
 
+class ZeroMeanLinear(nn.Linear):
+    """y = x (W - 1 mean_0(W))^T + (b - mean(b)): outputs with zero mean over their features, for
+    any x (Jiang et al. 2023's LinearZeroMeanOutput). The raw W and b are the parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias - self.bias.mean()
+        return F.linear(x, self.weight - self.weight.mean(0, keepdim=True), bias)
+
+
+def writer(args: ModelArgs, d_in: int, d_out: int) -> nn.Linear:
+    """A projection that writes to the residual stream: zero-mean under model.zero_mean_writers."""
+    cls = ZeroMeanLinear if args.zero_mean_writers else nn.Linear
+    return cls(d_in, d_out, bias=args.linear_bias)
+
+
 class Attention(nn.Module):
     """softmax(q k^T / sqrt(d_head) + causal mask) v with n_kv_heads <= n_heads shared key/value
     heads."""
@@ -51,7 +66,7 @@ class Attention(nn.Module):
         self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=bias)
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
-        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=bias)
+        self.wo = writer(args, self.n_heads * self.head_dim, args.dim)
         # gated attention: each head's output times sigmoid(x W_g) before wo (ATTN_GATES)
         gate = lookup(ATTN_GATES, args.attn_gate, "attn_gate")(self)
         with torch.random.fork_rng(devices=[]):  # Linear's own init draws leave the stream as is
@@ -185,7 +200,7 @@ class FeedForward(nn.Module):
         super().__init__()
         hidden = args.ffn_hidden_dim
         self.w1 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
-        self.w2 = nn.Linear(hidden, args.dim, bias=args.linear_bias)
+        self.w2 = writer(args, hidden, args.dim)
         self.w3 = nn.Linear(args.dim, hidden, bias=args.linear_bias)
         # silu(a) * b, maybe fused
         self.swiglu = lookup(OPS_IMPLS, args.ops_impl, "ops_impl").swiglu
@@ -203,7 +218,7 @@ class ReluFeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.w1 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=args.linear_bias)
-        self.w2 = nn.Linear(args.ffn_hidden_dim, args.dim, bias=args.linear_bias)
+        self.w2 = writer(args, args.ffn_hidden_dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.relu(self.w1(x)))

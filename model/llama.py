@@ -112,6 +112,8 @@ class Llama(nn.Module):
             )
         rope = (self.rope_cos[:T], self.rope_sin[:T])
         h = self.tok_embeddings(idx)
+        if self.args.zero_mean_writers:  # the embedding writes the stream too: centre its rows
+            h = h - h.mean(-1, keepdim=True)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         for layer in self.layers:

@@ -27,7 +27,7 @@ PANELS = (
     ("grad_layers", "gradient norm by layer (darker: deeper)"),
     ("update", "update / parameter norm by layer, matrices"),
     ("act", "activation RMS by depth, first and last stats step"),
-    ("mean", "norm inputs' mean-energy fraction by depth, last stats step"),
+    ("mean", "norm inputs' mean-energy fraction by depth, first (dotted) and last stats step"),
     ("logit", "largest attention logit over layers"),
     ("lr", "learning rate"),
 )
@@ -195,15 +195,17 @@ def draw(runs: list[Run], names: list[str], path: Path) -> None:
                     ms=3,
                 )
         depth = run.layers("norm_in/mean_energy/layer_")
-        rec = run.last(f"norm_in/mean_energy/layer_{depth[-1]}") if depth else None
-        if rec:
-            ax["mean"].plot(
-                depth,
-                [rec.get(f"norm_in/mean_energy/layer_{d}") for d in depth],
-                "o-",
-                color=c,
-                ms=3,
-            )
+        for first, style in ((True, ":"), (False, "-")):  # the first stats step dotted
+            rec = run.last(f"norm_in/mean_energy/layer_{depth[-1]}", first) if depth else None
+            if rec:
+                ax["mean"].plot(
+                    depth,
+                    [rec.get(f"norm_in/mean_energy/layer_{d}") for d in depth],
+                    style,
+                    color=c,
+                    marker="o",
+                    ms=3,
+                )
         ms, mv = _max_logit(run)
         ax["logit"].plot(ms, mv, "o-", color=c, ms=2, lw=1)
         ls, lv = run.points("train/lr")

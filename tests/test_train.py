@@ -43,6 +43,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
         "norm_in/mean/layer_{i}",
         "norm_in/rms/layer_{i}",
         "norm_in/absmax/layer_{i}",
+        "norm_in/mean_energy/layer_{i}",
         "norm/gain/layer_{i}",
         "attn/logit_max/layer_{i}",
         "attn/entropy/layer_{i}",
@@ -65,6 +66,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
         "optim/rms_t/tok_embeddings",
         "optim/rms_t/output",
         "optim/rms_t/norm",
+        "norm_in/mean_energy/final",
     }
     per_layer += ["optim/rms_t/layer_{i}"]
     per_layer += [

@@ -206,6 +206,10 @@ class StabilityProbe:
                     )
         if isinstance(self.model.norm, DyT):
             self.handles.append(self.model.norm.register_forward_pre_hook(self._dyt_hook("final")))
+        if getattr(self.model.norm, "weight", None) is not None:  # a final norm (pre, peri, ...)
+            self.handles.append(
+                self.model.norm.register_forward_pre_hook(self._energy_hook("final"))
+            )
 
     def _block_hook(self, i: int):
         def hook(module, args, output):
@@ -222,6 +226,18 @@ class StabilityProbe:
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
             # float16: x^2 overflows above 256
             self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())
+            self._energy(f"layer_{i}", x)
+
+        return hook
+
+    def _energy(self, where: str, x: torch.Tensor) -> None:
+        """The sums of norm_in/mean_energy/{where}: mean(x)^2 and mean(x^2) per position."""
+        self.sums[f"energy/mean_sq/{where}"].append(x.mean(-1).pow(2).mean())
+        self.sums[f"energy/ms/{where}"].append(x.pow(2).mean())
+
+    def _energy_hook(self, where: str):
+        def hook(module, args):
+            self._energy(where, local(args[0]).detach().float())
 
         return hook
 
@@ -329,6 +345,12 @@ class StabilityProbe:
         }
         # each rank saw its share of the batch (and positions, under TP)
         pooled = _over_ranks(pooled, maxima)
+        for key in [k for k in pooled if k.startswith("energy/mean_sq/")]:
+            # the fraction of the inputs' energy in the mean direction: sum of mean(x)^2 over sum
+            # of mean(x^2) (LN(x) = RMSNorm(x - mean(x)), whose square RMS is mean(x^2)(1 - it))
+            where = key.rsplit("/", 1)[1]
+            ms = pooled.pop(f"energy/ms/{where}")
+            values[f"norm_in/mean_energy/{where}"] = pooled.pop(key) / ms.clamp_min(1e-30)
         for key, value in pooled.items():
             if "/ms/" in key:  # mean squares average over forward passes; report their root
                 key, value = key.replace("/ms/", "/rms/"), value.sqrt()
