@@ -111,6 +111,16 @@ def preceded(run: Run, step: int) -> str:
     return "; ".join(out) or "no logged signal rose with or before it"
 
 
+def _by_depth(ax, run, prefix: str, color) -> None:
+    """A metric over depth at the run's first (dotted) and last stats step."""
+    depth = run.layers(prefix)
+    for first, style in ((True, ":"), (False, "-")):
+        rec = run.last(f"{prefix}{depth[-1]}", first) if depth else None
+        if rec:
+            values = [rec.get(f"{prefix}{d}") for d in depth]
+            ax.plot(depth, values, style, color=color, marker="o", ms=3)
+
+
 def _max_logit(run: Run) -> tuple[list[int], list[float]]:
     steps, values = [], []
     for r in run.records:
@@ -182,30 +192,8 @@ def draw(runs: list[Run], names: list[str], path: Path) -> None:
                 ls, lv = run.points(f"{prefix}{layer}")
                 shade = 0.3 + 0.7 * (j + 1) / len(layers)
                 ax[key].plot(ls, lv, color=c, lw=0.9, alpha=shade)
-        for first, style in ((True, ":"), (False, "-")):
-            depth = run.layers("act/rms/layer_")
-            rec = run.last(f"act/rms/layer_{depth[-1]}", first) if depth else None
-            if rec:
-                ax["act"].plot(
-                    depth,
-                    [rec.get(f"act/rms/layer_{d}") for d in depth],
-                    style,
-                    color=c,
-                    marker="o",
-                    ms=3,
-                )
-        depth = run.layers("norm_in/mean_energy/layer_")
-        for first, style in ((True, ":"), (False, "-")):  # the first stats step dotted
-            rec = run.last(f"norm_in/mean_energy/layer_{depth[-1]}", first) if depth else None
-            if rec:
-                ax["mean"].plot(
-                    depth,
-                    [rec.get(f"norm_in/mean_energy/layer_{d}") for d in depth],
-                    style,
-                    color=c,
-                    marker="o",
-                    ms=3,
-                )
+        for key, prefix in (("act", "act/rms/layer_"), ("mean", "norm_in/mean_energy/layer_")):
+            _by_depth(ax[key], run, prefix, c)
         ms, mv = _max_logit(run)
         ax["logit"].plot(ms, mv, "o-", color=c, ms=2, lw=1)
         ls, lv = run.points("train/lr")

@@ -1,0 +1,107 @@
+"""Paired critical learning rates (docs/METHODS.md, "Critical LR"): per seed and arm, the smallest
+LR at which the seed's run is unstable, found by bisection on a log scale; arms compared by the
+mean of paired log differences over seeds, with a t interval, and "same" decided by TOST.
+
+A seed's runs under two arms that differ only in the norm share its data order and initial weights,
+so its two critical LRs are a pair. Bisection on a log grid quantizes each estimate to a cell of
+width log(resolution); each seed's grid is offset by its own fraction of a cell (`offset`), which
+makes the mean of quantized differences unbiased for the true one whatever the cell width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """What a seed's runs say about its critical LR: the largest LR it trained at (lo) and the
+    smallest it failed at (hi); None where no run says (censored)."""
+
+    lo: float | None
+    hi: float | None
+
+    def estimate(self) -> float | None:
+        """The geometric midpoint of the bracket; None while one side is missing."""
+        return None if None in (self.lo, self.hi) else math.sqrt(self.lo * self.hi)
+
+
+def bracket(outcomes: dict[float, bool]) -> Bracket:
+    """The bracket of one seed's runs {lr: unstable}; ValueError when they are not monotone (an
+    unstable run below a stable one: the critical LR is not one number for this seed)."""
+    stable = [lr for lr, bad in outcomes.items() if not bad]
+    unstable = [lr for lr, bad in outcomes.items() if bad]
+    lo, hi = max(stable, default=None), min(unstable, default=None)
+    if lo is not None and hi is not None and hi < lo:
+        raise ValueError(f"outcomes are not monotone in the LR: unstable at {hi:g} < {lo:g} stable")
+    return Bracket(lo, hi)
+
+
+def next_lr(b: Bracket, resolution: float, cap: float, floor: float) -> float | None:
+    """The next LR to run for a seed, or None when it is resolved (hi / lo <= resolution) or
+    censored (stable at the cap, unstable at the floor). From one side only it steps by x4 (at most
+    to cap or floor); within a bracket it halves the log width."""
+    if b.lo is None and b.hi is None:
+        return math.sqrt(cap * floor)
+    if b.hi is None:
+        return None if b.lo >= cap else min(cap, b.lo * 4)
+    if b.lo is None:
+        return None if b.hi <= floor else max(floor, b.hi / 4)
+    return None if b.hi / b.lo <= resolution * (1 + 1e-9) else math.sqrt(b.lo * b.hi)
+
+
+def grid_offset(seed: int, resolution: float) -> float:
+    """The seed's grid offset, a factor in [1, resolution): a fixed, pre-registered function of the
+    seed (golden-ratio sequence), not a random draw."""
+    return resolution ** ((seed * 0.6180339887498949) % 1.0)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The comparison of two arms' critical LRs over seeds (a / b)."""
+
+    n: int  # seeds with both estimates
+    censored: int  # seeds left out: an estimate missing in either arm
+    ratio: float  # exp(mean paired log difference)
+    ci: tuple[float, float]  # the ratio's two-sided (1 - alpha) t interval
+    p_equivalence: float  # TOST p at +-log(margin)
+    p_difference: float  # two-sided t test p for a ratio of 1
+    verdict: str  # agrees | differs | inconclusive
+
+
+def compare(
+    a: dict[int, float | None],
+    b: dict[int, float | None],
+    margin: float = 1.1,
+    alpha: float = 0.05,
+) -> Paired:
+    """Arms a and b ({seed: critical LR or None}) by their paired log differences: `agrees` when the
+    TOST p at +-log(margin) is below alpha (the 1 - 2 alpha interval inside the margin); else
+    `differs` when the two-sided t test rejects a ratio of 1; else `inconclusive`. The ratio and its
+    1 - alpha interval say how large. Needs two or more complete pairs (ValueError)."""
+    seeds = sorted(set(a) | set(b))
+    d = [math.log(a[s] / b[s]) for s in seeds if a.get(s) and b.get(s)]
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"{n} seeds with a critical LR in both arms: at least 2 are needed")
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    se = sd / math.sqrt(n)
+    m = math.log(margin)
+    if se == 0:  # every seed the same difference: exact
+        p_eq = 0.0 if abs(mean) < m else 1.0
+        p_diff = 1.0 if mean == 0 else 0.0
+        lo = hi = mean
+    else:
+        t = stats.t(n - 1)
+        p_eq = max(t.sf((mean + m) / se), t.cdf((mean - m) / se))
+        p_diff = 2 * t.sf(abs(mean) / se)
+        half = t.ppf(1 - alpha / 2) * se
+        lo, hi = mean - half, mean + half
+    verdict = "agrees" if p_eq < alpha else "differs" if p_diff < alpha else "inconclusive"
+    return Paired(
+        n, len(seeds) - n, math.exp(mean), (math.exp(lo), math.exp(hi)), p_eq, p_diff, verdict
+    )

@@ -1,0 +1,61 @@
+"""Paired critical LRs (lab/critical.py) on constructed data: brackets, bisection, the paired
+comparison against scipy's t tests, and the design simulation's bisection."""
+
+import math
+
+import pytest
+from scipy import stats
+
+from lab.analyses.simulate_critical import measure
+from lab.critical import Bracket, bracket, compare, grid_offset, next_lr
+
+
+def test_a_bracket_is_the_largest_stable_and_smallest_unstable_lr():
+    assert bracket({0.01: False, 0.03: False, 0.1: True, 0.3: True}) == Bracket(0.03, 0.1)
+    assert bracket({0.01: False}).estimate() is None
+    with pytest.raises(ValueError, match="not monotone"):
+        bracket({0.01: True, 0.03: False})
+
+
+def test_bisection_halves_the_log_bracket_until_the_resolution():
+    lo, hi, steps = 0.01, 0.01 * 10**0.5, 0
+    while (lr := next_lr(Bracket(lo, hi), 1.19, 1.0, 1e-4)) is not None:
+        assert lr == pytest.approx(math.sqrt(lo * hi))
+        lo, hi = (lr, hi) if steps % 2 else (lo, lr)
+        steps += 1
+    assert steps == 3 and hi / lo <= 1.19  # x3.16 -> 1.78 -> 1.33 -> 1.15
+    assert next_lr(Bracket(1.0, None), 1.19, 1.0, 1e-4) is None  # stable at the cap: censored
+    assert next_lr(Bracket(0.1, None), 1.19, 1.0, 1e-4) == pytest.approx(0.4)
+
+
+def test_the_simulated_bisection_finds_the_critical_lr_within_its_resolution():
+    for seed, c in enumerate([0.0013, 0.02, 0.0571, 0.3]):
+        est, runs = measure(c, seed, 1.19)
+        assert abs(math.log(est / c)) <= math.log(1.19) / 2 + 1e-12 and runs == 5
+    assert 1 <= grid_offset(7, 1.19) < 1.19
+
+
+def test_the_paired_comparison_matches_scipys_t_tests():
+    a = {s: 0.01 * math.exp(0.1 * s) * (1.05 + 0.01 * (s % 3)) for s in range(8)}
+    b = {s: 0.01 * math.exp(0.1 * s) for s in range(8)}
+    p = compare(a, b, margin=1.1)
+    d = [math.log(a[s] / b[s]) for s in range(8)]
+    m = math.log(1.1)
+    tost = max(
+        stats.ttest_1samp(d, -m, alternative="greater").pvalue,
+        stats.ttest_1samp(d, m, alternative="less").pvalue,
+    )
+    assert p.p_equivalence == pytest.approx(tost) and p.verdict == "agrees"
+    assert p.p_difference == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+    ci = stats.ttest_1samp(d, 0).confidence_interval(0.95)
+    assert p.ci == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert p.n == 8 and p.censored == 0
+
+
+def test_a_known_1_5x_difference_differs_and_censored_seeds_are_counted():
+    a = {s: 0.015 * (1 + 0.02 * (-1) ** s) for s in range(6)}
+    b = {s: 0.01 for s in range(6)} | {6: None}
+    p = compare(a, b)
+    assert p.verdict == "differs" and p.ci[0] < 1.5 < p.ci[1] and p.censored == 1
+    with pytest.raises(ValueError, match="at least 2"):
+        compare({0: 0.1}, {0: 0.1})
