@@ -93,8 +93,10 @@ def test_activation_norm_input_and_attention_logit_metrics_match_a_direct_comput
         ms = sum(t.pow(2).mean() for t in n_in) / 2
         assert metrics[f"norm_in/mean/layer_{i}"] == pytest.approx(mean.item())
         assert metrics[f"norm_in/rms/layer_{i}"] == pytest.approx(ms.sqrt().item())
-        mean_sq = sum(t.mean(-1).pow(2).mean() for t in n_in) / 2
-        assert metrics[f"norm_in/mean_energy/layer_{i}"] == pytest.approx((mean_sq / ms).item())
+        fractions = [t.mean(-1).pow(2).mean() / t.pow(2).mean() for t in n_in]
+        for name, f in zip(("attention_norm", "ffn_norm"), fractions, strict=True):
+            assert metrics[f"norm_in/mean_energy/layer_{i}/{name}"] == pytest.approx(f.item())
+        assert metrics[f"norm_in/mean_energy/layer_{i}"] == pytest.approx(sum(fractions).item() / 2)
         gain = torch.cat([block.attention_norm.weight, block.ffn_norm.weight]).mean()
         assert metrics[f"norm/gain/layer_{i}"] == pytest.approx(gain.item())
     final = h.mean(-1).pow(2).mean() / h.pow(2).mean()

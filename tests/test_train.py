@@ -44,6 +44,8 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
         "norm_in/rms/layer_{i}",
         "norm_in/absmax/layer_{i}",
         "norm_in/mean_energy/layer_{i}",
+        "norm_in/mean_energy/layer_{i}/attention_norm",
+        "norm_in/mean_energy/layer_{i}/ffn_norm",
         "norm/gain/layer_{i}",
         "attn/logit_max/layer_{i}",
         "attn/entropy/layer_{i}",

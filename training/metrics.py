@@ -199,7 +199,7 @@ class StabilityProbe:
             self.handles.append(block.attention.register_forward_hook(self._attention_hook(i)))
             for name in BLOCK_NORMS:
                 norm = getattr(block, name)
-                self.handles.append(norm.register_forward_pre_hook(self._norm_hook(i)))
+                self.handles.append(norm.register_forward_pre_hook(self._norm_hook(i, name)))
                 if isinstance(norm, DyT):
                     self.handles.append(
                         norm.register_forward_pre_hook(self._dyt_hook(f"layer_{i}", name))
@@ -217,7 +217,7 @@ class StabilityProbe:
 
         return hook
 
-    def _norm_hook(self, i: int):
+    def _norm_hook(self, i: int, name: str):
         def hook(module, args):
             # tensor parallel: this rank's positions (combined in finish)
             x = local(args[0]).detach().float()
@@ -226,7 +226,7 @@ class StabilityProbe:
             self.sums[f"norm_in/ms/layer_{i}"].append(x.pow(2).mean())
             # float16: x^2 overflows above 256
             self.sums[f"norm_in/absmax/layer_{i}"].append(x.abs().amax())
-            self._energy(f"layer_{i}", x)
+            self._energy(f"layer_{i}/{name}", x)
 
         return hook
 
@@ -345,12 +345,19 @@ class StabilityProbe:
         }
         # each rank saw its share of the batch (and positions, under TP)
         pooled = _over_ranks(pooled, maxima)
+        layers = defaultdict(list)
         for key in [k for k in pooled if k.startswith("energy/mean_sq/")]:
-            # the fraction of the inputs' energy in the mean direction: sum of mean(x)^2 over sum
-            # of mean(x^2) (LN(x) = RMSNorm(x - mean(x)), whose square RMS is mean(x^2)(1 - it))
-            where = key.rsplit("/", 1)[1]
+            # each norm's share of its inputs' energy in the mean direction: sum of mean(x)^2 over
+            # sum of mean(x^2) (LN(x) = RMSNorm(x - mean(x)), whose square RMS is mean(x^2)(1 -
+            # it)); a layer's: the mean of its two norms' (scale-free: post-norm's two norms see
+            # inputs of very different RMS)
+            where = key[len("energy/mean_sq/") :]
             ms = pooled.pop(f"energy/ms/{where}")
             values[f"norm_in/mean_energy/{where}"] = pooled.pop(key) / ms.clamp_min(1e-30)
+            if "/" in where:
+                layers[where.split("/")[0]].append(values[f"norm_in/mean_energy/{where}"])
+        for layer, parts in layers.items():
+            values[f"norm_in/mean_energy/{layer}"] = torch.stack(parts).mean()
         for key, value in pooled.items():
             if "/ms/" in key:  # mean squares average over forward passes; report their root
                 key, value = key.replace("/ms/", "/rms/"), value.sqrt()
