@@ -150,8 +150,13 @@ def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
     evals = run.evals or [final]
     best = min([*evals, *([best] if best is not None and math.isfinite(best) else [])])
     unigram = s.get("unigram_entropy")
-    if rule.learn_margin is not None and unigram is not None and best > unigram - rule.learn_margin:
-        return f"did not learn: best {best:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"
+    if rule.learn_margin is not None and unigram is not None and rule.speed_free:
+        _, b = last_half(run)  # still falling (b < -slow_slope): slow, not failed
+        if final > unigram - rule.learn_margin and (b is None or b >= -rule.slow_slope):
+            return f"collapsed: final {final:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"
+    elif rule.learn_margin is not None and unigram is not None:
+        if best > unigram - rule.learn_margin:
+            return f"did not learn: best {best:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"
     if rule.blowup_margin is not None:
         low = math.inf
         for v in evals:

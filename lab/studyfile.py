@@ -365,6 +365,10 @@ class Rule:
     above_l0: bool = True
     arm_gap: float | None = None
     slow_slope: float = 0.01
+    # learn_margin judged speed-free: only a collapse that persists to the end fails (the final
+    # eval within learn_margin of the unigram entropy and the last half not falling faster than
+    # slow_slope); a run still falling there is slow, not unstable (issue 60's primary rule)
+    speed_free: bool = False
     labels: bool = (
         False  # judge by train.py's own labels instead (runs compared without a study file)
     )
@@ -373,7 +377,13 @@ class Rule:
         if self.labels:
             return "train.py's own label collapsed, unstable or diverged (ok and plateau trained)"
         parts = ["a non-finite loss"]
-        if self.learn_margin is not None:
+        if self.learn_margin is not None and self.speed_free:
+            parts.append(
+                f"a collapse that persists (the final eval within {self.learn_margin:g} nats of "
+                f"the unigram entropy, its last half not falling {self.slow_slope:g} nats per 10% "
+                "of the budget: a run still falling is slow, not failed)"
+            )
+        elif self.learn_margin is not None:
             parts.append(
                 f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget"
             )
@@ -390,7 +400,15 @@ DEFAULT_ALTERNATIVES = (
     Rule("the arm's best + 1 nat", None, None, False, 1.0),
     Rule("lenient: 0.1 below unigram, 1 nat blow-up", 0.1, 1.0, True, None),
 )
-RULE_KEYS = {"name", "learn_margin", "blowup_margin", "above_l0", "arm_gap", "slow_slope"}
+RULE_KEYS = {
+    "name",
+    "learn_margin",
+    "blowup_margin",
+    "above_l0",
+    "arm_gap",
+    "slow_slope",
+    "speed_free",
+}
 
 
 def parse_rule(section, where: str, name: str) -> Rule:
@@ -401,8 +419,9 @@ def parse_rule(section, where: str, name: str) -> Rule:
         value = getattr(out, key)
         if value is not None:  # null: the criterion is off
             check_number(f"{where}: {key}", value, float, ">= 0")
-    if not isinstance(out.above_l0, bool):
-        raise ConfigError(f"{where}: above_l0 is true or false")
+    for key in ("above_l0", "speed_free"):
+        if not isinstance(getattr(out, key), bool):
+            raise ConfigError(f"{where}: {key} is true or false")
     return out
 
 

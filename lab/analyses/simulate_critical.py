@@ -89,15 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | " + " | ".join("---" for _ in RATIOS) + " | --- | --- | --- |",
     ]
     choice = []
+    # P(agrees) >= 0.8 at 1, <= 0.05 at 1.2, and the 95% CI covering 1.2 in >= 93% of studies
+    good = lambda row: row[0][0] >= 0.8 and row[2][0] <= 0.05 and row[2][2] >= 0.93  # noqa: E731
     for sigma in (0.0, 0.05, 0.1):
         for n in (6, 12, 24):
             for res in (1.19, 1.09):
                 row = [simulate(n, sigma, r, res, a.sims, 1.1, rng) for r in RATIOS]
-                if (
-                    row[0][0] >= 0.8
-                    and row[2][0] <= 0.05
-                    and not any(c[0] == sigma for c in choice)
-                ):
+                if good(row) and not any(c[0] == sigma for c in choice):
                     choice.append((sigma, n, res))
                 lines.append(
                     f"| {n} | {sigma:g} | x{res:g} | "
@@ -108,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         "The power calculation: the fewest seeds (then the coarser resolution) with P(agrees) >= "
-        "0.8 at a true ratio of 1 and <= 0.05 at 1.2:",
+        "0.8 at a true ratio of 1, <= 0.05 at 1.2, and the 95% CI covering the true ratio 1.2 in "
+        ">= 93% of studies (at sigma 0 a x1.19 bisection puts both arms of most seeds in one cell: "
+        "the t interval is then too narrow):",
         "",
     ]
     for sigma in (0.0, 0.05, 0.1):

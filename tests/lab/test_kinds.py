@@ -127,3 +127,19 @@ def test_instability_alone_censors_slow_runs():
         "stalled": 0,
         "no curve": 0,
     }
+
+
+def test_the_speed_free_rule_fails_persisting_collapse_and_blow_ups_but_not_slow_runs():
+    """Issue 60's primary rule: a run still falling at its end is slow (trained, its instability
+    not seen), a collapse that persists to the end and a blow-up fail, as under the main rule."""
+    rule = Rule(speed_free=True)
+    collapsed = run([5.98, 5.92, 5.88, 5.89, 5.89, 5.89])
+    slow = run([5.95, 5.94, 5.93, 5.90, 5.80, 5.70], seed=1)  # at the plateau, escaping late
+    blew = run([5.0, 4.6, 5.3, 5.2, 5.1, 5.0], seed=2)
+    trained = run([5.0, 4.5, 4.2, 4.0, 3.9, 3.9], seed=3)
+    judge([collapsed, slow, blew, trained], rule)
+    assert collapsed.failed and collapsed.why.startswith("collapsed: final 5.89")
+    assert not slow.failed and not trained.failed and blew.failed
+    judge([slow], Rule())  # the main rule: never 0.25 below unigram within the budget
+    assert slow.failed and slow.kind == "slow"
+    assert "a collapse that persists" in rule.describe()
