@@ -105,3 +105,60 @@ def compare(
     return Paired(
         n, len(seeds) - n, math.exp(mean), (math.exp(lo), math.exp(hi)), p_eq, p_diff, verdict
     )
+
+
+def arm_estimates(runs, seeds) -> dict[int, float | None]:
+    """{seed: its critical LR (the bracket's geometric midpoint), None where censored or not
+    monotone} from one arm's finished runs (lab/read.py Run: lr, seed, failed)."""
+    out = {}
+    for seed in seeds:
+        mine = {r.lr: r.failed for r in runs if r.seed == seed and r.finished}
+        try:
+            out[seed] = bracket(mine).estimate() if mine else None
+        except ValueError:
+            out[seed] = None
+    return out
+
+
+def norm_pairs(arms: dict, keys: list[str]) -> list[tuple]:
+    """The pairs of arms (label, Arm) that differ only in model.norm, each once."""
+
+    def rest(arm) -> tuple:
+        run = arm.runs[0]
+        return tuple((k, str(run.config.get(k))) for k in keys if k != "model.norm")
+
+    items = [(label, a) for label, a in arms.items() if a.runs]
+    return [
+        (x, y)
+        for i, x in enumerate(items)
+        for y in items[i + 1 :]
+        if rest(x[1]) == rest(y[1])
+        and x[1].runs[0].config.get("model.norm") != y[1].runs[0].config.get("model.norm")
+    ]
+
+
+def findings(res) -> list[str]:
+    """The report's lines on paired critical LRs, where the protocol bisects them: each pair of arms
+    that differ only in the norm, its ratio, CI, TOST and t-test p, n and censored seeds."""
+    p = res.file.protocol
+    if p is None or p.critical is None or "model.norm" not in res.keys:
+        return []
+    c = p.critical
+    out = [
+        f"Paired critical LRs (protocol.critical: seeds {', '.join(map(str, c.seeds))}, bisection "
+        f"to x{c.resolution:g}, each seed's grid offset; failure rule: {res.file.rule.describe()}"
+        f"): a / b over seeds, TOST at x{c.margin:g}."
+    ]
+    for (la, a), (lb, b) in norm_pairs(res.arms, res.keys):
+        ea, eb = arm_estimates(a.runs, c.seeds), arm_estimates(b.runs, c.seeds)
+        try:
+            q = compare(ea, eb, c.margin)
+        except ValueError as e:
+            out.append(f"- **{la}** / **{lb}**: not decided ({e}).")
+            continue
+        out.append(
+            f"- **{la}** / **{lb}**: {q.ratio:.3f} (95% CI {q.ci[0]:.3f}-{q.ci[1]:.3f}), n = {q.n} "
+            f"seeds ({q.censored} censored or not monotone), TOST p = {q.p_equivalence:.3g}, "
+            f"t-test p = {q.p_difference:.3g}: **{q.verdict}**."
+        )
+    return out

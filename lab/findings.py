@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from lab import critical
 from lab.arms import Arm, max_series, mean_of
 from lab.result import StudyResult
 
@@ -87,7 +88,7 @@ def findings(res: StudyResult) -> list[str]:
             + "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v) for k, v in logit.items())
             + "."
         )
-    return out + norm_input_findings(res.arms, res.keys)
+    return out + norm_input_findings(res.arms, res.keys) + critical.findings(res)
 
 
 def margin_in_steps(res: StudyResult) -> str | None:
@@ -160,9 +161,16 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
     RMS averaged over layers at the first and last logged step (what LayerNorm's centring removes);
     and, when the arms differ in precision, the largest |input| seen (float16's x^2 overflows above
     256) and float16's skipped steps."""
-    out, ratio, absmax, skipped = [], [], [], []
+    out, ratio, absmax, skipped, energy = [], [], [], [], []
     for a in arms.values():
         runs = a.at(a.best_lr) if a.best_lr is not None else []
+        ends = [_energy_ends(run) for run in runs]
+        ends = [e for e in ends if e is not None]
+        if ends:
+            energy.append(
+                f"{a.label} {mean_of([e[0] for e in ends]):.4f} -> "
+                f"{mean_of([e[1] for e in ends]):.4f}"
+            )
         steps = [[r["step"] for r in run.records if "norm_in/rms/layer_0" in r] for run in runs]
         pairs = []
         for run, st in zip(runs, steps, strict=True):
@@ -208,6 +216,14 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
             "logged step (at "
             f"each arm's best lr, mean over seeds{chance}): " + "; ".join(ratio) + "."
         )
+    if energy:
+        out.append(
+            "Block norms' inputs, mean-energy fraction mean(x)^2 / mean(x^2) averaged over layers, "
+            "first -> last stats step (at each arm's best lr, mean over seeds; about 1/d without a "
+            "systematic mean; the part of the input LayerNorm removes and RMSNorm keeps): "
+            + "; ".join(energy)
+            + "."
+        )
     if absmax and {"train.dtype", "model.norm_precision"} & set(keys):
         out.append(
             "Largest |norm input| over every logged step, layer and run (float16's x^2 overflows "
@@ -220,6 +236,23 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
             "steps: " + "; ".join(skipped) + "."
         )
     return out
+
+
+def _energy_ends(run) -> tuple[float, float] | None:
+    """A run's mean-energy fraction averaged over layers at its first and last stats step."""
+    steps = [r["step"] for r in run.records if "norm_in/mean_energy/layer_0" in r]
+    if not steps:
+        return None
+    means = []
+    for s in (steps[0], steps[-1]):
+        rec = next(r for r in run.records if r.get("step") == s)
+        vals = [
+            v
+            for k, v in rec.items()
+            if k.startswith("norm_in/mean_energy/layer_") and k[26:].isdigit() and v is not None
+        ]
+        means.append(sum(vals) / len(vals))
+    return means[0], means[1]
 
 
 def _max_series_all(runs, prefix: str) -> float | None:

@@ -10,6 +10,9 @@ test (docs/METHODS.md, "A study's runs").
              neighbour more than `refine` (x2) away
     edge     the failure seeds at every LR from the last where every selection seed trained to the
              first where every one failed, so the failure curve has >= 5 seeds where it rises
+    critical per arm and `critical.seeds` seed, its critical LR by bisection (lab/critical.py): the
+             arm's edge on the seed's own offset grid, then log midpoints until hi / lo <=
+             `critical.resolution`; a stage that repeats until every seed is resolved
     test     the test seeds at each arm's best LR, chosen on the selection seeds alone (nested
              selection)
     common   for each `common_loss` claim's pair of arms, the common seeds at their common safe LR:
@@ -30,6 +33,7 @@ import statistics
 from pathlib import Path
 
 from lab.adaptive import decided, round_plan
+from lab.critical import bracket, grid_offset, next_lr
 from lab.lr50 import p_fail_upper
 from lab.read import Run, find_runs, same
 from lab.studyfile import Adaptive, Protocol, excluded, expand
@@ -228,7 +232,27 @@ def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     return expand({**study, "grid": grid}, extra) if lrs and seeds else []
 
 
-STAGES = ("grid", "bracket", "refine", "edge", "adaptive", "test", "common")
+STAGES = ("grid", "bracket", "refine", "edge", "critical", "adaptive", "test", "common")
+
+
+def critical_lrs(runs: list[Run], seed: int, p: Protocol) -> list[float]:
+    """The next LR one seed's bisection of its critical LR wants (lab/critical.py): none before the
+    selection seeds give the arm an edge; then the edge's two LRs on the seed's own offset grid;
+    then bisection to protocol.critical.resolution. [] when resolved, censored (stable at max_lr,
+    unstable at min_lr) or not monotone in the LR (the report says so)."""
+    mine = [r for r in runs if r.seed == seed and r.finished]
+    if not mine:
+        ok, fail = edge(runs, p.selection_seeds)
+        if ok is None or fail is None:
+            return []
+        off = grid_offset(seed, fail / ok)
+        return sorted({_round(ok * off), _round(fail * off)})
+    try:
+        b = bracket({r.lr: r.failed for r in mine})
+    except ValueError:
+        return []
+    lr = next_lr(b, p.critical.resolution, p.max_lr, p.min_lr)
+    return [] if lr is None else [_round(lr)]
 
 
 def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
@@ -366,6 +390,13 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
         return specs(study, arm, refine_lrs(runs, sel, p), sel, extra)
     if stage == "edge":
         return specs(study, arm, edge_lrs(runs, sel), p.failure_seeds, extra)
+    if stage == "critical":
+        seeds = p.critical.seeds if p.critical else ()
+        return [
+            s
+            for seed in seeds
+            for s in specs(study, arm, critical_lrs(runs, seed, p), [seed], extra)
+        ]
     if stage == "test":
         best = select_lr(runs, sel)
         return specs(study, arm, [best] if best is not None else [], p.test_seeds, extra)

@@ -266,6 +266,39 @@ class Protocol:
     # the seeds that compare a common_loss claim's arms at their common safe LR
     common_seeds: tuple = ()
     adaptive: Adaptive | None = None  # the adaptive edge stage; None: the study has none
+    critical: Critical | None = None  # per-seed critical LRs by bisection; None: none
+
+
+@dataclass(frozen=True)
+class Critical:
+    """protocol.critical: the seeds whose critical LR each arm bisects (lab/critical.py), to which
+    resolution (hi / lo), and the equivalence margin of the paired comparison (a ratio)."""
+
+    seeds: tuple
+    resolution: float = 1.19
+    margin: float = 1.1
+
+
+CRITICAL_KEYS = {"seeds", "resolution", "margin"}
+
+
+def parse_critical(section, where: str) -> Critical:
+    if not isinstance(section, dict) or set(section) - CRITICAL_KEYS or "seeds" not in section:
+        raise ConfigError(
+            f"{where}: protocol.critical is a mapping of seeds (a list) and optionally "
+            "resolution and margin (ratios > 1)"
+        )
+    seeds = section["seeds"]
+    if not isinstance(seeds, list) or len(seeds) < 2:
+        raise ConfigError(f"{where}: protocol.critical.seeds must list 2 or more integer seeds")
+    for seed in seeds:
+        check_number(f"{where}: protocol.critical.seeds[]", seed, int, ">= 0")
+    for key in ("resolution", "margin"):
+        if key in section:
+            check_number(f"{where}: protocol.critical.{key}", section[key], float, "> 1")
+    return Critical(
+        tuple(seeds), **{k: float(section[k]) for k in ("resolution", "margin") if k in section}
+    )
 
 
 PROTOCOL_KEYS = {
@@ -276,6 +309,7 @@ PROTOCOL_KEYS = {
     "bracket",
     "refine",
     "adaptive",
+    "critical",
 }
 BRACKET_KEYS = {"factor", "min_lr", "max_lr", "steps"}
 
@@ -330,6 +364,7 @@ def parse_protocol(section, where: str) -> Protocol:
         adaptive=None
         if adaptive is None
         else parse_adaptive(adaptive, {s for v in seeds.values() for s in v}, where),
+        critical=None if "critical" not in section else parse_critical(section["critical"], where),
     )
     if (
         out.factor <= 1

@@ -163,8 +163,8 @@ def _sweep(argv: list[str] | None) -> int:
         print(f"{len(runs)} runs -> {study_dir}")
         if study.get("protocol"):
             print(
-                "then the protocol's stages (bracket, refine, edge, test) add runs chosen from "
-                "their results"
+                "then the protocol's stages (bracket, refine, edge, critical, test) add runs "
+                "chosen from their results"
             )
         if study.get("expected"):
             try:

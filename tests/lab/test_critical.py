@@ -2,6 +2,7 @@
 comparison against scipy's t tests, and the design simulation's bisection."""
 
 import math
+from pathlib import Path
 
 import pytest
 from scipy import stats
@@ -59,3 +60,46 @@ def test_a_known_1_5x_difference_differs_and_censored_seeds_are_counted():
     assert p.verdict == "differs" and p.ci[0] < 1.5 < p.ci[1] and p.censored == 1
     with pytest.raises(ValueError, match="at least 2"):
         compare({0: 0.1}, {0: 0.1})
+
+
+def _critical_study(tmp_path):
+    from lab.studyfile import load_study
+
+    path = tmp_path / "c.yaml"
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
+    path.write_text(
+        f"config: {tiny}\n"
+        "grid: {norm: [rmsnorm, layernorm], lr: [1.0e-3, 3.16e-3, 1.0e-2, 3.16e-2, 1.0e-1]}\n"
+        "failure: {speed_free: true}\n"
+        "protocol: {selection_seeds: [0, 1], test_seeds: [2], refine: 0, bracket: {steps: 0}, "
+        "critical: {seeds: [10, 11, 12, 13, 14, 15], resolution: 1.19, margin: 1.1}}\n"
+    )
+    return load_study(path)
+
+
+@pytest.mark.parametrize("ratio, verdict", [(1.0, "agrees"), (1.5, "differs")])
+def test_the_critical_stage_bisects_each_seed_and_the_pair_is_decided(tmp_path, ratio, verdict):
+    """Each seed fails from its own critical LR (shared by the norms, times `ratio` for RMSNorm):
+    the stage starts at the arm's edge on the seed's offset grid and bisects until hi / lo <=
+    1.19; the paired comparison of the estimates says `agrees` at 1 and `differs` at 1.5."""
+    from test_adaptive import drive
+
+    from lab.critical import arm_estimates
+
+    crit = {s: 0.02 * math.exp(0.4 * math.sin(3.0 * s)) for s in range(20)}
+    study = _critical_study(tmp_path)
+    runs, log = drive(
+        study,
+        lambda norm, lr, seed: lr >= crit[seed] * (ratio if norm == "rmsnorm" else 1.0),
+        upto="critical",
+    )
+    assert [stage for stage, _ in log].count("critical") >= 3  # the edge, then bisection rounds
+    est = {}
+    for norm in ("rmsnorm", "layernorm"):
+        mine = [r for r in runs if r.config["model.norm"] == norm]
+        est[norm] = arm_estimates(mine, range(10, 16))
+        for seed, e in est[norm].items():
+            truth = crit[seed] * (ratio if norm == "rmsnorm" else 1.0)
+            assert abs(math.log(e / truth)) <= math.log(1.19) / 2 + 0.01, (norm, seed)
+    q = compare(est["rmsnorm"], est["layernorm"], 1.1)
+    assert q.verdict == verdict and q.n == 6
