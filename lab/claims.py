@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from scipy import stats as st
 
 from lab.arms import Arm
-from lab.lr50 import RatioFit, lr50_ratio, lr50_test
+from lab.lr50 import RatioFit, lr50_ratio, lr50_test, widen
 from lab.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from lab.protocol import common_lr
 from lab.read import same
@@ -200,6 +200,8 @@ def _decide(c: Checked, ratio_margin: float, looks: int = 1) -> None:
         if c.p is not None and looks > 1:
             c.p = min(1.0, looks * c.p)
             c.looks = looks
+            if c.ratio.identified:  # the interval that matches the p: 1 - alpha / looks
+                c.ratio = widen(c.ratio, 1 - ALPHA / looks)
         return
     p = c.nested.paired
     if expect == "same":

@@ -28,7 +28,7 @@ end is an exact binomial statement (n of n runs trained at lo: P(fail at lo) >= 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import brentq, minimize, minimize_scalar
@@ -340,11 +340,13 @@ class RatioFit:
     best: float | None = None  # its maximum
     # runs behind bounds[0] (A's lower end, B's upper) and bounds[1] (A's upper, B's lower)
     ends: tuple = (None, None)
+    level: float = 0.95  # the interval's confidence (widened after adaptive stopping: widen)
 
     def describe(self) -> str:
         if self.identified:
             return (
-                f"LR50 ratio {g(self.ratio)} (95% CI {interval(self.ci)}, likelihood-ratio p = "
+                f"LR50 ratio {g(self.ratio)} ({self.level:.3g} CI {interval(self.ci)}, "
+                "likelihood-ratio p = "
                 f"{self.p:.2g}, "
                 f"{self.n} runs, {self.failed} failed)"
             )
@@ -473,6 +475,18 @@ def lr50_ratio(lrs_a, failed_a, lrs_b, failed_b, ci: bool = True) -> RatioFit:
         best,
         ends,
     )
+
+
+def widen(r: RatioFit, level: float) -> RatioFit:
+    """r with its profile-likelihood interval at confidence `level` (the chi-square quantile at it)
+    instead of 95%: a claim whose p is multiplied by its looks prints the matching interval,
+    1 - alpha / looks (Bonferroni), never a plain 95%."""
+    if r.profile is None or r.ratio is None or r.best is None:
+        return replace(r, level=level)
+    q = float(chi2.ppf(level, 1))
+    ends = _interval(math.log10(r.ratio), lambda t: 2 * (r.best - r.profile(t)) - q)
+    ci = tuple(None if e is None else 10**e for e in ends)
+    return replace(r, ci=ci, level=level)
 
 
 def lr50_test(r: RatioFit, expect: str, ratio_margin: float) -> tuple:

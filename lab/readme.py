@@ -82,6 +82,17 @@ def ci(x: dict | None, key: str) -> str:
     return f"> {g(lo)}" if lo else f"< {g(hi)}" if hi else "-"
 
 
+def confidence(claims: list[dict]) -> str:
+    """'95% CI', or the confidence of LR50 intervals widened to their looks ('99.2% CI')."""
+    levels = sorted({c["lr50_ratio"].get("level", 0.95) for c in claims if "lr50_ratio" in c})
+    if levels in ([], [0.95]):
+        return "95% CI"
+    return (
+        "/".join(f"{100 * v:.3g}%" for v in levels)
+        + " CI, 1 - 0.05 / looks after adaptive stopping"
+    )
+
+
 def nats(loss: dict | None) -> str:
     """'+0.010 (-0.033..+0.052)': a paired difference in nats and its 95% CI."""
     if not loss or loss.get("mean") is None:
@@ -172,7 +183,7 @@ def norm_sentence(report: dict) -> str:
     running = sorted(float(b) for b in report.get("running") or {} if b != "all")
     later = "".join(f"; {b:g} steps still running" for b in running if b > report.get("read_at", 0))
     out = (
-        f"{head}: its LR50 is LayerNorm's {' and '.join(parts)} (95% CI; TOST, Holm p "
+        f"{head}: its LR50 is LayerNorm's {' and '.join(parts)} ({confidence(cs)}; TOST, Holm p "
         f"{_holm(cs)}; {n} runs at {report.get('read_at', '?')} steps{later})."
     )
     for place, c in same.items():
@@ -200,7 +211,7 @@ def placement_sentence(report: dict) -> str:
     )
     return (
         f"{head}: post-norm's LR50 is pre-norm's {' and '.join(parts)} "
-        f"(95% CI, Holm p {_holm(list(lower.values()))}): "
+        f"({confidence(list(lower.values()))}, Holm p {_holm(list(lower.values()))}): "
         f"{_with(list(lower.values()))} {next(iter(lower.values()))['paper']}."
     )
 

@@ -122,6 +122,7 @@ def as_json(res: StudyResult) -> dict:
         return {
             "ratio": r.ratio if r.identified else None,
             "ci": list(r.ci) if r.identified and r.ci else None,
+            "level": r.level,  # the CI's confidence: 1 - alpha / looks after adaptive stopping
             "penalised_ratio": r.ratio,  # the fit's point even where not identified: never printed
             "bounds": list(r.bounds),
             "identified": r.identified,

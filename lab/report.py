@@ -32,7 +32,8 @@ def ratio_cells(r) -> tuple[str, str]:
     """(LR50 ratio, its 95% CI): numbers only where both LR50s are identified, else the ratios the
     arms' brackets allow and no interval."""
     if r.identified:
-        return fmt(r.ratio, ".3g"), interval(r.ci)
+        level = "" if r.level == 0.95 else f" at {100 * r.level:.3g}% (its looks)"
+        return fmt(r.ratio, ".3g"), interval(r.ci) + level
     return f"{bound_text(*r.bounds)} (brackets)", "-"
 
 

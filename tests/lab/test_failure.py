@@ -299,3 +299,21 @@ def test_brackets_that_meet_at_one_lr_with_opposite_outcomes_order_the_arms():
     overlap = lr50_ratio(*runs([(0.01, [0] * 5), (0.1, [1] * 5)]), *c)  # A's below 0.1: overlap
     p, direction, note = lr50_test(overlap, "higher", 2.0)
     assert direction is None and "do not order" in note
+
+
+def test_an_interval_widened_to_its_looks_contains_the_95_one_and_says_its_level():
+    """After adaptive stopping a claim's p is x looks (Bonferroni), so its interval is the
+    1 - 0.05 / looks profile-likelihood interval: wider, same point, its level recorded."""
+    from lab.lr50 import lr50_ratio, widen
+
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1] * 4
+    fail_a = [lr >= 3e-2 if i % 4 else lr >= 1e-2 for i, lr in enumerate(lrs)]
+    fail_b = [lr >= 1e-2 if i % 3 else lr >= 3e-2 for i, lr in enumerate(lrs)]
+    fit = lr50_ratio(lrs, fail_a, lrs, fail_b)
+    assert fit.ci[0] is not None and fit.level == 0.95
+    same = widen(fit, 0.95)
+    assert same.ci == pytest.approx(fit.ci, rel=1e-3)
+    wide = widen(fit, 1 - 0.05 / 6)
+    assert wide.level == pytest.approx(1 - 0.05 / 6) and wide.ratio == fit.ratio
+    assert wide.ci[0] < fit.ci[0] < fit.ratio < fit.ci[1] < wide.ci[1]
+    assert "99.2 CI" not in wide.describe() and "0.992 CI" in wide.describe()

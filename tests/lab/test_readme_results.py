@@ -248,3 +248,12 @@ def test_the_readme_prints_no_lr50_its_data_do_not_identify():
     ]
     for x in hidden:
         assert g(x) in shown or f"{x:#.3g} (" not in text
+
+
+def test_the_readme_names_the_confidence_of_intervals_widened_to_their_looks():
+    from lab.readme import confidence
+
+    plain = {"lr50_ratio": {"ratio": 1.0, "ci": [0.8, 1.2]}}
+    widened = {"lr50_ratio": {"ratio": 1.0, "ci": [0.7, 1.4], "level": 1 - 0.05 / 6}}
+    assert confidence([plain, {"loss": {}}]) == "95% CI"
+    assert confidence([widened]).startswith("99.2% CI, 1 - 0.05 / looks")
