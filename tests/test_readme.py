@@ -42,6 +42,15 @@ SLOW = {
         "needs the two default runs above; tests/test_inspect.py runs it on constructed runs"
     ),
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~45 s)",
+    "python scripts/convert_norms.py runs/default-layernorm-pre runs/ln-as-rmsnorm": (
+        "needs the default LayerNorm run above; tests/test_convert.py converts a trained tiny run"
+    ),
+    "python scripts/convert_norms.py runs/tiny-layernorm-pre runs/tiny-as-rmsnorm": (
+        "needs a tiny LayerNorm run; tests/test_convert.py converts a trained tiny run"
+    ),
+    "python scripts/convert_norms.py --hf path/to/gpt2 gpt2-rmsnorm.pt": (
+        "needs a GPT-2 directory; tests/test_convert.py converts a local tiny GPT-2"
+    ),
     "python train.py --name my-run --resume": "the default model, 200 more steps (~90 s)",
     "torchrun --standalone --nproc_per_node 2 train.py": (
         TWO + "tests/test_train.py runs it on the tiny config"
