@@ -32,7 +32,7 @@ def ratio_cells(r) -> tuple[str, str]:
     """(LR50 ratio, its 95% CI): numbers only where both LR50s are identified, else the ratios the
     arms' brackets allow and no interval."""
     if r.identified:
-        level = "" if r.level == 0.95 else f" at {100 * r.level:.3g}% (its looks)"
+        level = "" if r.level == 0.95 else f", {100 * r.level:.3g}% for its looks"
         return fmt(r.ratio, ".3g"), interval(r.ci) + level
     return f"{bound_text(*r.bounds)} (brackets)", "-"
 

@@ -25,7 +25,7 @@ import torch
 
 from training.checkpoint import CheckpointError, save_durably
 from training.config import ConfigError
-from training.rundir import RunDir, replacing, storage_error, write_text
+from training.rundir import RunDir, replacing, unwritten, write_text
 
 WINDOWS = 8  # validation windows (seq_len tokens each) the logits are compared on
 
@@ -145,19 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # a full disk, a read-only folder: the output appears whole or not at all
-        e = storage_error(e) or e
-        print(
-            f"error: cannot write {a.out}: {e.strerror or e}; nothing was left there",
-            file=sys.stderr,
-        )
-        return 4
     except ImportError as e:
         print(
             f"error: --hf needs transformers ({e}); pip install -r requirements-dev.txt",
             file=sys.stderr,
         )
         return 2
+    # a full disk, a read-only folder: the output appears whole or not at all
+    except Exception as e:
+        if (line := unwritten(a.out, e)) is None:
+            raise
+        print(line, file=sys.stderr)
+        return 4
     print("\n".join(lines))
     return 0
 

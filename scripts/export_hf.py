@@ -18,7 +18,7 @@ from data.sources import DataError
 from model.hf import check_expressible
 from training.checkpoint import CheckpointError, load_run
 from training.config import ConfigError, load_config
-from training.rundir import RunDir, storage_error
+from training.rundir import RunDir, unwritten
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:
@@ -69,29 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (
-        OSError
-    ) as e:  # a full disk, a read-only folder: the directory appears whole or not at all
-        e = storage_error(e) or e
-        print(
-            f"error: cannot write {a.out_dir}: {e.strerror or e}; nothing was left there",
-            file=sys.stderr,
-        )
-        return 4
-    except Exception as e:  # safetensors, torch or tokenizers around a full disk's error
-        if storage_error(e) is None and "No space left on device" not in str(e):
-            raise
-        print(
-            f"error: cannot write {a.out_dir}: No space left on device; nothing was left there",
-            file=sys.stderr,
-        )
-        return 4
     except ImportError as e:
         print(
             f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt",
             file=sys.stderr,
         )
         return 2
+    # a full disk (safetensors and tokenizers wrap its OSError): the output whole or not at all
+    except Exception as e:
+        if (line := unwritten(a.out_dir, e)) is None:
+            raise
+        print(line, file=sys.stderr)
+        return 4
     print(f"exported {a.run_dir} -> {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
     return 0
 

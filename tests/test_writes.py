@@ -176,3 +176,23 @@ def test_a_report_over_an_old_one_on_a_full_disk_keeps_the_old_one(tmp_path):
     assert {n: (tmp_path / "s" / n).read_bytes() for n in old} == old
     assert not [p for p in (tmp_path / "s").iterdir() if ".tmp-" in p.name]
     json.loads(old["report.json"])
+
+
+def test_a_tools_storage_fault_is_one_line_whatever_wraps_it():
+    """export_hf.py and convert_norms.py: a full disk's OSError, torch's RuntimeError around it, or a
+    library's error that only says so, is one line (exit 4); anything else is not theirs to hide."""
+    import errno
+
+    from training.rundir import unwritten
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        try:
+            raise full
+        except OSError as e:
+            raise RuntimeError("PytorchStreamWriter failed writing file") from e
+    except RuntimeError as wrapped:
+        line = unwritten("out/x.pt", wrapped)
+    assert line == "error: cannot write out/x.pt: No space left on device; nothing was left there"
+    assert unwritten("d", Exception("safetensors: No space left on device (os error 28)"))
+    assert unwritten("d", ValueError("a bug")) is None

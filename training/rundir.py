@@ -265,6 +265,17 @@ def storage_error(e: BaseException) -> OSError | None:
     return None
 
 
+def unwritten(path, e: BaseException) -> str | None:
+    """The one line for an output a storage fault left unwritten (a tool that builds its output
+    beside it and renames it whole: nothing is left there), or None when e is no storage fault
+    (libraries such as safetensors wrap a full disk's error in their own)."""
+    err = storage_error(e)
+    if err is None and "No space left on device" not in str(e):
+        return None
+    why = err.strerror if err is not None and err.strerror else "No space left on device"
+    return f"error: cannot write {path}: {why}; nothing was left there"
+
+
 def read_json(path: Path):
     """A JSON file's content; ValueError naming the file, line and fault when it is not JSON (a
     truncated write by another tool, a hand edit)."""
