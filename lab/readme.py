@@ -103,7 +103,9 @@ def nats(loss: dict | None) -> str:
 def effect(c: dict) -> str:
     """A claim's estimate: the LR50 ratio or the loss difference, with its 95% CI."""
     if "lr50_ratio" in c:
-        return "LR50 ratio " + ci(c["lr50_ratio"], "ratio")
+        level = c["lr50_ratio"].get("level", 0.95)
+        wider = "" if level == 0.95 or not c["lr50_ratio"].get("ci") else f", {100 * level:.3g}% CI"
+        return "LR50 ratio " + ci(c["lr50_ratio"], "ratio") + wider
     return (nats(c.get("loss")) + " nats") if c.get("loss") else "-"
 
 
@@ -305,9 +307,12 @@ def found(results: Path, rel: str) -> str:
     )
     lines.append("\n".join(table(default, rep)))
     read = reports[DEFAULT]
+    ratios = confidence(list(_pick(read, "lr50", "same", "model.norm").values()))
+    ratios = "" if ratios == "95% CI" else f", the ratios' {ratios.replace(' CI,', ' CI:', 1)}"
     note = (
         f"LR50: the LR at which half the runs fail, a Firth logistic fit over {read['runs']} "
-        f"runs; differences paired over seeds, 95% t CI ([report]({rel}/{DEFAULT}/report.md), "
+        f"runs{ratios}; differences paired over seeds, 95% t CI "
+        f"([report]({rel}/{DEFAULT}/report.md), "
         f"[methods](docs/METHODS.md)). Every study's verdicts ({len(reports)} studies; "
         f"{counts(reports)}): [{rel}/README.md]({rel}/README.md)."
     )
