@@ -25,6 +25,9 @@ def design_of(study: dict) -> dict:
     body = {
         k: v for k, v in study.items() if k not in ("history", "dir", "design")
     }  # not what runs
+    # the config file by name: its resolved content is hashed below, and the checkout's path (a
+    # pinned worktree, a moved clone) is not the design
+    body["config"] = Path(study["config"]).name
     config = flat(to_dict(load_config(study["config"], flatten(study.get("overrides") or {}))))
     text = json.dumps({"study": body, "config": config}, sort_keys=True, default=str)
     return {

@@ -29,9 +29,12 @@ LOOKBACK = 10  # steps before a spike a crossing may lead it by (RMS_t: 1-8, Wor
 
 
 def loss_spikes(records: list[dict], window: int = 5, k: float = 5.0) -> list[int]:
-    """The steps whose train/loss the run's spike detector flags."""
+    """The steps whose train/loss the run's spike detector flags (a non-finite loss, written as
+    null, ends the run's losses: what follows a divergence is not a spike)."""
     detector, out = SpikeDetector(window, k), []
     for r in records:
+        if "train/loss" in r and r["train/loss"] is None:
+            break
         if "train/loss" in r and detector.update(float(r["train/loss"])):
             out.append(r["step"])
     return out

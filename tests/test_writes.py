@@ -179,8 +179,9 @@ def test_a_report_over_an_old_one_on_a_full_disk_keeps_the_old_one(tmp_path):
 
 
 def test_a_tools_storage_fault_is_one_line_whatever_wraps_it():
-    """export_hf.py and convert_norms.py: a full disk's OSError, torch's RuntimeError around it, or a
-    library's error that only says so, is one line (exit 4); anything else is not theirs to hide."""
+    """export_hf.py and convert_norms.py: a full disk's OSError, torch's RuntimeError around it, or
+    a library's error that only says so, is one line (exit 4); anything else is not for them to
+    hide."""
     import errno
 
     from training.rundir import unwritten

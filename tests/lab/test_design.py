@@ -144,3 +144,17 @@ def test_a_quick_sweep_pins_the_file_its_report_reads_and_a_changed_set_is_refus
     assert sweep([*argv[:-1], "train.steps=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--set" in err[0]
+
+
+def test_a_design_does_not_depend_on_where_the_checkout_is(tmp_path):
+    """The same study file and config in two checkouts (a pinned worktree, a moved clone) are one
+    design: the config is hashed by content, not by its absolute path."""
+    import shutil
+
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    for name in ("tiny.yaml", "default.yaml"):  # tiny.yaml is a diff on default.yaml
+        shutil.copy(TINY.parent / name, other / name)
+    here = load_study(_study(tmp_path))
+    there = dict(here, config=str(other / "tiny.yaml"))
+    assert design_of(here)["hash"] == design_of(there)["hash"]

@@ -55,3 +55,13 @@ def test_the_table_says_per_arm_how_often_each_family_led():
     )
     assert not any(line.startswith("| quiet") for line in lines)
     assert table({"quiet": [([{"step": 1, "train/loss": 1.0}], 5, 5.0)]}) == []
+
+
+def test_a_diverged_runs_null_losses_end_its_spikes_and_do_not_break_the_table():
+    """train.py writes a non-finite loss as null: the spikes are those before it (a study with a run
+    at lr 30 tracebacked here)."""
+    records = _records()
+    for r in records[65:]:
+        r["train/loss"] = None
+    assert loss_spikes(records) == loss_spikes(records[:65]) == [60]
+    assert table({"a": [(records, 5, 5.0)]})  # the spike at 60 and its leads
