@@ -70,6 +70,7 @@ class Paired:
     p_equivalence: float  # TOST p at +-log(margin)
     p_difference: float  # two-sided t test p for a ratio of 1
     verdict: str  # agrees | differs | inconclusive
+    sd: float = 0.0  # the paired log differences' sd (what sizes the next study's seeds)
 
 
 def compare(
@@ -102,9 +103,8 @@ def compare(
         half = t.ppf(1 - alpha / 2) * se
         lo, hi = mean - half, mean + half
     verdict = "agrees" if p_eq < alpha else "differs" if p_diff < alpha else "inconclusive"
-    return Paired(
-        n, len(seeds) - n, math.exp(mean), (math.exp(lo), math.exp(hi)), p_eq, p_diff, verdict
-    )
+    ci = (math.exp(lo), math.exp(hi))
+    return Paired(n, len(seeds) - n, math.exp(mean), ci, p_eq, p_diff, verdict, sd)
 
 
 def arm_estimates(runs, seeds) -> dict[int, float | None]:
@@ -120,28 +120,21 @@ def arm_estimates(runs, seeds) -> dict[int, float | None]:
     return out
 
 
-def norm_pairs(arms: dict, keys: list[str]) -> list[tuple]:
-    """The pairs of arms (label, Arm) that differ only in model.norm, each once."""
+KNOWN = "optim.lr_factor"  # a pair that differs only in this has a known critical-LR ratio
 
-    def rest(arm) -> tuple:
-        run = arm.runs[0]
-        return tuple((k, str(run.config.get(k))) for k in keys if k != "model.norm")
 
-    items = [(label, a) for label, a in arms.items() if a.runs]
-    return [
-        (x, y)
-        for i, x in enumerate(items)
-        for y in items[i + 1 :]
-        if rest(x[1]) == rest(y[1])
-        and x[1].runs[0].config.get("model.norm") != y[1].runs[0].config.get("model.norm")
-    ]
+def known_ratio(a, b) -> float:
+    """The critical-LR ratio a / b of two arms that differ only in optim.lr_factor: a run at lr with
+    factor k trains at k lr, so a's critical LR (as filed) is b's x factor_b / factor_a."""
+    return float(b.runs[0].config.get(KNOWN, 1.0)) / float(a.runs[0].config.get(KNOWN, 1.0))
 
 
 def findings(res) -> list[str]:
     """The report's lines on paired critical LRs, where the protocol bisects them: each pair of arms
-    that differ only in the norm, its ratio, CI, TOST and t-test p, n and censored seeds."""
+    that differ in one key (the norm first), its ratio, CI and its width, the paired sd, TOST and
+    t-test p, n and censored seeds; for an optim.lr_factor pair, whether its known ratio is in."""
     p = res.file.protocol
-    if p is None or p.critical is None or "model.norm" not in res.keys:
+    if p is None or p.critical is None:
         return []
     c = p.critical
     out = [
@@ -149,16 +142,29 @@ def findings(res) -> list[str]:
         f"to x{c.resolution:g}, each seed's grid offset; failure rule: {res.file.rule.describe()}"
         f"): a / b over seeds, TOST at x{c.margin:g}."
     ]
-    for (la, a), (lb, b) in norm_pairs(res.arms, res.keys):
+    from lab.result import (
+        one_field_pairs,
+    )  # here: lab.result imports lab.protocol, which imports us
+
+    label = {id(arm): name for name, arm in res.arms.items()}
+    pairs = sorted(one_field_pairs(res.arms, res.keys), key=lambda pair: pair[2] != "model.norm")
+    for a, b, key in pairs:
+        la, lb = label[id(a)], label[id(b)]
         ea, eb = arm_estimates(a.runs, c.seeds), arm_estimates(b.runs, c.seeds)
         try:
             q = compare(ea, eb, c.margin)
         except ValueError as e:
-            out.append(f"- **{la}** / **{lb}**: not decided ({e}).")
+            out.append(f"- **{la}** / **{lb}** (differ in {key}): not decided ({e}).")
             continue
+        known = ""
+        if key == KNOWN:
+            r = known_ratio(a, b)
+            inside = "inside" if q.ci[0] <= r <= q.ci[1] else "outside"
+            known = f"; the known ratio {r:.3f} is {inside} the CI"
         out.append(
-            f"- **{la}** / **{lb}**: {q.ratio:.3f} (95% CI {q.ci[0]:.3f}-{q.ci[1]:.3f}), n = {q.n} "
-            f"seeds ({q.censored} censored or not monotone), TOST p = {q.p_equivalence:.3g}, "
-            f"t-test p = {q.p_difference:.3g}: **{q.verdict}**."
+            f"- **{la}** / **{lb}** (differ in {key}): {q.ratio:.3f} (95% CI {q.ci[0]:.3f}-"
+            f"{q.ci[1]:.3f}, width x{q.ci[1] / q.ci[0]:.2f}), n = {q.n} seeds ({q.censored} "
+            f"censored or not monotone), paired log sd {q.sd:.3f}, TOST p = {q.p_equivalence:.3g}, "
+            f"t-test p = {q.p_difference:.3g}: **{q.verdict}**{known}."
         )
     return out

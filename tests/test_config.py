@@ -35,7 +35,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
         (
             "optim.lrr=1",
             "unknown config key 'optim.lrr'; did you mean optim.lr? valid keys in optim: lr, "
-            "schedule",
+            "lr_factor, schedule",
         ),
         (
             "trian.steps=1",

@@ -294,6 +294,20 @@ def test_one_adamw_step_equals_the_hand_computed_update(mode, peak, at):
         torch.testing.assert_close(p.detach(), want, rtol=1e-13, atol=1e-15, msg=name)
 
 
+@pytest.mark.parametrize("mode", ["coupled", "independent"])
+def test_an_lr_factor_run_is_the_run_at_the_multiplied_lr(mode):
+    """optim.lr_factor k at lr is the run at k lr: every scheduled LR, and one AdamW step (decay
+    included) bit for bit; the lab still files it under lr."""
+    a = OptimConfig(lr=0.25, lr_factor=2.0, weight_decay=0.1, weight_decay_mode=mode)
+    b = OptimConfig(lr=0.5, weight_decay=0.1, weight_decay_mode=mode)
+    assert [lr_at(s, a, 50) for s in range(50)] == [lr_at(s, b, 50) for s in range(50)]
+    _, after_a, _, _ = _one_step(a, lr_at(40, a, 50))
+    _, after_b, _, _ = _one_step(b, lr_at(40, b, 50))
+    for name, p in after_a.items():
+        assert torch.equal(p, after_b[name]), name
+    assert a.lr == 0.25
+
+
 def test_independent_decay_at_the_peak_does_not_depend_on_the_lr():
     shrink = {}
     for peak in (1e-3, 1e-1):

@@ -44,6 +44,9 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     lr: float = 3e-3  # peak learning rate
+    lr_factor: float = (
+        1.0  # every LR x this, optim.lr kept as named (the lab's known-effect control)
+    )
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
     warmup_steps: int = 30
     schedule_steps: int = (
@@ -275,6 +278,7 @@ RANGES = {
     "data.seed": ">= 0",
     "data.max_tokens": ">= 0",
     "optim.lr": "> 0",
+    "optim.lr_factor": "> 0",
     "optim.warmup_steps": ">= 0",
     "optim.schedule_steps": ">= 0",
     "optim.min_lr_ratio": "[0, 1]",

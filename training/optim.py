@@ -77,7 +77,7 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
         {
             "params": groups[key],
             "lr_scale": key[1],
-            "weight_decay": decay(cfg.weight_decay, cfg.lr * key[1]) if key[0] else 0.0,
+            "weight_decay": decay(cfg.weight_decay, peak_lr(cfg) * key[1]) if key[0] else 0.0,
         }
         for key in sorted(groups, key=lambda key: not key[0])
     ]  # decayed groups first (a stable sort)
@@ -107,20 +107,26 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     groups = param_groups(model, cfg)
     fused = fused_adamw([p for g in groups for p in g["params"]]) or None  # None: torch's default
     betas = (cfg.beta1, cfg.beta2)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=peak_lr(cfg), betas=betas, eps=cfg.eps, fused=fused)
+
+
+def peak_lr(cfg: OptimConfig) -> float:
+    """The peak LR a run trains at: optim.lr x optim.lr_factor (a run at lr with factor k is the run
+    at k lr, filed under lr: a control whose effect on any LR threshold is known)."""
+    return cfg.lr * cfg.lr_factor
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Learning rate of step `step` (0-based): linear warmup reaching cfg.lr at step warmup_steps -
-    1, then a cosine, linear or constant decay that reaches cfg.lr * min_lr_ratio at step
+    """Learning rate of step `step` (0-based): linear warmup reaching peak_lr at step warmup_steps -
+    1, then a cosine, linear or constant decay that reaches that peak * min_lr_ratio at step
     total_steps - 1 (the schedule's horizon, optim.schedule_steps) and holds it after that (a run
     extended past its horizon)."""
     if step < cfg.warmup_steps:  # a warmup as long as the run never leaves it
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+        return peak_lr(cfg) * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps + 1) / max(1, total_steps - cfg.warmup_steps))
     decay = {
         "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
         "linear": 1 - progress,
         "constant": 1.0,
     }
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay[cfg.schedule])
+    return peak_lr(cfg) * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay[cfg.schedule])

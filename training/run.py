@@ -40,7 +40,7 @@ from training.checkpoint import (
 from training.config import Config, ConfigError, flat, to_dict, to_yaml
 from training.distributed import exit_now
 from training.monitor import classify, dead_gradients_at
-from training.optim import lr_at
+from training.optim import lr_at, peak_lr
 from training.outcome import EXIT_INTERRUPTED
 from training.parallel import is_sharded
 from training.rundir import (
@@ -204,7 +204,7 @@ def schedule_change(step: int, saved_horizon: int, cfg: Config) -> dict:
     elif steps > horizon:
         event["note"] = (
             f"train.steps={steps} extends the run past its {horizon}-step LR schedule: steps after "
-            f"{horizon} hold the final lr {cfg.optim.lr * cfg.optim.min_lr_ratio:.3g} "
+            f"{horizon} hold the final lr {peak_lr(cfg.optim) * cfg.optim.min_lr_ratio:.3g} "
             f"(pass optim.schedule_steps=N to re-schedule instead)"
         )
     return event

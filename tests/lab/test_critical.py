@@ -103,3 +103,54 @@ def test_the_critical_stage_bisects_each_seed_and_the_pair_is_decided(tmp_path, 
             assert abs(math.log(e / truth)) <= math.log(1.19) / 2 + 0.01, (norm, seed)
     q = compare(est["rmsnorm"], est["layernorm"], 1.1)
     assert q.verdict == verdict and q.n == 6
+
+
+def _arm(crit: dict, config: dict, factor: float = 1.0):
+    """An arm whose seed s fails at every filed LR >= crit[s] / factor, on an x1.1 grid."""
+    from types import SimpleNamespace
+
+    lrs = [0.01 * 1.1**k for k in range(40)]
+    runs = [
+        SimpleNamespace(
+            seed=s, lr=lr, failed=lr * factor >= c, finished=True, config=config | {KEY: factor}
+        )
+        for s, c in crit.items()
+        for lr in lrs
+        if abs(math.log(lr * factor / c)) < 0.2  # the bisection's last bracket, about
+    ]
+    return SimpleNamespace(runs=runs)
+
+
+KEY = "optim.lr_factor"
+
+
+def test_pairs_that_differ_in_one_key_are_compared_and_the_lr_factor_control_is_known():
+    """Arms differing in the norm come first; a x1.3 LR factor shows as 1 / 1.3 with the known
+    ratio inside its interval; a pair differing in two keys is not compared."""
+    from types import SimpleNamespace
+
+    from lab.critical import findings
+    from lab.studyfile import Critical
+
+    crit = {s: 0.05 * math.exp(0.3 * math.sin(2.0 * s)) for s in range(10, 22)}
+    noisy = {s: c * (1.02 if s % 2 else 0.98) for s, c in crit.items()}
+    arms = {
+        "ln": _arm(crit, {"model.norm": "layernorm"}),
+        "rms": _arm(noisy, {"model.norm": "rmsnorm"}),
+        "ln x1.3": _arm(crit, {"model.norm": "layernorm"}, 1.3),
+    }
+    crit_cfg = Critical(seeds=tuple(crit), resolution=1.19, margin=1.1)
+    res = SimpleNamespace(
+        file=SimpleNamespace(
+            protocol=SimpleNamespace(critical=crit_cfg),
+            rule=SimpleNamespace(describe=lambda: "a rule"),
+        ),
+        arms=arms,
+        keys=["model.norm", KEY],
+    )
+    lines = findings(res)
+    assert len(lines) == 3  # the header, ln / rms, ln / ln x1.3 (rms / ln x1.3 differ in both)
+    assert lines[1].startswith("- **ln** / **rms** (differ in model.norm)")
+    assert "**agrees**" in lines[1]
+    assert "(differ in optim.lr_factor)" in lines[2] and "**differs**" in lines[2]
+    assert "the known ratio 1.300 is inside the CI" in lines[2]
