@@ -84,3 +84,22 @@ def test_gpu_script_without_a_gpu_is_one_line():
         timeout=120,
     )
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no CUDA device")
+
+
+def test_gpu_identity_script_dry_run_shows_the_identities(capsys):
+    """bench/gpu_identity.py on CPU: the converted model's float64 logits are the LN model's, the
+    zero-mean pair trains alike in float32 and its norms see no mean; plain Pre-RMSNorm's do."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_identity
+    finally:
+        sys.path.pop(0)
+    assert gpu_identity.main(["--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| float")]
+    conversion = {r[0].strip(): r[1:] for r in rows if len(r) == 3}
+    training = {r[0].strip(): r[1:] for r in rows if len(r) > 3}
+    assert float(conversion["float64"][1]) < 1e-12 and float(conversion["float32"][1]) < 1e-5
+    f32 = [float(c) for c in training["float32"][2:]]
+    first, every, _, ln_zm, rms_zm, plain = f32
+    assert every < 1e-5 and max(ln_zm, rms_zm) < 1e-12 and plain > 1e-3
