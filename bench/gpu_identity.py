@@ -10,7 +10,8 @@ Pre-RMSNorm model's in float64, float32 and bfloat16 on the device, each against
 logits: the largest |difference| over the largest |logit|.
 
 Training table: Pre-LN and Pre-RMSNorm, both with zero-mean writers (one function), from one seed,
---steps steps of a copy task (random segments repeated) through training/step.py's train_step, in
+--steps steps of a copy task (random segments repeated) at --lr (cosine, 20 warmup steps) through
+training/step.py's train_step, in
 bfloat16 autocast (compiled) and in float32: the largest |train-loss difference| over the first 10
 steps and over all. Then the norms' inputs' mean-energy fraction, sum mean(x)^2 / sum mean(x^2) over
 positions (forward hooks, eager): 0 up to rounding with zero-mean writers, about 1/d without."""
@@ -27,7 +28,7 @@ from model import Llama
 from model.convert import to_rmsnorm
 from model.norms import LayerNorm, RMSNorm
 from training.config import load_config, number
-from training.optim import build_optimizer
+from training.optim import build_optimizer, lr_at
 from training.step import StepParts, autocast_for, no_clip, scaler_for, train_step
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,14 +100,16 @@ def mean_energy(model: Llama, x: torch.Tensor, autocast) -> float:
     return (sums[0] / sums[1]).item()
 
 
-def train_pair(overrides: list[str], device, dtype: str, compile_: bool, steps: int) -> str:
+def train_pair(
+    overrides: list[str], device, dtype: str, compile_: bool, steps: int, lr: float
+) -> str:
     """One row: Pre-LN vs Pre-RMSNorm with zero-mean writers, and plain Pre-RMSNorm's energy."""
     losses, energy = {}, {}
     for norm, zm in (("layernorm", True), ("rmsnorm", True), ("rmsnorm", False)):
         cfg = load_config(
             CONFIG,
             [*overrides, f"model.norm={norm}", "model.placement=pre", f"train.dtype={dtype}"]
-            + [f"model.zero_mean_writers={zm}", "optim.warmup_steps=5", "optim.lr=3e-3"],
+            + [f"model.zero_mean_writers={zm}", "optim.warmup_steps=20", f"optim.lr={lr}"],
         )
         torch.manual_seed(0)
         model = Llama(cfg.model).to(device)
@@ -129,7 +132,9 @@ def train_pair(overrides: list[str], device, dtype: str, compile_: bool, steps: 
         gen = torch.Generator().manual_seed(2)
         out = []
         for _ in range(steps):
-            out.append(train_step(parts, copy_batch(gen, cfg.model.vocab_size, micro, seq), 3e-3))
+            step = len(out)
+            batch = copy_batch(gen, cfg.model.vocab_size, micro, seq)
+            out.append(train_step(parts, batch, lr_at(step, cfg.optim, steps)))
         losses[(norm, zm)] = [float(r.record["train/loss"]) for r in out]
         x, _ = copy_batch(gen, cfg.model.vocab_size, micro, seq)
         energy[(norm, zm)] = mean_energy(model, x.to(device), autocast_for(device, dtype))
@@ -151,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny sizes: checks the code path in seconds"
     )
-    p.add_argument("--steps", type=number(int, ">= 10"), default=100)
+    p.add_argument("--steps", type=number(int, ">= 21"), default=100)
+    p.add_argument("--lr", type=number(float, "> 0"), default=6e-4)
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not a.dry_run
     if not cuda and not a.dry_run:
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = [("bfloat16", cuda), ("float32", False)]
     for dtype, compile_ in runs:
-        print(train_pair(overrides, device, dtype, compile_, a.steps if cuda else 10), flush=True)
+        steps = a.steps if cuda else 25
+        print(train_pair(overrides, device, dtype, compile_, steps, a.lr), flush=True)
     return 0
 
 
