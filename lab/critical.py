@@ -71,6 +71,20 @@ class Paired:
     p_difference: float  # two-sided t test p for a ratio of 1
     verdict: str  # agrees | differs | inconclusive
     sd: float = 0.0  # the paired log differences' sd (what sizes the next study's seeds)
+    ci90: tuple[float, float] = (1.0, 1.0)  # the ratio's 1 - 2 alpha interval (TOST's)
+
+    def bound(self, alpha: float = 0.05) -> float:
+        """The narrowest margin TOST accepts at alpha: exp of the 1 - 2 alpha interval's farthest
+        end from 0 (a ratio beyond it either way is ruled out)."""
+        lo, hi = (math.log(x) for x in self.ci90)
+        return math.exp(max(abs(lo), abs(hi)))
+
+    def detectable(self, power: float = 0.8, alpha: float = 0.05) -> float:
+        """The smallest ratio (> 1) this n and sd detect by the two-sided t test with this power:
+        exp((t_{1-alpha/2} + t_power) sd / sqrt n), n - 1 df (the usual approximation: the
+        noncentral t's power at it is within a point or two of `power`)."""
+        t = stats.t(self.n - 1)
+        return math.exp((t.ppf(1 - alpha / 2) + t.ppf(power)) * self.sd / math.sqrt(self.n))
 
 
 def compare(
@@ -103,8 +117,9 @@ def compare(
         half = t.ppf(1 - alpha / 2) * se
         lo, hi = mean - half, mean + half
     verdict = "agrees" if p_eq < alpha else "differs" if p_diff < alpha else "inconclusive"
-    ci = (math.exp(lo), math.exp(hi))
-    return Paired(n, len(seeds) - n, math.exp(mean), ci, p_eq, p_diff, verdict, sd)
+    half90 = 0.0 if se == 0 else stats.t(n - 1).ppf(1 - alpha) * se
+    ci, ci90 = (math.exp(lo), math.exp(hi)), (math.exp(mean - half90), math.exp(mean + half90))
+    return Paired(n, len(seeds) - n, math.exp(mean), ci, p_eq, p_diff, verdict, sd, ci90)
 
 
 def arm_estimates(runs, seeds) -> dict[int, float | None]:
@@ -127,6 +142,24 @@ def known_ratio(a, b) -> float:
     """The critical-LR ratio a / b of two arms that differ only in optim.lr_factor: a run at lr with
     factor k trains at k lr, so a's critical LR (as filed) is b's x factor_b / factor_a."""
     return float(b.runs[0].config.get(KNOWN, 1.0)) / float(a.runs[0].config.get(KNOWN, 1.0))
+
+
+def pooled_bands(runs, seeds) -> dict[int, float]:
+    """{seed: its largest stable LR / its smallest unstable one, both at the LR the runs train at
+    (lr x optim.lr_factor); > 1 where the seed's outcomes are not monotone in that LR, else 1}
+    for seeds with both outcomes."""
+    out = {}
+    for seed in seeds:
+        at = [
+            (r.lr * float(r.config.get(KNOWN) or 1.0), r.failed)
+            for r in runs
+            if r.seed == seed and r.finished
+        ]
+        stable = [lr for lr, bad in at if not bad]
+        unstable = [lr for lr, bad in at if bad]
+        if stable and unstable:
+            out[seed] = max(1.0, max(stable) / min(unstable))
+    return out
 
 
 def findings(res) -> list[str]:
@@ -160,11 +193,22 @@ def findings(res) -> list[str]:
         if key == KNOWN:
             r = known_ratio(a, b)
             inside = "inside" if q.ci[0] <= r <= q.ci[1] else "outside"
-            known = f"; the known ratio {r:.3f} is {inside} the CI"
+            bands = pooled_bands(a.runs + b.runs, c.seeds)
+            wide = [w for w in bands.values() if w > 1]
+            known = (
+                f"; the known ratio {r:.3f} is {inside} the CI. Pooled at the LR each run trains "
+                f"at (lr x lr_factor), {len(wide)} of {len(bands)} seeds are not monotone in it"
+                + (
+                    f" (a seed trained up to x{max(wide):.2f} above an LR it failed at)"
+                    if wide
+                    else ""
+                )
+            )
         out.append(
             f"- **{la}** / **{lb}** (differ in {key}): {q.ratio:.3f} (95% CI {q.ci[0]:.3f}-"
             f"{q.ci[1]:.3f}, width x{q.ci[1] / q.ci[0]:.2f}), n = {q.n} seeds ({q.censored} "
-            f"censored or not monotone), paired log sd {q.sd:.3f}, TOST p = {q.p_equivalence:.3g}, "
-            f"t-test p = {q.p_difference:.3g}: **{q.verdict}**{known}."
+            f"censored or not monotone), paired log sd {q.sd:.3f} (detects x{q.detectable():.2f} "
+            f"with power 0.8), TOST p = {q.p_equivalence:.3g}, t-test p = {q.p_difference:.3g}: "
+            f"**{q.verdict}**; rules out more than x{q.bound():.2f} either way{known}."
         )
     return out

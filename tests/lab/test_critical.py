@@ -154,3 +154,34 @@ def test_pairs_that_differ_in_one_key_are_compared_and_the_lr_factor_control_is_
     assert "**agrees**" in lines[1]
     assert "(differ in optim.lr_factor)" in lines[2] and "**differs**" in lines[2]
     assert "the known ratio 1.300 is inside the CI" in lines[2]
+    assert "0 of 12 seeds are not monotone in it" in lines[2]
+    # one seed trains at x1.5 above its critical LR in the x1.3 arm: the pooled runs say so
+    extra = SimpleNamespace(**vars(arms["ln x1.3"].runs[0]))
+    extra.lr, extra.failed = crit[extra.seed] * 1.5 / 1.3, False
+    arms["ln x1.3"].runs.append(extra)
+    line = findings(res)[2]
+    assert "1 of 12 seeds are not monotone in it" in line
+    assert "trained up to x1.4" in line  # x1.5 over the critical LR, the grid's first failure
+
+
+def test_the_bound_is_the_narrowest_margin_tost_accepts():
+    a = {s: 0.01 * math.exp(0.1 * s) * (1.05 + 0.02 * (s % 3)) for s in range(10)}
+    b = {s: 0.01 * math.exp(0.1 * s) for s in range(10)}
+    m = compare(a, b).bound()
+    assert compare(a, b, margin=m).p_equivalence == pytest.approx(0.05)
+    assert compare(a, b, margin=m * 1.01).verdict == "agrees"
+    assert compare(a, b, margin=m / 1.01).verdict != "agrees"
+
+
+@pytest.mark.parametrize("n, sd", [(12, 0.3), (60, 0.22), (8, 0.05)])
+def test_the_detectable_ratio_has_the_stated_power(n, sd):
+    """At the detectable ratio the two-sided t test's power (scipy's noncentral t) is ~0.8."""
+    from lab.critical import Paired
+
+    q = Paired(n, 0, 1.0, (1.0, 1.0), 1.0, 1.0, "inconclusive", sd)
+    delta = math.log(q.detectable())
+    t = stats.t(n - 1)
+    crit = t.ppf(0.975)
+    nc = delta / (sd / math.sqrt(n))
+    power = stats.nct(n - 1, nc).sf(crit) + stats.nct(n - 1, nc).cdf(-crit)
+    assert power == pytest.approx(0.8, abs=0.02)
