@@ -162,53 +162,85 @@ def pooled_bands(runs, seeds) -> dict[int, float]:
     return out
 
 
-def findings(res) -> list[str]:
-    """The report's lines on paired critical LRs, where the protocol bisects them: each pair of arms
-    that differ in one key (the norm first), its ratio, CI and its width, the paired sd, TOST and
-    t-test p, n and censored seeds; for an optim.lr_factor pair, whether its known ratio is in."""
+def comparisons(res) -> list[dict]:
+    """Each pair of arms that differ in one key (the norm first), compared by paired critical LRs
+    (report.json's `critical`, what the README's sentences read): labels, key, the Paired numbers
+    and the bounds they give; for an optim.lr_factor pair its known ratio and the pooled bands.
+    [] where the protocol bisects no critical LRs."""
     p = res.file.protocol
     if p is None or p.critical is None:
         return []
+    from lab.result import one_field_pairs  # here: lab.result imports lab.protocol, importing us
+
     c = p.critical
+    label = {id(arm): name for name, arm in res.arms.items()}
+    pairs = sorted(one_field_pairs(res.arms, res.keys), key=lambda pair: pair[2] != "model.norm")
+    out = []
+    for a, b, key in pairs:
+        row = {"a": label[id(a)], "b": label[id(b)], "key": key, "margin": c.margin}
+        try:
+            q = compare(arm_estimates(a.runs, c.seeds), arm_estimates(b.runs, c.seeds), c.margin)
+        except ValueError as e:
+            out.append(row | {"error": str(e)})
+            continue
+        row |= {
+            "n": q.n,
+            "censored": q.censored,
+            "ratio": q.ratio,
+            "ci": list(q.ci),
+            "sd": q.sd,
+            "p_tost": q.p_equivalence,
+            "p": q.p_difference,
+            "verdict": q.verdict,
+            "detectable": q.detectable(),
+            "bound": q.bound(),
+        }
+        if key == KNOWN:
+            bands = pooled_bands(a.runs + b.runs, c.seeds)
+            row |= {"known": known_ratio(a, b), "bands": list(bands.values())}
+        out.append(row)
+    return out
+
+
+def findings(res) -> list[str]:
+    """The report's lines on paired critical LRs (comparisons): each pair's ratio, CI and its width,
+    n and censored seeds, the paired sd and the ratio it detects, TOST and t-test p, the verdict and
+    the narrowest margin TOST accepts; for an optim.lr_factor pair, whether its known ratio is in
+    the CI and how many seeds' pooled outcomes are not monotone in the LR they train at."""
+    rows = comparisons(res)
+    if not rows:
+        return []
+    c = res.file.protocol.critical
     out = [
         f"Paired critical LRs (protocol.critical: seeds {', '.join(map(str, c.seeds))}, bisection "
         f"to x{c.resolution:g}, each seed's grid offset; failure rule: {res.file.rule.describe()}"
         f"): a / b over seeds, TOST at x{c.margin:g}."
     ]
-    from lab.result import (
-        one_field_pairs,
-    )  # here: lab.result imports lab.protocol, which imports us
-
-    label = {id(arm): name for name, arm in res.arms.items()}
-    pairs = sorted(one_field_pairs(res.arms, res.keys), key=lambda pair: pair[2] != "model.norm")
-    for a, b, key in pairs:
-        la, lb = label[id(a)], label[id(b)]
-        ea, eb = arm_estimates(a.runs, c.seeds), arm_estimates(b.runs, c.seeds)
-        try:
-            q = compare(ea, eb, c.margin)
-        except ValueError as e:
-            out.append(f"- **{la}** / **{lb}** (differ in {key}): not decided ({e}).")
+    for r in rows:
+        head = f"- **{r['a']}** / **{r['b']}** (differ in {r['key']})"
+        if "error" in r:
+            out.append(f"{head}: not decided ({r['error']}).")
             continue
         known = ""
-        if key == KNOWN:
-            r = known_ratio(a, b)
-            inside = "inside" if q.ci[0] <= r <= q.ci[1] else "outside"
-            bands = pooled_bands(a.runs + b.runs, c.seeds)
-            wide = [w for w in bands.values() if w > 1]
+        if "known" in r:
+            inside = "inside" if r["ci"][0] <= r["known"] <= r["ci"][1] else "outside"
+            wide = [w for w in r["bands"] if w > 1]
             known = (
-                f"; the known ratio {r:.3f} is {inside} the CI. Pooled at the LR each run trains "
-                f"at (lr x lr_factor), {len(wide)} of {len(bands)} seeds are not monotone in it"
+                f"; the known ratio {r['known']:.3f} is {inside} the CI. Pooled at the LR each run "
+                f"trains at (lr x lr_factor), {len(wide)} of {len(r['bands'])} seeds are not "
+                "monotone in it"
                 + (
                     f" (a seed trained up to x{max(wide):.2f} above an LR it failed at)"
                     if wide
                     else ""
                 )
             )
+        lo, hi = r["ci"]
         out.append(
-            f"- **{la}** / **{lb}** (differ in {key}): {q.ratio:.3f} (95% CI {q.ci[0]:.3f}-"
-            f"{q.ci[1]:.3f}, width x{q.ci[1] / q.ci[0]:.2f}), n = {q.n} seeds ({q.censored} "
-            f"censored or not monotone), paired log sd {q.sd:.3f} (detects x{q.detectable():.2f} "
-            f"with power 0.8), TOST p = {q.p_equivalence:.3g}, t-test p = {q.p_difference:.3g}: "
-            f"**{q.verdict}**; rules out more than x{q.bound():.2f} either way{known}."
+            f"{head}: {r['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f}, width x{hi / lo:.2f}), n = "
+            f"{r['n']} seeds ({r['censored']} censored or not monotone), paired log sd "
+            f"{r['sd']:.3f} (detects x{r['detectable']:.2f} with power 0.8), TOST p = "
+            f"{r['p_tost']:.3g}, t-test p = {r['p']:.3g}: **{r['verdict']}**; rules out more than "
+            f"x{r['bound']:.2f} either way{known}."
         )
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from lab import critical
 from lab.history import history
 from lab.result import StudyResult
 from lab.text import BUDGET, lr50_cell
@@ -162,6 +163,7 @@ def as_json(res: StudyResult) -> dict:
         "sensitivity_margin": res.file.sensitivity_margin,
         "rule": res.file.rule.describe(),
         "alternatives": [r.name for r in res.file.alternatives],
+        "critical": critical.comparisons(res),  # paired critical LRs (lab/critical.py)
         "selection_seeds": res.selection_seeds,
         "test_seeds": res.test_seeds,
         "common_seeds": res.common_seeds,

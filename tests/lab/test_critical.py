@@ -155,6 +155,15 @@ def test_pairs_that_differ_in_one_key_are_compared_and_the_lr_factor_control_is_
     assert "(differ in optim.lr_factor)" in lines[2] and "**differs**" in lines[2]
     assert "the known ratio 1.300 is inside the CI" in lines[2]
     assert "0 of 12 seeds are not monotone in it" in lines[2]
+    from lab.critical import comparisons
+
+    rows = comparisons(res)  # report.json's `critical`: the numbers the lines print
+    assert [(r["a"], r["b"], r["key"]) for r in rows] == [
+        ("ln", "rms", "model.norm"),
+        ("ln", "ln x1.3", KEY),
+    ]
+    assert rows[1]["known"] == pytest.approx(1.3) and rows[1]["bands"] == [1.0] * 12
+    assert f"{rows[0]['ratio']:.3f}" in lines[1] and f"x{rows[0]['bound']:.2f}" in lines[1]
     # one seed trains at x1.5 above its critical LR in the x1.3 arm: the pooled runs say so
     extra = SimpleNamespace(**vars(arms["ln x1.3"].runs[0]))
     extra.lr, extra.failed = crit[extra.seed] * 1.5 / 1.3, False
