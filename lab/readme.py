@@ -25,6 +25,7 @@ from training.rundir import read_json, write_text
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "lab" / "results"
 DEFAULT, REPLICATION = "norm-placement-lr", "norm-placement-lr-pystdlib"
+CRITICAL = "critical-lr"  # paired per-seed critical LRs (issue 60), a row once its report has them
 BLOCK = re.compile(r"(<!-- found: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /found -->)", re.S)
 PLACEMENTS = {"post": "post-norm", "pre": "pre-norm"}
 NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -237,8 +238,32 @@ def settings_sentence(report: dict, study_yaml: Path, replication: dict | None) 
     )
 
 
-def table(report: dict, replication: dict | None) -> list[str]:
-    """At most six rows, one number and its 95% CI per cell, post-norm and pre-norm side by side."""
+def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
+    """The critical-LR row: per placement RMSNorm / LayerNorm's paired critical-LR ratio, its 95%
+    CI and the narrowest x margin TOST accepts, from report.json's `critical` (the pairs that differ
+    only in the norm, without zero-mean writers: those are the control); None where it has none."""
+    cells, ns = {}, []
+    for r in (report or {}).get("critical", []):
+        if r["key"] != "model.norm" or "error" in r:
+            continue
+        a = fields(r["a"], report["arm_keys"])
+        if a.get("model.zero_mean_writers") == "True":
+            continue
+        ratio, (lo, hi) = r["ratio"], r["ci"]
+        if a["model.norm"] == "layernorm":  # as RMSNorm / LayerNorm
+            ratio, lo, hi = 1 / ratio, 1 / hi, 1 / lo
+        cell = ci({"ratio": ratio, "ci": [lo, hi]}, "ratio")
+        cells[a["model.placement"]] = f"{cell}, within x{r['bound']:.2f}"
+        ns.append(str(r["n"]))
+    if not cells:
+        return None
+    name = f"critical LR ratio, RMSNorm / LayerNorm (paired, {' / '.join(ns)} seeds)"
+    return name, [cells.get(p, "-") for p in PLACEMENTS]
+
+
+def table(report: dict, replication: dict | None, critical: dict | None = None) -> list[str]:
+    """At most seven rows, one number and its 95% CI per cell, post-norm and pre-norm side by
+    side."""
     same = _pick(report, "lr50", "same", "model.norm")
     rep = _pick(replication, "lr50", "same", "model.norm") if replication else {}
     sens = _pick(report, "lr_sensitivity", "same", "model.norm")
@@ -270,6 +295,9 @@ def table(report: dict, replication: dict | None) -> list[str]:
             [nats(best[p]["loss"]) if p in best else "-" for p in PLACEMENTS],
         ),
     ]
+    crit = critical_cells(critical)
+    if crit:
+        rows.insert(3, crit)
     rows = [r for r in rows if any(cell != "-" for cell in r[1])]
     out = ["| | post-norm | pre-norm |", "|---|---|---|"]
     out += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows]
@@ -305,7 +333,7 @@ def found(results: Path, rel: str) -> str:
         f"![Every run's outcome by LR and each arm's failure curve P(fail | lr)]"
         f"({rel}/{DEFAULT}/stability_map.png)"
     )
-    lines.append("\n".join(table(default, rep)))
+    lines.append("\n".join(table(default, rep, reports.get(CRITICAL))))
     read = reports[DEFAULT]
     ratios = confidence(list(_pick(read, "lr50", "same", "model.norm").values()))
     ratios = "" if ratios == "95% CI" else f", the ratios' {ratios.replace(' CI,', ' CI:', 1)}"

@@ -257,3 +257,52 @@ def test_the_readme_names_the_confidence_of_intervals_widened_to_their_looks():
     widened = {"lr50_ratio": {"ratio": 1.0, "ci": [0.7, 1.4], "level": 1 - 0.05 / 6}}
     assert confidence([plain, {"loss": {}}]) == "95% CI"
     assert confidence([widened]).startswith("99.2% CI, 1 - 0.05 / looks")
+
+
+def test_the_critical_lr_row_is_rmsnorm_over_layernorm_and_skips_the_control():
+    """From report.json's `critical`: a pair stored LayerNorm first is inverted (ratio and CI), the
+    zero-mean-writer pair (the control) and pairs that differ in another field are left out."""
+    from lab.readme import critical_cells
+
+    keys = ["model.norm", "model.placement", "model.zero_mean_writers"]
+    row = {"key": "model.norm", "n": 60, "bound": 1.12}
+    crit = {
+        "arm_keys": keys,
+        "critical": [
+            row
+            | {
+                "a": "layernorm/post/zero_mean_writers=False",
+                "b": "rmsnorm/post/zero_mean_writers=False",
+                "ratio": 1.25,
+                "ci": [1.0, 1.6],
+            },
+            row
+            | {
+                "a": "rmsnorm/pre/zero_mean_writers=False",
+                "b": "layernorm/pre/zero_mean_writers=False",
+                "ratio": 1.04,
+                "ci": [0.95, 1.14],
+            },
+            row
+            | {
+                "a": "layernorm/pre/zero_mean_writers=True",
+                "b": "rmsnorm/pre/zero_mean_writers=True",
+                "ratio": 9.0,
+                "ci": [8.0, 10.0],
+            },
+            row
+            | {
+                "a": "layernorm/pre/zero_mean_writers=False",
+                "key": "model.zero_mean_writers",
+                "b": "layernorm/pre/zero_mean_writers=True",
+                "ratio": 9.0,
+                "ci": [8.0, 10.0],
+            },
+        ],
+    }
+    name, cells = critical_cells(crit)
+    assert name == "critical LR ratio, RMSNorm / LayerNorm (paired, 60 / 60 seeds)"
+    assert cells == ["0.800 (0.625-1.00), within x1.12", "1.04 (0.950-1.14), within x1.12"]
+    assert critical_cells({"arm_keys": keys}) is None
+    rows = table(_default(), None, crit)
+    assert any(r.startswith("| critical LR ratio") for r in rows)
