@@ -98,3 +98,32 @@ class SavedOutput:
             f"Machine: {machine()}\n"
         )
         write_text(path, header + self.buffer.getvalue())
+
+
+def gpu_parser(doc: str):
+    """A GPU check's argument parser: the script's docstring as its help, and --dry-run (the same
+    code path on CPU at tiny sizes, which the tests run)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny sizes: checks the code path in seconds"
+    )
+    return p
+
+
+def gpu_device(dry_run: bool) -> torch.device | None:
+    """cuda, or cpu for a dry run; None (after one line on stderr) without a GPU or --dry-run."""
+    if dry_run:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print(
+            "error: no CUDA device; run with --dry-run to check the code path on CPU",
+            file=sys.stderr,
+        )
+        return None
+    return torch.device("cuda")

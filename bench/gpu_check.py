@@ -13,7 +13,6 @@ and the step time does not depend on the data."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import gpu_device, gpu_parser
 
 from model import Llama
 from training.config import load_config, number
@@ -99,25 +99,14 @@ def step_row(name: str, overrides: list[str], device: torch.device, steps: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="CPU, tiny sizes: checks the code path in seconds"
-    )
+    p = gpu_parser(__doc__)
     p.add_argument("--steps", type=number(int, ">= 1"), default=20)
     p.add_argument("--warmup", type=number(int, ">= 0"), default=5)
     a = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not a.dry_run
-    if not cuda and not a.dry_run:
-        print(
-            "error: no CUDA device; run with --dry-run to check the code path on CPU",
-            file=sys.stderr,
-        )
+    device = gpu_device(a.dry_run)
+    if device is None:
         return 2
-    device = torch.device("cuda" if cuda else "cpu")
+    cuda = device.type == "cuda"
     if cuda:
         use_tf32()
     print(

@@ -18,11 +18,11 @@ positions (forward hooks, eager): 0 up to rounding with zero-mean writers, about
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
+from benchlib import gpu_device, gpu_parser
 
 from model import Llama
 from model.convert import to_rmsnorm
@@ -148,25 +148,14 @@ def train_pair(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="CPU, tiny sizes: checks the code path in seconds"
-    )
+    p = gpu_parser(__doc__)
     p.add_argument("--steps", type=number(int, ">= 21"), default=100)
     p.add_argument("--lr", type=number(float, "> 0"), default=6e-4)
     a = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not a.dry_run
-    if not cuda and not a.dry_run:
-        print(
-            "error: no CUDA device; run with --dry-run to check the code path on CPU",
-            file=sys.stderr,
-        )
+    device = gpu_device(a.dry_run)
+    if device is None:
         return 2
-    device = torch.device("cuda" if cuda else "cpu")
+    cuda = device.type == "cuda"
     overrides = [] if cuda else [*TINY, "train.device=cpu"]
     name = torch.cuda.get_device_name(device) if cuda else "cpu (dry run)"
     print(f"device: {name}, torch {torch.__version__}")
