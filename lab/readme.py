@@ -239,9 +239,9 @@ def settings_sentence(report: dict, study_yaml: Path, replication: dict | None) 
 
 
 def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
-    """The critical-LR row: per placement RMSNorm / LayerNorm's paired critical-LR ratio, its 95%
-    CI and the narrowest x margin TOST accepts, from report.json's `critical` (the pairs that differ
-    only in the norm, without zero-mean writers: those are the control); None where it has none."""
+    """The critical-LR row: per placement RMSNorm / LayerNorm's paired critical-LR ratio and its
+    95% CI, from report.json's `critical` (the pairs that differ only in the norm, without
+    zero-mean writers: those are the control); None where it has none."""
     cells, ns = {}, []
     for r in (report or {}).get("critical", []):
         if r["key"] != "model.norm" or "error" in r:
@@ -252,8 +252,7 @@ def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
         ratio, (lo, hi) = r["ratio"], r["ci"]
         if a["model.norm"] == "layernorm":  # as RMSNorm / LayerNorm
             ratio, lo, hi = 1 / ratio, 1 / hi, 1 / lo
-        cell = ci({"ratio": ratio, "ci": [lo, hi]}, "ratio")
-        cells[a["model.placement"]] = f"{cell}, within x{r['bound']:.2f}"
+        cells[a["model.placement"]] = ci({"ratio": ratio, "ci": [lo, hi]}, "ratio")
         ns.append(str(r["n"]))
     if not cells:
         return None
@@ -262,8 +261,8 @@ def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
 
 
 def table(report: dict, replication: dict | None, critical: dict | None = None) -> list[str]:
-    """At most seven rows, one number and its 95% CI per cell, post-norm and pre-norm side by
-    side."""
+    """At most six rows, one number and its 95% CI per cell, post-norm and pre-norm side by side;
+    with critical-lr's paired critical-LR ratios, they lead in place of the two LR50 rows."""
     same = _pick(report, "lr50", "same", "model.norm")
     rep = _pick(replication, "lr50", "same", "model.norm") if replication else {}
     sens = _pick(report, "lr_sensitivity", "same", "model.norm")
@@ -296,8 +295,8 @@ def table(report: dict, replication: dict | None, critical: dict | None = None) 
         ),
     ]
     crit = critical_cells(critical)
-    if crit:
-        rows.insert(3, crit)
+    if crit:  # the paired ratio replaces the two LR50s it refines: at most six rows
+        rows = [crit, *rows[2:]]
     rows = [r for r in rows if any(cell != "-" for cell in r[1])]
     out = ["| | post-norm | pre-norm |", "|---|---|---|"]
     out += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows]
@@ -364,6 +363,10 @@ def index(results: Path) -> str:
         size = f"{r['runs']} runs" + (f" of {r['steps']} steps" if r.get("steps") else "")
         size += f", {r['wall_min']} min" if r.get("wall_min") else ""
         again = "; decided again from its archived runs" if r.get("decided_from") else ""
+        current = results.parent / "studies" / f"{name}.yaml"
+        copy = path.parent / "study.yaml"
+        if current.is_file() and copy.is_file() and current.read_text() != copy.read_text():
+            again += f"; an earlier form of studies/{name}.yaml: its present form has not finished"
         lines += [
             "",
             f"## [{name}]({name}/{page})",
