@@ -237,7 +237,8 @@ STAGES = ("grid", "bracket", "refine", "edge", "critical", "adaptive", "test", "
 
 def critical_lrs(runs: list[Run], seed: int, p: Protocol) -> list[float]:
     """The next LR one seed's bisection of its critical LR wants (lab/critical.py): none before the
-    selection seeds give the arm an edge; then the edge's two LRs on the seed's own offset grid;
+    selection seeds give the arm an edge; then the edge's two LRs on the seed's own offset grid,
+    kept within bracket.min_lr..max_lr (a wide edge's offset would carry them past the cap);
     then bisection to protocol.critical.resolution. [] when resolved, censored (stable at max_lr,
     unstable at min_lr) or not monotone in the LR (the report says so)."""
     mine = [r for r in runs if r.seed == seed and r.finished]
@@ -246,7 +247,8 @@ def critical_lrs(runs: list[Run], seed: int, p: Protocol) -> list[float]:
         if ok is None or fail is None:
             return []
         off = grid_offset(seed, fail / ok)
-        return sorted({_round(ok * off), _round(fail * off)})
+        inside = lambda lr: min(p.max_lr, max(p.min_lr, lr))  # noqa: E731  (the study's LR range)
+        return sorted({_round(inside(ok * off)), _round(inside(fail * off))})
     try:
         b = bracket({r.lr: r.failed for r in mine})
     except ValueError:

@@ -1,6 +1,7 @@
 """Paired critical LRs (lab/critical.py) on constructed data: brackets, bisection, the paired
 comparison against scipy's t tests, and the design simulation's bisection."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -206,3 +207,25 @@ def test_the_detectable_ratio_has_the_stated_power(n, sd):
     nc = delta / (sd / math.sqrt(n))
     power = stats.nct(n - 1, nc).sf(crit) + stats.nct(n - 1, nc).cdf(-crit)
     assert power == pytest.approx(0.8, abs=0.02)
+
+
+def test_a_seeds_first_critical_lrs_stay_within_the_studys_lr_range(tmp_path):
+    """A wide edge (x100 here) moved by the seed's offset would start a bisection far above
+    bracket.max_lr (critical-lr's 60-seed form asked for 953 under a cap of 10): the starts are
+    kept within min_lr..max_lr, and the offset still moves them seed by seed."""
+    from test_adaptive import FakeRun
+
+    from lab.protocol import critical_lrs
+
+    study = _critical_study(tmp_path)
+    p = dataclasses.replace(study["protocol"], max_lr=0.05)
+    runs = [
+        FakeRun(f"s{s}-{lr}", lr, s, lr >= (0.1 if s else 0.00316))
+        for s in (0, 1)
+        for lr in (1.0e-3, 3.16e-3, 1.0e-2, 3.16e-2, 1.0e-1)
+    ]
+    starts = {seed: critical_lrs(runs, seed, p) for seed in range(10, 16)}
+    assert all(0.001 <= lr <= 0.05 for lrs in starts.values() for lr in lrs)
+    assert len({tuple(lrs) for lrs in starts.values()}) > 1
+    unclamped = {seed: critical_lrs(runs, seed, study["protocol"]) for seed in range(10, 16)}
+    assert max(lr for lrs in unclamped.values() for lr in lrs) > 0.05  # the case is real
