@@ -25,7 +25,8 @@ from training.rundir import read_json, write_text
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "lab" / "results"
 DEFAULT, REPLICATION = "norm-placement-lr", "norm-placement-lr-pystdlib"
-CRITICAL = "critical-lr"  # paired per-seed critical LRs (issue 60), a row once its report has them
+CRITICAL = "critical-lr"  # paired per-seed critical LRs (issue 60): the answer once it has them
+CONTROL = "critical-lr-control"  # its negative control, a known x1.3 LR factor
 BLOCK = re.compile(r"(<!-- found: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /found -->)", re.S)
 PLACEMENTS = {"post": "post-norm", "pre": "pre-norm"}
 NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -238,42 +239,150 @@ def settings_sentence(report: dict, study_yaml: Path, replication: dict | None) 
     )
 
 
+ZERO = "model.zero_mean_writers"
+
+
+def oriented(report: dict | None, key: str, top: str) -> list[tuple[dict, dict]]:
+    """report.json's `critical` rows whose arms differ in `key` only, as the arm with `top` over
+    the other (ratio and CI inverted where stored the other way), each with its first arm's fields;
+    rows that could not be decided are left out."""
+    out = []
+    for r in (report or {}).get("critical", []):
+        if r["key"] != key or "error" in r:
+            continue
+        a = fields(r["a"], report["arm_keys"])
+        if a[key] != top:
+            lo, hi = r["ci"]
+            r = r | {"ratio": 1 / r["ratio"], "ci": [1 / hi, 1 / lo]}
+        out.append((a, r))
+    return out
+
+
+def _norm_pairs(report: dict | None) -> tuple[dict[str, dict], list[dict]]:
+    """RMSNorm / LayerNorm by placement, and the zero-mean-writer pairs (the positive control)."""
+    rows = oriented(report, "model.norm", "rmsnorm")
+    plain = {a["model.placement"]: r for a, r in rows if a.get(ZERO) != "True"}
+    return plain, [r for a, r in rows if a.get(ZERO) == "True"]
+
+
+def _ratio(r: dict, more: str = "") -> str:
+    """'x1.02 (0.93-1.12)', or with `more` inside its parentheses: 'x1.02 (0.93-1.12; agrees)'."""
+    out = "x" + ci({"ratio": r["ratio"], "ci": r["ci"]}, "ratio")
+    return out[:-1] + f"; {more})" if more and out.endswith(")") else out
+
+
+def critical_sentence(report: dict, control: dict | None) -> str:
+    """The mission's answer on the paired per-seed critical LR (issue 60): RMSNorm / LayerNorm per
+    placement with its verdict at the study's margin, what its seeds rule out, and the two
+    controls (identical computations must agree, a known LR factor must differ)."""
+    plain, zero = _norm_pairs(report)
+    if not plain:
+        return ""
+    cs = [plain[p] for p in PLACEMENTS if p in plain]
+    margin = f"x{cs[0]['margin']:g}"
+    if {c["verdict"] for c in cs} == {"agrees"}:
+        head = f"**RMSNorm is as stable as LayerNorm** (per-seed critical LR within {margin})"
+    else:
+        head = f"**RMSNorm against LayerNorm, seed by seed** (critical LR, TOST at {margin})"
+    parts = [f"{_ratio(plain[p], plain[p]['verdict'])} in {PLACEMENTS[p]}" for p in plain]
+    ns = " and ".join(str(c["n"]) for c in cs)
+    ps = ", ".join(f"{c['p_tost']:.2g}" for c in cs)
+    out = [
+        f"{head}: RMSNorm's critical LR is LayerNorm's {' and '.join(parts)} (95% CI, paired over "
+        f"{ns} seeds; TOST p {ps})."
+    ]
+    out.append(
+        "Their seeds rule out more than "
+        + " and ".join(f"x{plain[p]['bound']:.2f} in {PLACEMENTS[p]}" for p in plain)
+        + " either way."
+    )
+    checks = [
+        "two identical computations (zero-mean writers) "
+        + _ratio(z, f"{z['verdict']}, {z['n']} seeds")
+        for z in zero[:1]
+    ]
+    known = [r for a, r in oriented(control, "optim.lr_factor", "1.0") if "known" in r]
+    checks += [
+        f"a known x{k['known']:g} LR change " + _ratio(k, f"{k['verdict']}, {k['n']} seeds")
+        for k in known[:1]
+    ]
+    if checks:
+        out.append(f"The instrument's controls: {' and '.join(checks)}.")
+    return " ".join(out)
+
+
+def critical_placement_sentence(report: dict, default: dict) -> str:
+    """Post-norm's paired critical LR over pre-norm's under each norm, with the default study's
+    placement claim's paper: agrees where every pair differs with its CI below 1."""
+    rows = oriented(report, "model.placement", "post")
+    cs = {a["model.norm"]: r for a, r in rows if a.get(ZERO) != "True"}
+    if not cs:
+        return ""
+    parts = [f"{_ratio(r)} with {NAMES.get(n, n)}" for n, r in cs.items()]
+    below = all(r["verdict"] == "differs" and r["ci"][1] < 1 for r in cs.values())
+    papers = {c["paper"] for c in _pick(default, "lr50", "lower", "model.placement").values()}
+    said = f": agrees with {papers.pop().rstrip('.')}" if below and len(papers) == 1 else ""
+    head = (
+        "**Placement decides stability**"
+        if below
+        else "**Does post-norm fail below pre-norm's LRs?** "
+        + ", ".join(sorted({r["verdict"] for r in cs.values()}))
+    )
+    ns = " and ".join(str(r["n"]) for r in cs.values())
+    ps = ", ".join(f"{r['p']:.2g}" for r in cs.values())
+    return (
+        f"{head}: post-norm's critical LR is pre-norm's {' and '.join(parts)} (95% CI, paired "
+        f"over {ns} seeds, t-test p {ps}){said}."
+    )
+
+
 def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
     """The critical-LR row: per placement RMSNorm / LayerNorm's paired critical-LR ratio and its
     95% CI, from report.json's `critical` (the pairs that differ only in the norm, without
     zero-mean writers: those are the control); None where it has none."""
-    cells, ns = {}, []
-    for r in (report or {}).get("critical", []):
-        if r["key"] != "model.norm" or "error" in r:
-            continue
-        a = fields(r["a"], report["arm_keys"])
-        if a.get("model.zero_mean_writers") == "True":
-            continue
-        ratio, (lo, hi) = r["ratio"], r["ci"]
-        if a["model.norm"] == "layernorm":  # as RMSNorm / LayerNorm
-            ratio, lo, hi = 1 / ratio, 1 / hi, 1 / lo
-        cells[a["model.placement"]] = ci({"ratio": ratio, "ci": [lo, hi]}, "ratio")
-        ns.append(str(r["n"]))
-    if not cells:
+    plain, _ = _norm_pairs(report)
+    if not plain:
         return None
+    cells = {p: ci({"ratio": r["ratio"], "ci": r["ci"]}, "ratio") for p, r in plain.items()}
+    ns = [str(plain[p]["n"]) for p in PLACEMENTS if p in plain]
     name = f"critical LR ratio, RMSNorm / LayerNorm (paired, {' / '.join(ns)} seeds)"
     return name, [cells.get(p, "-") for p in PLACEMENTS]
 
 
+def norm_rows(report: dict, field: str) -> dict[str, dict]:
+    """RMSNorm - LayerNorm by placement from report.json's comparisons' `field` ('loss' at each
+    one's best LR on the test seeds, 'sensitivity' per seed), at the report's read budget, the
+    zero-mean-writer pairs left out."""
+    out = {}
+    for c in report.get("comparisons", []):
+        if (
+            c["key"] != "model.norm"
+            or not c.get(field)
+            or steps_of(c["A"]) != report.get("read_at")
+        ):
+            continue
+        a = fields(bare(c["A"]), report["arm_keys"])
+        if a.get(ZERO) == "True":
+            continue
+        loss = dict(c[field])
+        if a["model.norm"] == "layernorm" and loss.get("mean") is not None:  # as RMS - LN
+            loss["mean"], loss["ci"] = -loss["mean"], [-x for x in loss["ci"][::-1]]
+        out[a["model.placement"]] = {"loss": loss}
+    return out
+
+
 def table(report: dict, replication: dict | None, critical: dict | None = None) -> list[str]:
     """At most six rows, one number and its 95% CI per cell, post-norm and pre-norm side by side;
-    with critical-lr's paired critical-LR ratios, they lead in place of the two LR50 rows."""
+    with critical-lr's paired critical-LR ratios, they lead in place of the two LR50 rows, and its
+    sensitivity and best-LR rows (more seeds) replace the default study's."""
     same = _pick(report, "lr50", "same", "model.norm")
     rep = _pick(replication, "lr50", "same", "model.norm") if replication else {}
     sens = _pick(report, "lr_sensitivity", "same", "model.norm")
-    best = {}
-    for c in report.get("comparisons", []):
-        if c["key"] == "model.norm" and steps_of(c["A"]) == report.get("read_at"):
-            a = fields(bare(c["A"]), report["arm_keys"])
-            loss = dict(c["loss"])
-            if a["model.norm"] == "layernorm" and loss.get("mean") is not None:  # as RMS - LN
-                loss["mean"], loss["ci"] = -loss["mean"], [-x for x in loss["ci"][::-1]]
-            best[a["model.placement"]] = {"loss": loss}
+    best = norm_rows(report, "loss")
+    crit = critical_cells(critical)
+    if crit:
+        sens = norm_rows(critical, "sensitivity") or sens
+        best = norm_rows(critical, "loss") or best
     rows = [
         ("LR50, LayerNorm", [ci(_arm(report, "layernorm", p), "lr50") for p in PLACEMENTS]),
         ("LR50, RMSNorm", [ci(_arm(report, "rmsnorm", p), "lr50") for p in PLACEMENTS]),
@@ -294,7 +403,6 @@ def table(report: dict, replication: dict | None, critical: dict | None = None) 
             [nats(best[p]["loss"]) if p in best else "-" for p in PLACEMENTS],
         ),
     ]
-    crit = critical_cells(critical)
     if crit:  # the paired ratio replaces the two LR50s it refines: at most six rows
         rows = [crit, *rows[2:]]
     rows = [r for r in rows if any(cell != "-" for cell in r[1])]
@@ -325,18 +433,29 @@ def found(results: Path, rel: str) -> str:
         raise ValueError(f"{results} has no {DEFAULT}/report.json")
     default = at_longest(reports[DEFAULT])
     rep = at_longest(reports[REPLICATION]) if REPLICATION in reports else None
-    sentences = [norm_sentence(default), placement_sentence(default)]
+    crit, control = reports.get(CRITICAL), reports.get(CONTROL)
+    sentences = [
+        critical_sentence(crit, control) if critical_cells(crit) else norm_sentence(default),
+        (critical_cells(crit) and critical_placement_sentence(crit, default))
+        or placement_sentence(default),
+    ]
     sentences.append(settings_sentence(default, results / DEFAULT / "study.yaml", rep))
     lines = [textwrap.fill(s, 110, break_on_hyphens=False) for s in sentences if s]
     lines.append(
         f"![Every run's outcome by LR and each arm's failure curve P(fail | lr)]"
         f"({rel}/{DEFAULT}/stability_map.png)"
     )
-    lines.append("\n".join(table(default, rep, reports.get(CRITICAL))))
+    lines.append("\n".join(table(default, rep, crit)))
     read = reports[DEFAULT]
     ratios = confidence(list(_pick(read, "lr50", "same", "model.norm").values()))
     ratios = "" if ratios == "95% CI" else f", the ratios' {ratios.replace(' CI,', ' CI:', 1)}"
-    note = (
+    first = (
+        f"Critical LR: a seed's smallest unstable LR under the speed-free rule, bisected, paired "
+        f"over seeds, 95% t CI ([report]({rel}/{CRITICAL}/report.md)). "
+        if critical_cells(crit)
+        else ""
+    )
+    note = first + (
         f"LR50: the LR at which half the runs fail, a Firth logistic fit over {read['runs']} "
         f"runs{ratios}; differences paired over seeds, 95% t CI "
         f"([report]({rel}/{DEFAULT}/report.md), "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lab import critical
 from lab.history import history
+from lab.paired import paired
 from lab.result import StudyResult
 from lab.text import BUDGET, lr50_cell
 
@@ -105,19 +106,31 @@ def outcome_pairs(res: StudyResult, a: str | None, b: str | None) -> dict | None
     return {"n": len(both), "same": sum(x[k] == y[k] for k in both)}
 
 
+def paired_json(p) -> dict:
+    return {
+        "n": p.n,
+        "mean": p.mean,
+        "ci": list(p.ci) if p.ci else None,
+        "verdict": p.verdict,
+        "mde": p.mde,
+        "p": p.p_diff,
+        "p_tost": p.p_tost,
+    }
+
+
+def sensitivity_json(res: StudyResult, a: str, b: str) -> dict | None:
+    """A's per-seed LR sensitivity - B's (L* each one's own best), paired by seed, at the study's
+    sensitivity margin: what the README's sensitivity row reads where no claim asks for it."""
+    sa, sb = res.sensitivity.get(a), res.sensitivity.get(b)
+    if sa is None or sb is None:
+        return None
+    return paired_json(paired(sa.per_seed, sb.per_seed, res.file.sensitivity_margin))
+
+
 def as_json(res: StudyResult) -> dict:
     """report.json: what the README, the index and a later decision read."""
 
-    def pj(p):
-        return {
-            "n": p.n,
-            "mean": p.mean,
-            "ci": list(p.ci) if p.ci else None,
-            "verdict": p.verdict,
-            "mde": p.mde,
-            "p": p.p_diff,
-            "p_tost": p.p_tost,
-        }
+    pj = paired_json
 
     def rj(r):
         return {
@@ -195,6 +208,7 @@ def as_json(res: StudyResult) -> dict:
                 "loss": pj(c.loss.paired),
                 "dropped": c.loss.dropped,
                 "tost_needs": c.loss.needed,
+                "sensitivity": sensitivity_json(res, c.a.label, c.b.label),
             }
             for c in res.comparisons
         ],

@@ -324,3 +324,77 @@ def test_the_index_says_when_a_result_is_an_earlier_form_of_its_study(tmp_path):
     text = index(results)
     assert "redesigned? (8 runs; an earlier form of studies/redesigned.yaml" in text
     assert "same? (8 runs)" in text
+
+
+def _crit(post: str = "agrees", pre: str = "agrees") -> dict:
+    """A critical-lr report.json: norm pairs per placement, the zero-mean control, placements."""
+    keys = ["model.norm", "model.placement", "model.zero_mean_writers"]
+
+    def row(a, b, key, ratio, lo, hi, verdict, p=0.5):
+        return {
+            "a": a, "b": b, "key": key, "n": 60, "margin": 1.1, "ratio": ratio, "ci": [lo, hi],
+            "verdict": verdict, "p_tost": 0.01, "p": p, "bound": hi / ratio * 1.01,
+        }  # fmt: skip
+
+    z = "zero_mean_writers"
+    return {
+        "arm_keys": keys,
+        "critical": [
+            row(f"layernorm/post/{z}=False", f"rmsnorm/post/{z}=False", "model.norm",
+                1 / 1.02, 0.93, 1.08, post),
+            row(f"rmsnorm/pre/{z}=False", f"layernorm/pre/{z}=False", "model.norm",
+                1.04, 0.96, 1.12, pre),
+            row(f"layernorm/pre/{z}=True", f"rmsnorm/pre/{z}=True", "model.norm",
+                1.0, 0.95, 1.05, "agrees"),
+            row(f"layernorm/post/{z}=False", f"layernorm/pre/{z}=False", "model.placement",
+                0.05, 0.04, 0.06, "differs", 1e-20),
+            row(f"rmsnorm/pre/{z}=False", f"rmsnorm/post/{z}=False", "model.placement",
+                20.0, 16.0, 25.0, "differs", 1e-21),
+        ],
+    }  # fmt: skip
+
+
+def test_the_critical_sentences_follow_the_pairs_and_their_controls():
+    """The answer on paired critical LRs: RMSNorm / LayerNorm per placement (a pair stored the other
+    way inverted), the verdicts at the margin, what the seeds rule out, both controls; the placement
+    sentence as post / pre with the default study's paper where every pair differs below 1."""
+    from lab.readme import critical_placement_sentence, critical_sentence
+
+    control = {
+        "arm_keys": ["optim.lr_factor"],
+        "critical": [
+            {
+                "a": "lr_factor=1.0", "b": "lr_factor=1.3", "key": "optim.lr_factor", "n": 12,
+                "margin": 1.1, "ratio": 1.244, "ci": [1.031, 1.501], "verdict": "differs",
+                "known": 1.3, "p_tost": 0.9, "p": 0.027, "bound": 1.45,
+            }
+        ],
+    }  # fmt: skip
+    both = critical_sentence(_crit(), control)
+    assert both.startswith(
+        "**RMSNorm is as stable as LayerNorm** (per-seed critical LR within x1.1)"
+    )
+    assert "LayerNorm's x1.02 (0.926-1.08; agrees) in post-norm" in both
+    assert "x1.04 (0.960-1.12; agrees) in pre-norm" in both
+    assert "paired over 60 and 60 seeds" in both
+    assert "zero-mean writers) x1.00 (0.952-1.05; agrees, 60 seeds)" in both
+    assert "a known x1.3 LR change x1.24 (1.03-1.50; differs, 12 seeds)" in both
+    mixed = critical_sentence(_crit(pre="inconclusive"), None)
+    assert mixed.startswith(
+        "**RMSNorm against LayerNorm, seed by seed** (critical LR, TOST at x1.1)"
+    )
+    assert "inconclusive) in pre-norm" in mixed and "known" not in mixed
+    assert critical_sentence({"arm_keys": [], "critical": []}, control) == ""
+    default = _default()
+    place = critical_placement_sentence(_crit(), default)
+    assert place.startswith(
+        "**Placement decides stability**: post-norm's critical LR is pre-norm's"
+    )
+    assert (
+        "x0.0500 (0.0400-0.0600) with LayerNorm and x0.0500 (0.0400-0.0625) with RMSNorm" in place
+    )
+    wrong = _crit()
+    wrong["critical"][3] |= {"ratio": 1.5, "ci": [1.2, 1.9]}
+    assert critical_placement_sentence(wrong, default).startswith("**Does post-norm fail below")
+    words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both + " " + place)]
+    assert max(words) <= 60

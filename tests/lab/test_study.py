@@ -1163,6 +1163,15 @@ def test_lr_sensitivity_is_wortsmans_mean_over_the_grid_by_hand(tmp_path):
     )
     s = sens["rmsnorm"]
     assert s.mean == pytest.approx(sum(s.per_seed.values()) / 3) and s.ci[0] <= s.mean <= s.ci[1]
+    # report.json's comparisons carry the paired difference the README's row reads
+    from types import SimpleNamespace
+
+    from lab.record import sensitivity_json
+
+    res = SimpleNamespace(sensitivity=sens, file=SimpleNamespace(sensitivity_margin=0.05))
+    d = sensitivity_json(res, "rmsnorm", "layernorm")
+    assert d["n"] == 3 and d["mean"] == pytest.approx((-0.2 / 3 + 0 - 0.1 / 3) / 3)
+    assert d["ci"][0] < d["mean"] < d["ci"][1] and sensitivity_json(res, "rmsnorm", "x") is None
 
 
 @pytest.mark.slow
