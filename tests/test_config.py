@@ -172,6 +172,9 @@ def test_a_warmup_as_long_as_the_schedule_is_shortened_and_said(tmp_path, capsys
     cfg = load_config(train.DEFAULT_CONFIG, ["train.steps=20"])
     assert cfg.optim.warmup_steps == 2 and cfg.optim.schedule_steps == 20
     assert load_config(train.DEFAULT_CONFIG, ["train.steps=31"]).optim.warmup_steps == 30
+    frac = load_config(train.DEFAULT_CONFIG, ["optim.warmup_fraction=0.1", "train.steps=1000"])
+    assert frac.optim.warmup_steps == 100  # a share of the budget, whatever warmup_steps says
+    assert load_config(train.DEFAULT_CONFIG, ["optim.warmup_fraction=0.1"]).optim.warmup_steps == 30
     assert run_tiny("--name", "w", "train.steps=4", "train.eval_every=2") == 0  # tiny: warmup 5
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

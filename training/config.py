@@ -49,6 +49,7 @@ class OptimConfig:
     )
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
     warmup_steps: int = 30
+    warmup_fraction: float = 0.0  # > 0: warmup_steps = this x the schedule's steps (rounded)
     schedule_steps: int = (
         0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
     )
@@ -280,6 +281,7 @@ RANGES = {
     "optim.lr": "> 0",
     "optim.lr_factor": "> 0",
     "optim.warmup_steps": ">= 0",
+    "optim.warmup_fraction": "[0, 1)",
     "optim.schedule_steps": ">= 0",
     "optim.min_lr_ratio": "[0, 1]",
     "optim.beta1": "[0, 1)",
@@ -419,6 +421,8 @@ def validate(cfg: Config) -> Config:
         )
     # resolved once, recorded in config.yaml: a resume keeps it
     o.schedule_steps = o.schedule_steps or t.steps
+    if o.warmup_fraction:  # a recipe's share of the budget, carried to any budget (issue 61)
+        o.warmup_steps = round(o.warmup_fraction * o.schedule_steps)
     if o.warmup_steps >= o.schedule_steps:  # it would never reach optim.lr: 10%, as the recipes
         o.warmup_steps = o.schedule_steps // 10  # (train.py says so in one line)
     if t.device == "cuda":
