@@ -153,10 +153,10 @@ class ModelArgs:
         lookup(ATTN_GATES, self.attn_gate, "attn_gate")
         if not 0 <= self.mix_ln_alpha <= 1:
             raise ValueError(f"model.mix_ln_alpha must be in [0, 1], got {self.mix_ln_alpha}")
-        if self.placement == "hybrid" and self.qk_norm != "none":
+        if self.placement in ("hybrid", "hybridstar") and self.qk_norm != "none":
             raise ValueError(
-                "model.placement=hybrid normalizes q, k and v with the block norm itself: "
-                f"model.qk_norm must be none, got {self.qk_norm}"
+                f"model.placement={self.placement} normalizes q, k and v with the block norm "
+                f"itself: model.qk_norm must be none, got {self.qk_norm}"
             )
         if self.zero_mean_writers and self.placement not in ("pre", "lns"):
             raise ValueError(
@@ -179,7 +179,17 @@ class ModelArgs:
 # The registries' names, torch-free for --help (tests/test_model.py keeps them equal to NORMS and
 # BLOCKS, model/norm_config.py and model/blocks.py)
 NORM_NAMES = ("rmsnorm", "layernorm", "prmsnorm", "dyt", "derf", "none")
-PLACEMENT_NAMES = ("pre", "post", "peri", "reordered", "deepnorm", "lns", "mixln", "hybrid")
+PLACEMENT_NAMES = (
+    "pre",
+    "post",
+    "peri",
+    "reordered",
+    "deepnorm",
+    "lns",
+    "mixln",
+    "hybrid",
+    "hybridstar",
+)
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std
 # times this
 RESIDUAL_INITS = {

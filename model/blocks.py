@@ -182,6 +182,25 @@ class HybridNormBlock(Block):
         return h + self.feed_forward(h)
 
 
+class HybridStarBlock(HybridNormBlock):
+    """HybridNorm* (Zhuo et al. 2025, arXiv 2503.04598; its README's override of block 0,
+    {attn_norm: True, ffn_residual: False}): the first block is pre-norm, h = x + attention_qkv(
+    norm(x)); out = h + f(norm(h)), its q, k and v still normalized per head; every later block
+    is HybridNorm's."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__(args, layer_id)
+        self.first = layer_id == 0
+        if self.first:
+            self.attention_norm = model_norm(args, "attention")
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        if not self.first:
+            return super().forward(x, rope)
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
@@ -191,6 +210,7 @@ BLOCKS: dict[str, type[Block]] = {
     "lns": ScaledPreNormBlock,
     "mixln": MixNormBlock,
     "hybrid": HybridNormBlock,
+    "hybridstar": HybridStarBlock,
 }
 
 

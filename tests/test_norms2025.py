@@ -134,6 +134,30 @@ def test_hybridnorm_normalizes_q_k_v_per_head_and_post_norms_the_feed_forward():
     assert type(ln.layers[0].attention.v_norm).__name__ == "LayerNorm"
 
 
+def test_hybridnorm_star_makes_the_first_block_pre_norm_and_keeps_its_qkv_norms():
+    """HybridNorm* (its README's override of block 0: attn_norm on, ffn_residual off): block 0 is
+    h = x + attn_qkv(norm(x)); out = h + ffn(norm(h)); blocks 1.. are HybridNorm's."""
+    model = _model(placement="hybridstar")
+    x = torch.randn(2, 6, 32, dtype=torch.float64) * 2
+    for block in model.layers:
+        att = block.attention
+        qkv = dict(
+            q_norm=lambda t, a=att: _rms(t, a.q_norm.weight),
+            k_norm=lambda t, a=att: _rms(t, a.k_norm.weight),
+            v_norm=lambda t, a=att: _rms(t, a.v_norm.weight),
+        )
+        if block.layer_id == 0:
+            h = x + _attention(att, _rms(x, block.attention_norm.weight), **qkv)
+            want = h + _ffn(block.feed_forward, _rms(h, block.ffn_norm.weight))
+        else:
+            assert not list(block.attention_norm.parameters())
+            n = _rms(x + _attention(att, x, **qkv), block.ffn_norm.weight)
+            want = n + _ffn(block.feed_forward, n)
+        torch.testing.assert_close(block(x, _rope(model, 6)), want, **TOL)
+    with pytest.raises(ValueError, match="placement=hybridstar normalizes q, k and v .* got olmo2"):
+        ModelArgs(**ARGS, placement="hybridstar", qk_norm="olmo2").check()
+
+
 def test_olmo2_qk_norm_is_one_rmsnorm_over_q_and_k_whole_width_before_the_head_split():
     model = _model(qk_norm="olmo2")
     att = model.layers[0].attention
@@ -165,7 +189,7 @@ def test_gated_attention_multiplies_each_head_by_a_sigmoid_of_its_input(kind, wi
         ModelArgs(**ARGS, attn_gate="sigmoid").check()
 
 
-@pytest.mark.parametrize("placement", ["lns", "mixln", "hybrid"])
+@pytest.mark.parametrize("placement", ["lns", "mixln", "hybrid", "hybridstar"])
 def test_new_placements_start_from_the_same_matrices_as_pre_norm(placement):
     torch.manual_seed(7)
     ref = {k: v for k, v in Llama(ModelArgs(**ARGS)).state_dict().items() if v.dim() >= 2}

@@ -118,7 +118,7 @@ def estimate(
     layer = 7 * d + 3 * f + 3 * kvd + (2 * d if a.qk_norm != "none" else 0)
     layer += 2 * d if a.placement == "peri" else 0
     layer += 2 * d if a.attn_gate != "none" else 0  # the gate's logits and sigmoid
-    layer += kvd if a.placement == "hybrid" else 0  # the normalized values
+    layer += kvd if a.placement in ("hybrid", "hybridstar") else 0  # the normalized values
     # explicit attention (model/layers.py): its capped logits and softmax weights, T per head each
     if a.attn_softcap:
         layer += 2 * H * T + 2 * d  # and the keys and values repeated to every query head
