@@ -53,7 +53,7 @@ def test_precedence_defaults_yaml_cli(tmp_path):
         ),
         (
             "model.placement=middle",
-            "model.placement='middle' is not one of: deepnorm, hybrid, hybridstar, lns, mixln, peri,",
+            "model.placement='middle' is not one of: deepnorm, hybrid, hybridstar, lns, mixln,",
         ),
         ("train.dtype=fp8", "train.dtype='fp8' is not one of: bfloat16, float16, float32"),
         ("data.source=ftp:x", "data.source: unknown data source 'ftp:x'"),
