@@ -1536,6 +1536,41 @@ def test_the_2025_studies_are_designed_as_their_files_say():
     assert sum(len(protocol.arm_pairs(controls, c)) for c in controls["claims"]) == 14
 
 
+def test_the_2025_claims_are_asked_in_their_papers_configurations():
+    """Issue 61: each paper's arms, recipe and claim pairs as its file states them, at one 1000-step
+    budget with a warmup of 10% of it (update-clip: the default recipe at beta2 0.95 and 0.99)."""
+    want = {
+        "hybridnorm": (4, 0.1118, "scaled", 0.95, 0.1, 1.0, {"post", "pre"}),
+        "derf-parity": (3, 0.098, "scaled", 0.95, 0.1, 1.0, {"layernorm", "dyt"}),
+        "lns-mixln": (3, 0.098, "plain", 0.98, 0.0, 0.0, {"pre"}),
+    }
+    for name, (n, std, residual, beta2, wd, clip, against) in want.items():
+        study = studyfile.load_study(STUDIES / f"{name}.yaml")
+        arms = protocol.arms_of(study)
+        assert len(arms) == n, name
+        cfg = load_config(study["config"], protocol.first_runs(study)[0]["overrides"])
+        assert cfg.train.steps == 1000 and cfg.optim.warmup_steps == 100, name
+        assert (cfg.model.n_layers, cfg.model.init_scale, cfg.model.init_std) == (
+            12,
+            "absolute",
+            std,
+        )
+        assert (cfg.model.init_residual, cfg.optim.beta2) == (residual, beta2), name
+        assert (cfg.optim.weight_decay, cfg.optim.grad_clip) == (wd, clip), name
+        seen = set()
+        for c in study["claims"]:
+            ((a, b),) = protocol.arm_pairs(study, c)
+            seen.add(b["model.norm"] if name == "derf-parity" else b["model.placement"])
+        assert against <= seen, name
+    lns = studyfile.load_study(STUDIES / "lns-mixln.yaml")
+    assert {c["metric"] for c in lns["claims"]} == {"common_loss"}  # one shared LR, as its scripts
+    clip = studyfile.load_study(STUDIES / "update-clip.yaml")
+    assert {(a["optim.update_clip"], a["optim.beta2"]) for a in protocol.arms_of(clip)} == {
+        (u, b) for u in (False, True) for b in (0.95, 0.99)
+    }
+    assert clip["withdrawn"] and "skip-step" in clip["withdrawn"][0]["says"]
+
+
 def test_a_runs_spike_scores_are_read_from_its_records_by_todays_detector(tmp_path):
     """A summary's spike scores were computed when the run ended, by the detector of the day; a
     study reads them again from the run's records (as it judges its failure again), so a report
