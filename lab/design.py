@@ -5,7 +5,8 @@ from), when it was first used and, from the second on, what changed and the note
 A sweep or a report whose study file no longer matches the folder's current design refuses in one
 line naming what changed, unless the study file's `history:` has a note the recorded design did not
 (what changed after results, and why): then the new design is recorded and the report says which
-runs were made under which design (sweep.json's entries carry their design's hash).
+runs were made under which design (sweep.json's entries carry their design's hash). A training
+config field the code gained since, at its default, is no change: the runs it makes are the same.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def design_of(study: dict) -> dict:
     }
 
 
+def _defaults() -> dict:
+    """The training config's defaults, flattened and as design.json keeps them."""
+    return json.loads(json.dumps(flat(to_dict(load_config(None))), default=str))
+
+
 def changes(old: dict, new: dict) -> list[str]:
     """What differs between two designs: the study file's keys (grid keys one level down) and the
     training config's fields."""
@@ -54,10 +60,12 @@ def changes(old: dict, new: dict) -> list[str]:
             ]
         else:
             out.append(key)
+    added = _defaults()  # a field the code gained since, at its default, changes no run
     fields = sorted(
         k
         for k in set(old["config"]) | set(new["config"])
         if old["config"].get(k) != new["config"].get(k)
+        and not (k not in old["config"] and k in added and new["config"][k] == added[k])
     )
     if fields:
         out.append("the training config's " + ", ".join(fields))
@@ -80,6 +88,8 @@ def pin(study_dir: Path, study: dict, where: str, sets: list[str] = ()) -> str:
         changed = changes(recorded[-1], design)
         if last.get("set", []) != design["set"]:
             changed.append("the sweep's --set overrides")
+        if not changed:  # only fields the code gained at their defaults: the same runs
+            return last["hash"]
         if design["notes"] <= recorded[-1]["notes"]:
             raise ConfigError(
                 f"{where}: the study file changed since its runs in {study_dir} were made "
@@ -104,7 +114,7 @@ def check(study_dir: Path, study: dict, where: str) -> list[dict]:
         return []
     designs = read_json(path)["designs"]
     design = design_of(study)
-    if designs[-1]["hash"] != design["hash"]:
+    if designs[-1]["hash"] != design["hash"] and changes(designs[-1], design):
         raise ConfigError(
             f"{where}: the study file differs from the design the runs in {study_dir} were made "
             f"under ({', '.join(changes(designs[-1], design)) or 'its layout'}); sweep it again "

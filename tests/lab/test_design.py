@@ -158,3 +158,25 @@ def test_a_design_does_not_depend_on_where_the_checkout_is(tmp_path):
     here = load_study(_study(tmp_path))
     there = dict(here, config=str(other / "tiny.yaml"))
     assert design_of(here)["hash"] == design_of(there)["hash"]
+
+
+def test_a_config_field_the_code_gained_at_its_default_is_no_change(tmp_path):
+    """A folder's design recorded before the training config had a field (optim.warmup_fraction,
+    issue 61) still reports and sweeps as the same design while the field is at its default; at any
+    other value the change is named and refused as any other."""
+    folder = tmp_path / "out" / "s"
+    folder.mkdir(parents=True)
+    first = pin(folder, load_study(_study(tmp_path)), "s.yaml")
+    path = folder / "design.json"
+    saved = json.loads(path.read_text())
+    del saved["designs"][0]["config"]["optim.warmup_fraction"]  # as made before the field was
+    saved["designs"][0]["hash"] = old = "0123456789ab"  # ... and hashed without it
+    path.write_text(json.dumps(saved))
+    study = load_study(_study(tmp_path))
+    assert design_of(study)["hash"] == first != old
+    assert check(folder, study, "s.yaml")[-1]["hash"] == old
+    assert pin(folder, study, "s.yaml") == old  # later runs: the same design
+    assert len(json.loads(path.read_text())["designs"]) == 1
+    other = load_study(_study(tmp_path, "overrides: {optim: {warmup_fraction: 0.1}}\n"))
+    with pytest.raises(ConfigError, match="optim.warmup_fraction"):
+        check(folder, other, "s.yaml")
