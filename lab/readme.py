@@ -362,7 +362,7 @@ def norm_rows(report: dict, field: str) -> dict[str, dict]:
         ):
             continue
         a = fields(bare(c["A"]), report["arm_keys"])
-        if a.get(ZERO) == "True":
+        if a.get(ZERO) == "True" or not c[field].get("ci"):  # a cell is a number and its CI
             continue
         loss = dict(c[field])
         if a["model.norm"] == "layernorm" and loss.get("mean") is not None:  # as RMS - LN
