@@ -278,13 +278,14 @@ def critical_sentence(report: dict, control: dict | None) -> str:
     plain, zero = _norm_pairs(report)
     if not plain:
         return ""
-    cs = [plain[p] for p in PLACEMENTS if p in plain]
+    places = [p for p in PLACEMENTS if p in plain]
+    cs = [plain[p] for p in places]
     margin = f"x{cs[0]['margin']:g}"
     if {c["verdict"] for c in cs} == {"agrees"}:
         head = f"**RMSNorm is as stable as LayerNorm** (per-seed critical LR within {margin})"
     else:
         head = f"**RMSNorm against LayerNorm, seed by seed** (critical LR, TOST at {margin})"
-    parts = [f"{_ratio(plain[p], plain[p]['verdict'])} in {PLACEMENTS[p]}" for p in plain]
+    parts = [f"{_ratio(plain[p], plain[p]['verdict'])} in {PLACEMENTS[p]}" for p in places]
     ns = " and ".join(str(c["n"]) for c in cs)
     ps = ", ".join(f"{c['p_tost']:.2g}" for c in cs)
     out = [
@@ -292,8 +293,8 @@ def critical_sentence(report: dict, control: dict | None) -> str:
         f"{ns} seeds; TOST p {ps})."
     ]
     out.append(
-        "Their seeds rule out more than "
-        + " and ".join(f"x{plain[p]['bound']:.2f} in {PLACEMENTS[p]}" for p in plain)
+        "These seeds rule out more than "
+        + " and ".join(f"x{plain[p]['bound']:.2f} in {PLACEMENTS[p]}" for p in places)
         + " either way."
     )
     checks = [
