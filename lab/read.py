@@ -154,6 +154,8 @@ def failure(run: Run, rule: Rule, arm_best: float | None = None) -> str | None:
         _, b = last_half(run)  # still falling (b < -slow_slope): slow, not failed
         if final > unigram - rule.learn_margin and (b is None or b >= -rule.slow_slope):
             return f"collapsed: final {final:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"
+        if rule.above_unigram and final > unigram:  # relearning the unigram level: not slow
+            return f"collapsed: final {final:.2f} > unigram {unigram:.2f}, falling"
     elif rule.learn_margin is not None and unigram is not None:
         if best > unigram - rule.learn_margin:
             return f"did not learn: best {best:.2f} > unigram {unigram:.2f} - {rule.learn_margin:g}"

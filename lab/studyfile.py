@@ -404,6 +404,9 @@ class Rule:
     # eval within learn_margin of the unigram entropy and the last half not falling faster than
     # slow_slope); a run still falling there is slow, not unstable (issue 60's primary rule)
     speed_free: bool = False
+    # with speed_free: a final eval above the unigram entropy fails whatever its slope (a run
+    # falling toward the unigram level from above relearns it after a collapse; it is not slow)
+    above_unigram: bool = False
     labels: bool = (
         False  # judge by train.py's own labels instead (runs compared without a study file)
     )
@@ -418,6 +421,8 @@ class Rule:
                 f"the unigram entropy, its last half not falling {self.slow_slope:g} nats per 10% "
                 "of the budget: a run still falling is slow, not failed)"
             )
+            if self.above_unigram:
+                parts.append("a final eval above the unigram entropy, whatever its slope")
         elif self.learn_margin is not None:
             parts.append(
                 f"no eval {self.learn_margin:g} nats below the unigram entropy within the budget"
@@ -443,6 +448,7 @@ RULE_KEYS = {
     "arm_gap",
     "slow_slope",
     "speed_free",
+    "above_unigram",
 }
 
 
@@ -454,9 +460,14 @@ def parse_rule(section, where: str, name: str) -> Rule:
         value = getattr(out, key)
         if value is not None:  # null: the criterion is off
             check_number(f"{where}: {key}", value, float, ">= 0")
-    for key in ("above_l0", "speed_free"):
+    for key in ("above_l0", "speed_free", "above_unigram"):
         if not isinstance(getattr(out, key), bool):
             raise ConfigError(f"{where}: {key} is true or false")
+    if out.above_unigram and not out.speed_free:
+        raise ConfigError(
+            f"{where}: above_unigram amends speed_free: true (without it, learn_margin already "
+            "fails a run that never got below the unigram entropy)"
+        )
     return out
 
 

@@ -143,3 +143,26 @@ def test_the_speed_free_rule_fails_persisting_collapse_and_blow_ups_but_not_slow
     judge([slow], Rule())  # the main rule: never 0.25 below unigram within the budget
     assert slow.failed and slow.kind == "slow"
     assert "a collapse that persists" in rule.describe()
+
+
+def test_above_unigram_fails_a_run_falling_back_to_the_unigram_level_but_not_a_slow_one():
+    """The speed-free rule's amendment (issue 60): a final eval above the unigram entropy fails
+    whatever its slope; a run still falling below it stays slow (trained)."""
+    amended = Rule(speed_free=True, above_unigram=True)
+    relearning = run([6.3, 6.1, 6.05, 6.0, 5.95, 5.9])  # above 5.8, falling 0.03 per 10%
+    slow = run([5.95, 5.94, 5.93, 5.90, 5.80, 5.70], seed=1)
+    judge([relearning, slow], Rule(speed_free=True))
+    assert not relearning.failed and not slow.failed  # the rule before its amendment
+    judge([relearning, slow], amended)
+    assert relearning.failed and relearning.why == "collapsed: final 5.90 > unigram 5.80, falling"
+    assert relearning.kind == "collapsed" and not slow.failed
+    assert "above the unigram entropy, whatever its slope" in amended.describe()
+
+
+def test_above_unigram_needs_the_speed_free_rule():
+    from lab.studyfile import parse_rule
+    from training.config import ConfigError
+
+    assert parse_rule({"speed_free": True, "above_unigram": True}, "f", "main").above_unigram
+    with pytest.raises(ConfigError, match="f: above_unigram amends speed_free: true"):
+        parse_rule({"above_unigram": True}, "f", "main")
