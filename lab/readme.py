@@ -281,7 +281,13 @@ def critical_sentence(report: dict, control: dict | None) -> str:
     places = [p for p in PLACEMENTS if p in plain]
     cs = [plain[p] for p in places]
     margin = f"x{cs[0]['margin']:g}"
-    if {c["verdict"] for c in cs} == {"agrees"}:
+    known = [r for a, r in oriented(control, "optim.lr_factor", "1.0") if "known" in r]
+    # "as stable as" only where the instrument earned "same": its identical pair agrees and its
+    # known change differs (each where run)
+    earned = all(z["verdict"] == "agrees" for z in zero[:1]) and all(
+        k["verdict"] == "differs" for k in known[:1]
+    )
+    if {c["verdict"] for c in cs} == {"agrees"} and earned:
         head = f"**RMSNorm is as stable as LayerNorm** (per-seed critical LR within {margin})"
     else:
         head = f"**RMSNorm against LayerNorm, seed by seed** (critical LR, TOST at {margin})"
@@ -302,7 +308,6 @@ def critical_sentence(report: dict, control: dict | None) -> str:
         + _ratio(z, f"{z['verdict']}, {z['n']} seeds")
         for z in zero[:1]
     ]
-    known = [r for a, r in oriented(control, "optim.lr_factor", "1.0") if "known" in r]
     checks += [
         f"a known x{k['known']:g} LR change " + _ratio(k, f"{k['verdict']}, {k['n']} seeds")
         for k in known[:1]

@@ -384,6 +384,11 @@ def test_the_critical_sentences_follow_the_pairs_and_their_controls():
         "**RMSNorm against LayerNorm, seed by seed** (critical LR, TOST at x1.1)"
     )
     assert "inconclusive) in pre-norm" in mixed and "known" not in mixed
+    unearned = _crit()
+    unearned["critical"][2] |= {"ratio": 0.9, "ci": [0.83, 0.99], "verdict": "differs"}
+    failed = critical_sentence(unearned, control)  # the identical pair did not agree
+    assert failed.startswith("**RMSNorm against LayerNorm, seed by seed**")
+    assert "zero-mean writers) x1.11 (1.01-1.20; differs, 60 seeds)" in failed
     assert critical_sentence({"arm_keys": [], "critical": []}, control) == ""
     default = _default()
     place = critical_placement_sentence(_crit(), default)
