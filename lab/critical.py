@@ -236,11 +236,17 @@ def findings(res) -> list[str]:
                 )
             )
         lo, hi = r["ci"]
+        # the TOST bound says what a pair that did not differ rules out; beside `differs` it reads
+        # as an equivalence
+        bound = (
+            ""
+            if r["verdict"] == "differs"
+            else f"; rules out more than x{r['bound']:.2f} either way"
+        )
         out.append(
             f"{head}: {r['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f}, width x{hi / lo:.2f}), n = "
             f"{r['n']} seeds ({r['censored']} censored or not monotone), paired log sd "
             f"{r['sd']:.3f} (detects x{r['detectable']:.2f} with power 0.8), TOST p = "
-            f"{r['p_tost']:.3g}, t-test p = {r['p']:.3g}: **{r['verdict']}**; rules out more than "
-            f"x{r['bound']:.2f} either way{known}."
+            f"{r['p_tost']:.3g}, t-test p = {r['p']:.3g}: **{r['verdict']}**{bound}{known}."
         )
     return out

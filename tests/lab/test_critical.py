@@ -167,6 +167,7 @@ def test_pairs_that_differ_in_one_key_are_compared_and_the_lr_factor_control_is_
     assert "**agrees**" in lines[1]
     assert "(differ in optim.lr_factor)" in lines[2] and "**differs**" in lines[2]
     assert "the known ratio 1.300 is inside the CI" in lines[2]
+    assert "rules out" in lines[1] and "rules out" not in lines[2]  # no bound beside `differs`
     assert "0 of 12 seeds are not monotone in it" in lines[2]
     from lab.critical import comparisons
 
