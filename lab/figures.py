@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from collections import Counter
 from pathlib import Path
 
 from lab.arms import max_series, mean_of
@@ -162,11 +163,19 @@ def result_figures(res, out: Path) -> list[tuple[str, str]]:
     return made
 
 
+MAX_PANELS = 8
+
+
 def _curves(
     plt, arms, colors, out: Path, made: list, key: str, fname: str, title: str, logy: bool
 ) -> None:
-    """One panel per learning rate: a metric's median over seeds per arm, with the min..max band."""
+    """One panel per learning rate, one thin line per seed and arm; at most MAX_PANELS panels: the
+    LRs with the most runs (a bisection's one-run LRs would make a figure 280,000 pixels wide)."""
+    runs_at = Counter(r.lr for a in arms.values() for r in a.runs)
     lrs = sorted({lr for a in arms.values() for lr in a.lrs})
+    shown = sorted(sorted(lrs, key=lambda lr: (-runs_at[lr], lr))[:MAX_PANELS])
+    which = f" (the {len(shown)} of {len(lrs)} LRs with most runs)" if len(shown) < len(lrs) else ""
+    lrs = shown
     l0 = mean_of([a.l0 for a in arms.values()])
     steps_total = max((len(r.records) for a in arms.values() for r in a.runs), default=1)
     fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.2), sharey=True, squeeze=False)
@@ -199,7 +208,7 @@ def _curves(
         axes[0][0].set_ylim(lowest - 0.05 * (l0 - lowest), l0 * 1.05)
     axes[0][0].set_ylabel(f"{title}\n(one line per seed, smoothed)")
     axes[0][-1].legend(fontsize=7)
-    _save(fig, out / fname, made, f"{title} per arm and learning rate")
+    _save(fig, out / fname, made, f"{title} per arm and learning rate{which}")
 
 
 def loss_curves(plt, arms, colors, out: Path, made: list) -> None:

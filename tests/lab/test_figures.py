@@ -139,3 +139,17 @@ def test_style_registry_fixed_by_name_with_a_fallback_that_does_not_depend_on_or
     assert not st["c"]["variant"]
     flipped = figures.arm_styles(dict(reversed(list(res.arms.items()))))
     assert all(flipped[k]["color"] == st[k]["color"] for k in st)
+
+
+def test_curve_figures_draw_at_most_eight_panels_the_lrs_with_most_runs(tmp_path, drawn):
+    """A bisection leaves hundreds of one-run LRs: the curves keep the LRs with most runs."""
+    res = _result(ARMS)
+    label, arm = next(iter(res.arms.items()))
+    extra = [_run("rmsnorm", "pre", 0.05 * 1.01**k, 9, 5.0) for k in range(20)]
+    res.arms[label] = Arm(label, [*arm.runs, *extra], best_lr=1e-3)
+    made = []
+    figures.loss_curves(plt, res.arms, figures.arm_styles(res.arms), tmp_path, made)
+    titles = [ax.get_title() for ax in drawn["loss_curves.png"].axes]
+    assert len(titles) == figures.MAX_PANELS == 8
+    assert titles[:2] == ["lr 0.001", "lr 0.01"]  # the grid's LRs, every seed and arm
+    assert made[0][1].endswith("(the 8 of 22 LRs with most runs)")
