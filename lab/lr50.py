@@ -149,20 +149,27 @@ def _design(x: np.ndarray, arm: np.ndarray | None = None) -> np.ndarray:
     return np.stack(cols, 1)
 
 
+def _softplus(eta: np.ndarray) -> np.ndarray:
+    """log(1 + e^eta), stably (np.logaddexp(0, eta) to the last bit or two, ~2x faster)."""
+    return np.maximum(eta, 0.0) + np.log1p(np.exp(-np.abs(eta)))
+
+
 def _penalized(beta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Firth-penalized log-likelihood log L + 1/2 log det I(beta) of logit p = X beta, for one beta
     (p,) or many (m, p) at once; -inf where the information is singular (never the maximum)."""
     if np.ndim(beta) == 1:  # one beta: X^T diag(w) X without the (n, k, k) outer products
         eta = X @ beta
-        soft = np.logaddexp(0.0, eta)
+        soft = _softplus(eta)
         w = np.exp(eta - 2 * soft)  # p (1 - p), computed stably
         with np.errstate(divide="ignore", invalid="ignore"):
             sign, logdet = np.linalg.slogdet((X * w[:, None]).T @ X)
         return float(np.sum(y * eta - soft) + 0.5 * logdet) if sign > 0 else -np.inf
     B = np.atleast_2d(beta)
     eta = B @ X.T  # (m, n)
-    ll = np.sum(y * eta - np.logaddexp(0.0, eta), axis=1)
-    w = np.exp(eta - 2 * np.logaddexp(0.0, eta))  # p (1 - p), computed stably
+    soft = _softplus(eta)
+    ll = np.sum(y * eta - soft, axis=1)
+    w = np.exp(eta - 2 * soft)  # p (1 - p), computed stably
+    w[w < 1e-250] = 0.0  # subnormal weights add nothing to the sum and make the product ~5x slower
     k = X.shape[1]
     # sum_n w x x^T
     info = (w @ (X[:, :, None] * X[:, None, :]).reshape(len(X), k * k)).reshape(-1, k, k)
