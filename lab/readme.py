@@ -27,6 +27,7 @@ RESULTS = REPO / "lab" / "results"
 DEFAULT, REPLICATION = "norm-placement-lr", "norm-placement-lr-pystdlib"
 CRITICAL = "critical-lr"  # paired per-seed critical LRs (issue 60): the answer once it has them
 CONTROL = "critical-lr-control"  # its negative control, a known x1.3 LR factor
+CRITICAL_REPLICATION = "critical-lr-pystdlib"  # critical-lr on the standard library's source
 BLOCK = re.compile(r"(<!-- found: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /found -->)", re.S)
 PLACEMENTS = {"post": "post-norm", "pre": "pre-norm"}
 NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -271,10 +272,11 @@ def _ratio(r: dict, more: str = "") -> str:
     return out[:-1] + f"; {more})" if more and out.endswith(")") else out
 
 
-def critical_sentence(report: dict, control: dict | None) -> str:
+def critical_sentence(report: dict, control: dict | None, replication: dict | None = None) -> str:
     """The mission's answer on the paired per-seed critical LR (issue 60): RMSNorm / LayerNorm per
-    placement with its verdict at the study's margin, what its seeds rule out, and the two
-    controls (identical computations must agree, a known LR factor must differ)."""
+    placement with its verdict at the study's margin, what its seeds rule out, the two controls
+    (identical computations must agree, a known LR factor must differ) and the replication on the
+    second corpus."""
     plain, zero = _norm_pairs(report)
     if not plain:
         return ""
@@ -282,10 +284,13 @@ def critical_sentence(report: dict, control: dict | None) -> str:
     cs = [plain[p] for p in places]
     margin = f"x{cs[0]['margin']:g}"
     known = [r for a, r in oriented(control, "optim.lr_factor", "1.0") if "known" in r]
+    again, _ = _norm_pairs(replication)
     # "as stable as" only where the instrument earned "same": its identical pair agrees and its
-    # known change differs (each where run)
-    earned = all(z["verdict"] == "agrees" for z in zero[:1]) and all(
-        k["verdict"] == "differs" for k in known[:1]
+    # known change differs (each where run), and the other corpus agrees too (where run)
+    earned = (
+        all(z["verdict"] == "agrees" for z in zero[:1])
+        and all(k["verdict"] == "differs" for k in known[:1])
+        and all(r["verdict"] == "agrees" for r in again.values())
     )
     if {c["verdict"] for c in cs} == {"agrees"} and earned:
         head = f"**RMSNorm is as stable as LayerNorm** (per-seed critical LR within {margin})"
@@ -314,6 +319,15 @@ def critical_sentence(report: dict, control: dict | None) -> str:
     ]
     if checks:
         out.append(f"The instrument's controls: {' and '.join(checks)}.")
+    if again:
+        where = [p for p in PLACEMENTS if p in again]
+        out.append(
+            "On the standard library's source: "
+            + " and ".join(
+                f"{_ratio(again[p], again[p]['verdict'])} in {PLACEMENTS[p]}" for p in where
+            )
+            + f" ({' and '.join(str(again[p]['n']) for p in where)} seeds)."
+        )
     return " ".join(out)
 
 
@@ -342,7 +356,9 @@ def critical_placement_sentence(report: dict, default: dict) -> str:
     )
 
 
-def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
+def critical_cells(
+    report: dict | None, label: str = "critical LR ratio, RMSNorm / LayerNorm"
+) -> tuple[str, list[str]] | None:
     """The critical-LR row: per placement RMSNorm / LayerNorm's paired critical-LR ratio and its
     95% CI, from report.json's `critical` (the pairs that differ only in the norm, without
     zero-mean writers: those are the control); None where it has none."""
@@ -351,7 +367,7 @@ def critical_cells(report: dict | None) -> tuple[str, list[str]] | None:
         return None
     cells = {p: ci({"ratio": r["ratio"], "ci": r["ci"]}, "ratio") for p, r in plain.items()}
     ns = [str(plain[p]["n"]) for p in PLACEMENTS if p in plain]
-    name = f"critical LR ratio, RMSNorm / LayerNorm (paired, {' / '.join(ns)} seeds)"
+    name = f"{label} (paired, {' / '.join(ns)} seeds)"
     return name, [cells.get(p, "-") for p in PLACEMENTS]
 
 
@@ -377,15 +393,22 @@ def norm_rows(report: dict, field: str) -> dict[str, dict]:
     return out
 
 
-def table(report: dict, replication: dict | None, critical: dict | None = None) -> list[str]:
+def table(
+    report: dict,
+    replication: dict | None,
+    critical: dict | None = None,
+    critical_replication: dict | None = None,
+) -> list[str]:
     """At most six rows, one number and its 95% CI per cell, post-norm and pre-norm side by side;
-    with critical-lr's paired critical-LR ratios, they lead in place of the two LR50 rows, and its
-    sensitivity and best-LR rows (more seeds) replace the default study's."""
+    with critical-lr's paired critical-LR ratios, they lead in place of the two LR50 rows, its
+    sensitivity and best-LR rows (more seeds) replace the default study's, and its replication's
+    ratios replace the LR50 replication row."""
     same = _pick(report, "lr50", "same", "model.norm")
     rep = _pick(replication, "lr50", "same", "model.norm") if replication else {}
     sens = _pick(report, "lr_sensitivity", "same", "model.norm")
     best = norm_rows(report, "loss")
     crit = critical_cells(critical)
+    again = critical_cells(critical_replication, "... on the stdlib source")
     if crit:
         sens = norm_rows(critical, "sensitivity") or sens
         best = norm_rows(critical, "loss") or best
@@ -410,7 +433,9 @@ def table(report: dict, replication: dict | None, critical: dict | None = None) 
         ),
     ]
     if crit:  # the paired ratio replaces the two LR50s it refines: at most six rows
-        rows = [crit, *rows[2:]]
+        # and its replication, beneath it, the LR50 replication's row
+        again_rows = [again, rows[2]] if again else [rows[2], rows[3]]
+        rows = [crit, *again_rows, *rows[4:]]
     rows = [r for r in rows if any(cell != "-" for cell in r[1])]
     out = ["| | post-norm | pre-norm |", "|---|---|---|"]
     out += [f"| {name} | {' | '.join(cells)} |" for name, cells in rows]
@@ -440,8 +465,11 @@ def found(results: Path, rel: str) -> str:
     default = at_longest(reports[DEFAULT])
     rep = at_longest(reports[REPLICATION]) if REPLICATION in reports else None
     crit, control = reports.get(CRITICAL), reports.get(CONTROL)
+    crit_rep = reports.get(CRITICAL_REPLICATION)
     sentences = [
-        critical_sentence(crit, control) if critical_cells(crit) else norm_sentence(default),
+        critical_sentence(crit, control, crit_rep)
+        if critical_cells(crit)
+        else norm_sentence(default),
         (critical_cells(crit) and critical_placement_sentence(crit, default))
         or placement_sentence(default),
     ]
@@ -451,7 +479,7 @@ def found(results: Path, rel: str) -> str:
         f"![Every run's outcome by LR and each arm's failure curve P(fail | lr)]"
         f"({rel}/{DEFAULT}/stability_map.png)"
     )
-    lines.append("\n".join(table(default, rep, crit)))
+    lines.append("\n".join(table(default, rep, crit, crit_rep)))
     read = reports[DEFAULT]
     ratios = confidence(list(_pick(read, "lr50", "same", "model.norm").values()))
     ratios = "" if ratios == "95% CI" else f", the ratios' {ratios.replace(' CI,', ' CI:', 1)}"

@@ -403,3 +403,40 @@ def test_the_critical_sentences_follow_the_pairs_and_their_controls():
     assert critical_placement_sentence(wrong, default).startswith("**Does post-norm fail below")
     words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both + " " + place)]
     assert max(words) <= 60
+
+
+def test_the_replication_on_the_second_corpus_joins_the_answer_and_can_withhold_its_headline():
+    """critical-lr-pystdlib's norm pairs: a sentence and a row beneath critical-lr's (in place of
+    the LR50 replication's), and "as stable as" only where they agree too."""
+    from lab.readme import critical_sentence
+
+    control = {
+        "arm_keys": ["optim.lr_factor"],
+        "critical": [
+            {
+                "a": "lr_factor=1.0", "b": "lr_factor=1.3", "key": "optim.lr_factor", "n": 12,
+                "margin": 1.1, "ratio": 1.3, "ci": [1.13, 1.49], "verdict": "differs",
+                "known": 1.3, "p_tost": 0.9, "p": 0.002, "bound": 1.45,
+            }
+        ],
+    }  # fmt: skip
+    again = _crit(pre="inconclusive")
+    for r in again["critical"]:
+        r["n"] = 24
+    both = critical_sentence(_crit(), control, again)
+    assert both.startswith("**RMSNorm against LayerNorm, seed by seed**")  # not replicated
+    assert both.endswith(
+        "On the standard library's source: x1.02 (0.926-1.08; agrees) in post-norm and x1.04 "
+        "(0.960-1.12; inconclusive) in pre-norm (24 and 24 seeds)."
+    )
+    replicated = critical_sentence(_crit(), control, _crit())
+    assert replicated.startswith("**RMSNorm is as stable as LayerNorm**")
+    assert critical_sentence(_crit(), control).startswith("**RMSNorm is as stable as LayerNorm**")
+    rows = table(_default(), None, _crit(), again)[2:]
+    assert rows[0].startswith("| critical LR ratio, RMSNorm / LayerNorm (paired, 60 / 60 seeds)")
+    assert rows[1] == (
+        "| ... on the stdlib source (paired, 24 / 24 seeds) | 1.02 (0.926-1.08) "
+        "| 1.04 (0.960-1.12) |"
+    )
+    assert rows[2].startswith("| LR50 ratio") and len(rows) <= 6
+    assert not any(r.startswith("| ... on the stdlib source |") for r in rows)
