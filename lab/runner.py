@@ -324,6 +324,13 @@ def shown(path: Path) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
+def finished_runs(study_dir: Path, runs: list[dict]) -> set[str]:
+    """The study's finished runs: of `runs` and every other folder in its runs/ (a resumed sweep's
+    protocol stage names only the runs it still wants, not the earlier rounds')."""
+    names = {r["name"] for r in runs} | {d.name for d in (study_dir / "runs").iterdir()}
+    return {n for n in names if state(study_dir / "runs" / n) == "finished"}
+
+
 def run_study(
     study: dict,
     runs: list[dict],
@@ -343,8 +350,9 @@ def run_study(
     index_path = study_dir / index_name
     index = {e["name"]: e for e in read_json(index_path)["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
+    done = finished_runs(study_dir, runs)
     print(
-        f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
+        f"study {study['name']}: {len(done) + len(todo)} runs, {len(done)} already finished, "
         f"{len(todo)} to run "
         f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}"
     )
@@ -357,8 +365,8 @@ def run_study(
     ]
     counts: dict[str, int] = {}
     bar = tqdm(  # progress on stdout; a file or pipe gets the lines, not a bar
-        total=len(runs),
-        initial=len(runs) - len(todo),
+        total=len(done) + len(todo),
+        initial=len(done),
         unit="run",
         desc=study["name"],
         dynamic_ncols=True,

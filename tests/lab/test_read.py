@@ -1,5 +1,6 @@
-"""find_runs reads each run folder once per change: a sweep decides every stage from all its runs
-so far, and a changed file is read again (constructed run folders, no training)."""
+"""Reading a study folder: find_runs reads each run folder once per change (a sweep decides every
+stage from all its runs so far), and a resumed stage counts every finished run (constructed run
+folders, no training)."""
 
 import json
 
@@ -30,3 +31,16 @@ def test_a_changed_run_is_read_again_and_callers_cannot_change_the_next_read(tmp
     assert last["a"].summary["status"] == "diverged" and last["a"].summary["final_val_loss"] is None
     assert [r["step"] for r in last["a"].records] == [0, 1, 2, 3, 4]
     assert last["a"].why is not None and last["b"].why is None
+
+
+def test_a_resumed_stage_counts_the_earlier_rounds_finished_runs(tmp_path):
+    """A protocol stage names only the runs it still wants: the sweep's 'N runs, M already
+    finished' counts every finished run in the study's folder, not the stage's."""
+    from lab.runner import finished_runs
+
+    for i, status in enumerate(["ok", "collapsed", "ok"]):
+        write_run(tmp_path, f"r{i}", "rmsnorm", 0.01 * (i + 1), 0, status, 3.5)
+    (tmp_path / "runs" / "in-flight").mkdir()  # no summary: not finished
+    (tmp_path / "runs" / ".r9.lock").touch()
+    stage = [{"name": "r2"}, {"name": "r3"}]  # r3 not made yet
+    assert finished_runs(tmp_path, stage) == {"r0", "r1", "r2"}
