@@ -284,7 +284,7 @@ def critical_sentence(report: dict, control: dict | None, replication: dict | No
     cs = [plain[p] for p in places]
     margin = f"x{cs[0]['margin']:g}"
     known = [r for a, r in oriented(control, "optim.lr_factor", "1.0") if "known" in r]
-    again, _ = _norm_pairs(replication)
+    again, again_zero = _norm_pairs(replication)
     # "as stable as" only where the instrument earned "same": its identical pair agrees and its
     # known change differs (each where run), and the other corpus agrees too (where run)
     earned = (
@@ -326,7 +326,11 @@ def critical_sentence(report: dict, control: dict | None, replication: dict | No
             + " and ".join(
                 f"{_ratio(again[p], again[p]['verdict'])} in {PLACEMENTS[p]}" for p in where
             )
-            + f" ({' and '.join(str(again[p]['n']) for p in where)} seeds)."
+            + f" ({' and '.join(str(again[p]['n']) for p in where)} seeds"
+            + "".join(
+                f"; its identical computations {_ratio(z, z['verdict'])}" for z in again_zero[:1]
+            )
+            + ")."
         )
     return " ".join(out)
 

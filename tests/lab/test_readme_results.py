@@ -427,7 +427,8 @@ def test_the_replication_on_the_second_corpus_joins_the_answer_and_can_withhold_
     assert both.startswith("**RMSNorm against LayerNorm, seed by seed**")  # not replicated
     assert both.endswith(
         "On the standard library's source: x1.02 (0.926-1.08; agrees) in post-norm and x1.04 "
-        "(0.960-1.12; inconclusive) in pre-norm (24 and 24 seeds)."
+        "(0.960-1.12; inconclusive) in pre-norm (24 and 24 seeds; its identical computations "
+        "x1.00 (0.952-1.05; agrees))."
     )
     replicated = critical_sentence(_crit(), control, _crit())
     assert replicated.startswith("**RMSNorm is as stable as LayerNorm**")
