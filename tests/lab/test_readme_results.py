@@ -441,3 +441,27 @@ def test_the_replication_on_the_second_corpus_joins_the_answer_and_can_withhold_
     )
     assert rows[2].startswith("| LR50 ratio") and len(rows) <= 6
     assert not any(r.startswith("| ... on the stdlib source |") for r in rows)
+
+
+def test_the_index_lists_each_paired_critical_lr_finding():
+    """A study without claims but with paired critical LRs shows them in the index: one row per
+    pair as stored (a / b), its verdict, ratio and CI, seeds and both p; undecided pairs not."""
+    from lab.readme import critical_rows
+
+    report = _crit(pre="inconclusive")
+    report["critical"].append({"a": "x", "b": "y", "key": "model.norm", "error": "no seeds"})
+    rows = critical_rows(report)
+    table_rows = [r for r in rows if r.startswith("| ") and not r.startswith("| pair")]
+    assert len(table_rows) == 5 and "TOST at x1.1" in rows[1]
+    assert table_rows[1] == (
+        "| rmsnorm/pre/zero_mean_writers=False / layernorm/pre/zero_mean_writers=False | norm | "
+        "**inconclusive** | 1.04 (0.960-1.12) | 60 | 0.01 / 0.5 |"
+    )
+    assert critical_rows({"critical": []}) == [] and critical_rows({}) == []
+    known = {"a": "lr_factor=1.0", "b": "lr_factor=1.3", "key": "optim.lr_factor", "known": 1.3,
+             "margin": 1.1, "verdict": "differs", "ratio": 1.3, "ci": [1.13, 1.49], "n": 12,
+             "p_tost": 0.99, "p": 0.0015}  # fmt: skip
+    assert (
+        "| lr_factor; known x1.3 | **differs** | 1.30 (1.13-1.49) | 12 |"
+        in critical_rows({"critical": [known]})[-1]
+    )
