@@ -324,11 +324,13 @@ def shown(path: Path) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
-def finished_runs(study_dir: Path, runs: list[dict]) -> set[str]:
-    """The study's finished runs: of `runs` and every other folder in its runs/ (a resumed sweep's
-    protocol stage names only the runs it still wants, not the earlier rounds')."""
-    names = {r["name"] for r in runs} | {d.name for d in (study_dir / "runs").iterdir()}
-    return {n for n in names if state(study_dir / "runs" / n) == "finished"}
+def finished_runs(study_dir: Path, runs: list[dict], todo: list[dict]) -> set[str]:
+    """The study's finished runs: `runs` less `todo`, and every other finished folder in its runs/
+    (a resumed sweep's protocol stage names only the runs it still wants, not earlier rounds')."""
+    named = {r["name"] for r in runs}
+    others = {d.name for d in (study_dir / "runs").iterdir()} - named
+    done = {n for n in others if state(study_dir / "runs" / n) == "finished"}
+    return done | (named - {r["name"] for r in todo})
 
 
 def run_study(
@@ -350,7 +352,7 @@ def run_study(
     index_path = study_dir / index_name
     index = {e["name"]: e for e in read_json(index_path)["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
-    done = finished_runs(study_dir, runs)
+    done = finished_runs(study_dir, runs, todo)
     print(
         f"study {study['name']}: {len(done) + len(todo)} runs, {len(done)} already finished, "
         f"{len(todo)} to run "

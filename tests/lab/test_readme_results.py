@@ -354,13 +354,9 @@ def _crit(post: str = "agrees", pre: str = "agrees") -> dict:
     }  # fmt: skip
 
 
-def test_the_critical_sentences_follow_the_pairs_and_their_controls():
-    """The answer on paired critical LRs: RMSNorm / LayerNorm per placement (a pair stored the other
-    way inverted), the verdicts at the margin, what the seeds rule out, both controls; the placement
-    sentence as post / pre with the default study's paper where every pair differs below 1."""
-    from lab.readme import critical_placement_sentence, critical_sentence
-
-    control = {
+def _control() -> dict:
+    """A critical-lr-control report.json: plain over a known x1.3 LR factor, `differs`."""
+    return {
         "arm_keys": ["optim.lr_factor"],
         "critical": [
             {
@@ -370,6 +366,15 @@ def test_the_critical_sentences_follow_the_pairs_and_their_controls():
             }
         ],
     }  # fmt: skip
+
+
+def test_the_critical_sentences_follow_the_pairs_and_their_controls():
+    """The answer on paired critical LRs: RMSNorm / LayerNorm per placement (a pair stored the other
+    way inverted), the verdicts at the margin, what the seeds rule out, both controls; the placement
+    sentence as post / pre with the default study's paper where every pair differs below 1."""
+    from lab.readme import critical_placement_sentence, critical_sentence
+
+    control = _control()
     both = critical_sentence(_crit(), control)
     assert both.startswith(
         "**RMSNorm is as stable as LayerNorm** (per-seed critical LR within x1.1)"
@@ -410,16 +415,7 @@ def test_the_replication_on_the_second_corpus_joins_the_answer_and_can_withhold_
     the LR50 replication's), and "as stable as" only where they agree too."""
     from lab.readme import critical_sentence
 
-    control = {
-        "arm_keys": ["optim.lr_factor"],
-        "critical": [
-            {
-                "a": "lr_factor=1.0", "b": "lr_factor=1.3", "key": "optim.lr_factor", "n": 12,
-                "margin": 1.1, "ratio": 1.3, "ci": [1.13, 1.49], "verdict": "differs",
-                "known": 1.3, "p_tost": 0.9, "p": 0.002, "bound": 1.45,
-            }
-        ],
-    }  # fmt: skip
+    control = _control()
     again = _crit(pre="inconclusive")
     for r in again["critical"]:
         r["n"] = 24
@@ -458,9 +454,7 @@ def test_the_index_lists_each_paired_critical_lr_finding():
         "**inconclusive** | 1.04 (0.960-1.12) | 60 | 0.01 / 0.5 |"
     )
     assert critical_rows({"critical": []}) == [] and critical_rows({}) == []
-    known = {"a": "lr_factor=1.0", "b": "lr_factor=1.3", "key": "optim.lr_factor", "known": 1.3,
-             "margin": 1.1, "verdict": "differs", "ratio": 1.3, "ci": [1.13, 1.49], "n": 12,
-             "p_tost": 0.99, "p": 0.0015}  # fmt: skip
+    known = _control()["critical"][0] | {"ratio": 1.3, "ci": [1.13, 1.49], "p_tost": 0.99}
     assert (
         "| lr_factor; known x1.3 | **differs** | 1.30 (1.13-1.49) | 12 |"
         in critical_rows({"critical": [known]})[-1]
