@@ -5,6 +5,7 @@ lab/result.py computes; lab/record.py writes report.json and runs.json; this fil
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from lab.arms import mean_of
@@ -222,13 +223,34 @@ def rule_sensitivity(res: StudyResult) -> str:
     )
 
 
+MAX_LR_ROWS = 8  # an arm with more failing LRs (a bisected study) is read per half-decade band
+
+
+def lr_bands(rows: dict[float, dict[str, int]]) -> list[tuple[str, dict[str, int]]]:
+    """An arm's per-LR rows as (lr cell, counts): each LR alone where there are at most
+    MAX_LR_ROWS, else summed over the half-decade band around each grid point (10^(k/2) / 1.78 to
+    x1.78, k = round(2 log10 lr)), the cell naming the LRs' range and count."""
+    if len(rows) <= MAX_LR_ROWS:
+        return [(f"{lr:g}", row) for lr, row in rows.items()]
+    bands: dict[int, list[float]] = {}
+    for lr in rows:
+        bands.setdefault(round(2 * math.log10(lr)), []).append(lr)
+    out = []
+    for lrs in bands.values():
+        total = {k: sum(rows[lr][k] for lr in lrs) for k in rows[lrs[0]]}
+        cell = f"{lrs[0]:g}" if len(lrs) == 1 else f"{lrs[0]:g}-{lrs[-1]:g} ({len(lrs)} LRs)"
+        out.append((cell, total))
+    return out
+
+
 def kinds_table(res: StudyResult) -> list[str]:
-    """Failures by kind, per arm and LR (docs/METHODS.md); nothing where no run failed."""
+    """Failures by kind per arm and LR or LR band (lr_bands, docs/METHODS.md); [] if none."""
     rows = [
-        (label, lr, row)
+        (label, cell, row)
         for label, a in res.arms.items()
-        for lr, row in a.kinds().items()
-        if row["trained"] < row["runs"]
+        for cell, row in lr_bands(
+            {lr: row for lr, row in a.kinds().items() if row["trained"] < row["runs"]}
+        )
     ]
     if not rows:
         return []
@@ -240,13 +262,15 @@ def kinds_table(res: StudyResult) -> list[str]:
         "collapsed (its last half at or above the unigram entropy minus the learn margin), blew "
         f"up, non-finite, slow (still falling faster than {res.file.rule.slow_slope:g} nats per "
         "10% of the budget: still learning when the budget ended, censored for instability), "
-        "stalled. LRs where every run trained are left out.",
+        "stalled. LRs where every run trained are left out; an arm that failed at more than "
+        f"{MAX_LR_ROWS} LRs (a bisected study) is summed over half-decade bands of LR, each "
+        "named by the range of its LRs.",
         "",
         *table(
             " | ".join(["arm", "lr", "runs", "trained", *kinds]),
             [
-                [label, f"{lr:g}", r["runs"], r["trained"], *(r[k] for k in kinds)]
-                for label, lr, r in rows
+                [label, cell, r["runs"], r["trained"], *(r[k] for k in kinds)]
+                for label, cell, r in rows
             ],
         ),
         "",
@@ -340,18 +364,33 @@ def adaptive_stage(res: StudyResult) -> list[str]:
 
 
 def per_lr(res: StudyResult) -> list[str]:
+    """Every LR both arms of a pair ran; where a pair ran more than MAX_LR_ROWS LRs (a bisected
+    study), only those with a paired test (n >= 2)."""
     if not res.per_lr:
         return []
+    lrs: dict[tuple[str, str], int] = {}
+    for a, b, *_ in res.per_lr:
+        lrs[a.label, b.label] = lrs.get((a.label, b.label), 0) + 1
+    kept = [
+        row for row in res.per_lr if row[4].n >= 2 or lrs[row[0].label, row[1].label] <= MAX_LR_ROWS
+    ]
     rows = [
         f"| {a.label} | {b.label} | {key} | {lr:g} | {p.n} | {fmt(p.mean, '+.3f')} | "
         f"{interval(p.ci, '+.3f')} | {p.verdict} | {fmt(p.p_diff, '.3g')} |"
-        for a, b, key, lr, p in res.per_lr
+        for a, b, key, lr, p in kept
     ]
+    left = len(res.per_lr) - len(kept)
     return [
         "## Per-LR paired differences (exploratory)",
         "",
         "Every LR both arms ran, over every seed where both trained; not corrected for "
-        "multiplicity and not nested (the LRs were chosen on these seeds): for orientation only.",
+        "multiplicity and not nested (the LRs were chosen on these seeds): for orientation only."
+        + (
+            f" Where a pair ran more than {MAX_LR_ROWS} LRs (a bisected study), the {left} LRs "
+            "with fewer than 2 seeds trained in both arms (no paired test) are left out."
+            if left
+            else ""
+        ),
         "",
         *table("A | B | differ in | lr | n | A - B | 95% CI | verdict | p", rows),
         "",
@@ -375,7 +414,12 @@ def budget_text(path: Path | None) -> str:
 def design(res: StudyResult) -> list[str]:
     """How the study was run and decided: its size, seeds, budget, rule and statistics."""
     f, runs = res.file, res.runs
-    lrs = ", ".join(f"{x:g}" for x in sorted({r.lr for r in runs}))
+    every = sorted({r.lr for r in runs})
+    lrs = (
+        ", ".join(f"{x:g}" for x in every)
+        if len(every) <= 20  # a grid, refined or not; a bisected study's are its range
+        else f"{len(every)} from {every[0]:g} to {every[-1]:g}"
+    )
     steps = budgets_text(runs)
     how = "the study's protocol" if f.protocol else "the lowest 40% of the seeds (no protocol)"
     common = f", common seeds {', '.join(map(str, res.common_seeds))}" if res.common_seeds else ""

@@ -166,3 +166,54 @@ def test_above_unigram_needs_the_speed_free_rule():
     assert parse_rule({"speed_free": True, "above_unigram": True}, "f", "main").above_unigram
     with pytest.raises(ConfigError, match="f: above_unigram amends speed_free: true"):
         parse_rule({"above_unigram": True}, "f", "main")
+
+
+def test_a_bisected_arms_failures_are_summed_per_half_decade_band():
+    from lab.report import MAX_LR_ROWS, lr_bands
+
+    def row(runs, collapsed):
+        return {"runs": runs, "trained": runs - collapsed, "collapsed": collapsed, "blowup": 0}
+
+    few = {0.01: row(2, 1), 0.0316: row(3, 3)}
+    assert lr_bands(few) == [("0.01", few[0.01]), ("0.0316", few[0.0316])]
+    # 0.0316 x / 1.78 .. x 1.78 is one band (0.0178-0.0562), 0.1's the next, 0.3 the one above
+    lrs = [0.02, 0.025, 0.0316, 0.04, 0.05, 0.06, 0.09, 0.12, 0.3]
+    many = {lr: row(2, 1 + (i % 2)) for i, lr in enumerate(lrs)}
+    assert len(many) > MAX_LR_ROWS
+    got = lr_bands(many)
+    assert [cell for cell, _ in got] == ["0.02-0.05 (5 LRs)", "0.06-0.12 (3 LRs)", "0.3"]
+    assert got[0][1] == {"runs": 10, "trained": 3, "collapsed": 7, "blowup": 0}
+    assert got[1][1] == {"runs": 6, "trained": 1, "collapsed": 5, "blowup": 0}
+    for k in ("runs", "trained", "collapsed"):  # nothing lost or counted twice
+        assert sum(r[k] for _, r in got) == sum(r[k] for r in many.values())
+
+
+def test_a_bisected_pairs_per_lr_rows_keep_only_the_lrs_with_a_paired_test():
+    from types import SimpleNamespace as NS
+
+    from lab.report import MAX_LR_ROWS, per_lr
+
+    def paired(n):
+        return NS(
+            n=n,
+            mean=0.01 if n else None,
+            ci=(0.0, 0.02) if n > 1 else None,
+            verdict="inconclusive",
+            p_diff=0.5 if n > 1 else None,
+        )
+
+    grid_a, grid_b, bis_a, bis_b = (NS(label=x) for x in ("g/a", "g/b", "b/a", "b/b"))
+    grid = [(grid_a, grid_b, "model.norm", lr, paired(n)) for lr, n in [(0.01, 8), (0.1, 0)]]
+    lrs = [0.01 * 1.1**i for i in range(MAX_LR_ROWS + 3)]
+    bis = [
+        (bis_a, bis_b, "model.norm", lr, paired(24 if i == 0 else i % 2))
+        for i, lr in enumerate(lrs)
+    ]
+    text = "\n".join(per_lr(NS(per_lr=grid + bis)))
+    rows = [
+        line for line in text.splitlines() if line.startswith("| g/") or line.startswith("| b/")
+    ]
+    # a grid pair keeps every LR (n 0: both failed there); a bisected pair only n >= 2
+    assert [r.split(" | ")[3:5] for r in rows] == [["0.01", "8"], ["0.1", "0"], ["0.01", "24"]]
+    assert f"the {len(lrs) - 1} LRs with fewer than 2 seeds" in text
+    assert "left out" not in "\n".join(per_lr(NS(per_lr=grid)))
