@@ -164,7 +164,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
     out, ratio, absmax, skipped, energy = [], [], [], [], []
     for a in arms.values():
         runs = a.at(a.best_lr) if a.best_lr is not None else []
-        ends = [_energy_ends(run) for run in runs]
+        ends = [energy_ends(run) for run in runs]
         ends = [e for e in ends if e is not None]
         if ends:
             energy.append(
@@ -238,7 +238,7 @@ def norm_input_findings(arms: dict[str, Arm], keys: list[str]) -> list[str]:
     return out
 
 
-def _energy_ends(run) -> tuple[float, float] | None:
+def energy_ends(run) -> tuple[float, float] | None:
     """A run's mean-energy fraction averaged over layers at its first and last stats step."""
     steps = [r["step"] for r in run.records if "norm_in/mean_energy/layer_0" in r]
     if not steps:

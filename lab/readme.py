@@ -28,6 +28,7 @@ DEFAULT, REPLICATION = "norm-placement-lr", "norm-placement-lr-pystdlib"
 CRITICAL = "critical-lr"  # paired per-seed critical LRs (issue 60): the answer once it has them
 CONTROL = "critical-lr-control"  # its negative control, a known x1.3 LR factor
 CRITICAL_REPLICATION = "critical-lr-pystdlib"  # critical-lr on the standard library's source
+CENTRING, CENTRING_WIDTH = "centring", "centring-width"  # where centring matters (issue 60)
 BLOCK = re.compile(r"(<!-- found: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /found -->)", re.S)
 PLACEMENTS = {"post": "post-norm", "pre": "pre-norm"}
 NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -272,6 +273,60 @@ def _ratio(r: dict, more: str = "") -> str:
     return out[:-1] + f"; {more})" if more and out.endswith(")") else out
 
 
+def _regime(regime: str) -> str:
+    """A centring row's regime in words: 'no added mean', 'an embedding mean of 0.45', 'linear
+    biases', 'd 64'."""
+    f = dict(kv.split("=", 1) for kv in regime.split(", ") if "=" in kv)
+    words = []
+    if float(f.get("init_embedding_mean", 0)) != 0:
+        words.append(f"an embedding mean of {float(f['init_embedding_mean']):g}")
+    if f.get("linear_bias") == "True":
+        words.append("linear biases")
+    if "dim" in f:
+        words.append(f"d {f['dim']}")
+    return ", ".join(words) or "no added mean"
+
+
+def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None = None) -> str:
+    """Where centring matters (issue 60): per regime of the centring study (and of its width axis,
+    where committed) the critical-LR ratio RMSNorm / LayerNorm with its verdict, and the mean-energy
+    fraction each norm's inputs end at; '' without the study."""
+    rows = (report or {}).get("centring") or []
+    if not rows:
+        return ""
+    cfg = load_config(*_study_config(study_yaml))
+    ns = sorted({r["n"] for r in rows + ((width or {}).get("centring") or [])})
+    parts = [f"{_ratio(r, r['verdict'])} with {_regime(r['regime'])}" for r in rows]
+    out = [
+        f"**Where the stream carries a mean** ({PLACEMENTS.get(cfg.model.placement, '')}, "
+        f"RMSNorm's critical LR over LayerNorm's, paired over {' / '.join(map(str, ns))} seeds): "
+        + ", ".join(parts)
+        + "."
+    ]
+    wide = (width or {}).get("centring") or []
+    if wide:
+        out.append(
+            "With width (the width init): "
+            + ", ".join(f"{_ratio(r, r['verdict'])} at {_regime(r['regime'])}" for r in wide)
+            + "."
+        )
+    ends = [r for r in rows if r["energy_rmsnorm"] and r["energy_layernorm"]]
+    if ends:
+        out.append(
+            "At the best LR the norms' inputs end with a mean-energy fraction of "
+            + ", ".join(f"{r['energy_layernorm'][1]:.2g}" for r in ends)
+            + " under LayerNorm and "
+            + ", ".join(f"{r['energy_rmsnorm'][1]:.2g}" for r in ends)
+            + f" under RMSNorm (1/{cfg.model.dim} by chance)."
+        )
+    return " ".join(out)
+
+
+def _study_config(study_yaml: Path) -> tuple:
+    study = load_study(study_yaml)
+    return study["config"], flatten(study.get("overrides") or {})
+
+
 def critical_sentence(report: dict, control: dict | None, replication: dict | None = None) -> str:
     """The mission's answer on the paired per-seed critical LR (issue 60): RMSNorm / LayerNorm per
     placement with its verdict at the study's margin, what its seeds rule out, the two controls
@@ -462,7 +517,8 @@ def counts(reports: dict[str, dict]) -> str:
 
 
 def found(results: Path, rel: str) -> str:
-    """The README's block: three sentences, the stability map, the table, the index's link."""
+    """The README's block: three sentences (four with the centring study), the stability map, the
+    table, the index's link."""
     reports = {p.parent.name: read_json(p) for p in sorted(results.glob("*/report.json"))}
     if DEFAULT not in reports:
         raise ValueError(f"{results} has no {DEFAULT}/report.json")
@@ -477,6 +533,11 @@ def found(results: Path, rel: str) -> str:
         (critical_cells(crit) and critical_placement_sentence(crit, default))
         or placement_sentence(default),
     ]
+    sentences.append(
+        centring_sentence(
+            reports.get(CENTRING), results / CENTRING / "study.yaml", reports.get(CENTRING_WIDTH)
+        )
+    )
     sentences.append(settings_sentence(default, results / DEFAULT / "study.yaml", rep))
     lines = [textwrap.fill(s, 110, break_on_hyphens=False) for s in sentences if s]
     lines.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from lab import critical
+from lab import centring, critical
 from lab.history import history
 from lab.paired import paired
 from lab.result import StudyResult
@@ -177,6 +177,7 @@ def as_json(res: StudyResult) -> dict:
         "rule": res.file.rule.describe(),
         "alternatives": [r.name for r in res.file.alternatives],
         "critical": critical.comparisons(res),  # paired critical LRs (lab/critical.py)
+        "centring": centring.rows(res),  # RMSNorm / LayerNorm per regime (lab/centring.py)
         "selection_seeds": res.selection_seeds,
         "test_seeds": res.test_seeds,
         "common_seeds": res.common_seeds,

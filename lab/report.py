@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from lab import centring
 from lab.arms import mean_of
 from lab.claims import claim_sentence
 from lab.figures import figures
@@ -510,6 +511,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         *(f"- {s}" for s in findings(res)),
         "",
         *claims(res),
+        *centring.table(res),
         *arms_table(res),
         *rules_table(res),
         *kinds_table(res),

@@ -107,7 +107,9 @@ def test_the_readme_answers_on_its_first_screen_and_briefly():
             # one estimate and the two ends of its interval at most
             assert len(re.findall(r"[-+]?\d+\.?\d*(?:e-?\d+)?", cell)) <= 3, cell
     paragraphs = [p for p in block.split("\n\n") if p.strip().startswith("**")]
-    assert len(paragraphs) == 3  # the norm, the placement, the settings
+    # the norm, the placement, where the stream carries a mean (once centring is committed), the
+    # settings
+    assert len(paragraphs) == 3 + (REPO / "lab" / "results" / "centring" / "report.json").is_file()
     sentences = [x for p in paragraphs for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", p)]
     assert max(len(x.split()) for x in sentences) <= 60
 
@@ -459,3 +461,65 @@ def test_the_index_lists_each_paired_critical_lr_finding():
         "| lr_factor; known x1.3 | **differs** | 1.30 (1.13-1.49) | 12 |"
         in critical_rows({"critical": [known]})[-1]
     )
+
+
+def _centring_row(regime, ratio, ci, verdict, ends=None, n=24):
+    return {
+        "regime": regime,
+        "ratio": ratio,
+        "ci": ci,
+        "n": n,
+        "verdict": verdict,
+        "p_tost": 0.01,
+        "p": 0.5,
+        "energy_rmsnorm": [0.8, ends[0]] if ends else None,
+        "energy_layernorm": [0.8, ends[1]] if ends else None,
+    }
+
+
+def test_the_centring_sentence_reads_each_regime_and_the_width_axis():
+    """centring's report.json rows: one ratio and verdict per regime in words, the width axis where
+    committed, and where each norm's inputs end; nothing without the study."""
+    from lab.readme import centring_sentence
+
+    study = REPO / "lab" / "studies" / "centring.yaml"  # pre-norm, d 32
+    rows = [
+        _centring_row(
+            "init_embedding_mean=0.0, linear_bias=False",
+            0.98,
+            [0.88, 1.09],
+            "inconclusive",
+            (0.031, 0.004),
+        ),
+        _centring_row(
+            "init_embedding_mean=0.4525, linear_bias=False",
+            1.3,
+            [1.15, 1.47],
+            "differs",
+            (0.62, 0.11),
+        ),
+        _centring_row(
+            "init_embedding_mean=0.0, linear_bias=True", 1.02, [0.99, 1.05], "agrees", (0.05, 0.006)
+        ),
+    ]
+    text = centring_sentence({"centring": rows}, study)
+    assert text.startswith(
+        "**Where the stream carries a mean** (pre-norm, RMSNorm's critical LR over LayerNorm's, "
+        "paired over 24 seeds): x0.980 (0.880-1.09; inconclusive) with no added mean, x1.30 "
+        "(1.15-1.47; differs) with an embedding mean of 0.4525, x1.02 (0.990-1.05; agrees) with "
+        "linear biases."
+    )
+    assert text.endswith(
+        "mean-energy fraction of 0.004, 0.11, 0.006 under LayerNorm and 0.031, 0.62, 0.05 under "
+        "RMSNorm (1/32 by chance)."
+    )
+    wide = [
+        _centring_row("dim=64, n_heads=4, n_kv_heads=2", 1.1, [0.9, 1.3], "inconclusive", n=20),
+        _centring_row("dim=128, n_heads=8, n_kv_heads=4", 1.5, [1.2, 1.8], "differs", n=20),
+    ]
+    both = centring_sentence({"centring": rows}, study, {"centring": wide})
+    assert "paired over 20 / 24 seeds" in both
+    assert "With width (the width init): x1.10 (0.900-1.30; inconclusive) at d 64, x1.50" in both
+    assert centring_sentence(None, study) == "" and centring_sentence({"centring": []}, study) == ""
+    words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both)]
+    assert max(words) <= 60
