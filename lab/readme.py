@@ -297,11 +297,10 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
     cfg = load_config(*_study_config(study_yaml))
     ns = sorted({r["n"] for r in rows + ((width or {}).get("centring") or [])})
     parts = [f"{_ratio(r, r['verdict'])} with {_regime(r['regime'])}" for r in rows]
+    place = f"{PLACEMENTS[cfg.model.placement]}, " if cfg.model.placement in PLACEMENTS else ""
     out = [
-        f"**Where the stream carries a mean** ({PLACEMENTS.get(cfg.model.placement, '')}, "
-        f"RMSNorm's critical LR over LayerNorm's, paired over {' / '.join(map(str, ns))} seeds): "
-        + ", ".join(parts)
-        + "."
+        f"**Where the stream carries a mean** ({place}RMSNorm's critical LR over LayerNorm's, "
+        f"paired over {' / '.join(map(str, ns))} seeds): " + ", ".join(parts) + "."
     ]
     wide = (width or {}).get("centring") or []
     if wide:
