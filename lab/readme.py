@@ -289,34 +289,63 @@ def _regime(regime: str) -> str:
 
 def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None = None) -> str:
     """Where centring matters (issue 60): per regime of the centring study (and of its width axis,
-    where committed) the critical-LR ratio RMSNorm / LayerNorm with its verdict, and the mean-energy
-    fraction each norm's inputs end at; '' without the study."""
+    where committed) the critical-LR ratio RMSNorm / LayerNorm with its verdict, the loss
+    difference at each one's best LR, and the mean-energy fraction each norm's inputs end at; ''
+    without the study."""
     rows = (report or {}).get("centring") or []
     if not rows:
         return ""
     cfg = load_config(*_study_config(study_yaml))
-    ns = sorted({r["n"] for r in rows + ((width or {}).get("centring") or [])})
-    parts = [f"{_ratio(r, r['verdict'])} with {_regime(r['regime'])}" for r in rows]
-    place = f"{PLACEMENTS[cfg.model.placement]}, " if cfg.model.placement in PLACEMENTS else ""
-    out = [
-        f"**Where the stream carries a mean** ({place}RMSNorm's critical LR over LayerNorm's, "
-        f"paired over {' / '.join(map(str, ns))} seeds): " + ", ".join(parts) + "."
-    ]
     wide = (width or {}).get("centring") or []
+    ns = sorted({r["n"] for r in rows + wide})
+    place = f"{PLACEMENTS[cfg.model.placement]}, " if cfg.model.placement in PLACEMENTS else ""
+    parts = [f"{_ratio(r, r['verdict'])} with {_regime(r['regime'])}" for r in rows]
+    out = [
+        f"**Where the stream carries a mean** ({place}{' / '.join(map(str, ns))} paired seeds): "
+        f"RMSNorm's critical LR over LayerNorm's is {', '.join(parts)}."
+    ]
     if wide:
         out.append(
             "With width (the width init): "
             + ", ".join(f"{_ratio(r, r['verdict'])} at {_regime(r['regime'])}" for r in wide)
             + "."
         )
-    ends = [r for r in rows if r["energy_rmsnorm"] and r["energy_layernorm"]]
-    if ends:
+    losses = [r["loss"] for r in rows if r.get("loss")]
+    ends = [(r["energy_rmsnorm"], r["energy_layernorm"]) for r in rows]
+    energy = ""
+    if all(a and b for a, b in ends):
+        energy = (
+            "ending with a mean-energy fraction of "
+            + ", ".join(f"{a[1]:.2g}" for a, _ in ends)
+            + " against LayerNorm's "
+            + ", ".join(f"{b[1]:.2g}" for _, b in ends)
+            + f" (1/{cfg.model.dim} by chance)"
+        )
+    if len(losses) == len(rows):
+        cells = [f"{x['mean']:+.3f} ({interval(x['ci'], '+.3f')}; {x['verdict']})" for x in losses]
+        n = "/".join(sorted({str(x["n"]) for x in losses}))
         out.append(
-            "At the best LR the norms' inputs end with a mean-energy fraction of "
-            + ", ".join(f"{r['energy_layernorm'][1]:.2g}" for r in ends)
-            + " under LayerNorm and "
-            + ", ".join(f"{r['energy_rmsnorm'][1]:.2g}" for r in ends)
-            + f" under RMSNorm (1/{cfg.model.dim} by chance)."
+            f"At each one's best LR RMSNorm's loss minus LayerNorm's is {', '.join(cells)} nats "
+            f"in that order ({n} seeds)" + (f", its norm inputs {energy}." if energy else ".")
+        )
+    elif energy:
+        out.append(f"At the best LR RMSNorm's norm inputs end {energy[len('ending ') :]}.")
+    plain = [r.get("loss") for r in rows if _regime(r["regime"]) == "no added mean"]
+    worse = [
+        _regime(r["regime"])
+        for r in rows
+        if r.get("loss") and r["loss"]["verdict"] == "different" and r["loss"]["mean"] > 0
+    ]
+    if worse and plain and plain[0] and plain[0]["verdict"] == "equivalent":
+        where = (
+            "in loss, not in the critical LR, "
+            if all(r["verdict"] != "differs" for r in rows)
+            else "in loss "
+        )
+        out.append(
+            f"Centring pays {where}where the stream carries a mean ({', '.join(worse)}), as Jiang "
+            "et al. 2023's exact swap implies; without one it is dispensable, as Zhang & Sennrich "
+            "2019 found."
         )
     return " ".join(out)
 

@@ -463,7 +463,7 @@ def test_the_index_lists_each_paired_critical_lr_finding():
     )
 
 
-def _centring_row(regime, ratio, ci, verdict, ends=None, n=24):
+def _centring_row(regime, ratio, ci, verdict, ends=None, n=24, loss=None):
     return {
         "regime": regime,
         "ratio": ratio,
@@ -474,52 +474,86 @@ def _centring_row(regime, ratio, ci, verdict, ends=None, n=24):
         "p": 0.5,
         "energy_rmsnorm": [0.8, ends[0]] if ends else None,
         "energy_layernorm": [0.8, ends[1]] if ends else None,
+        **({"loss": loss} if loss else {}),
     }
 
 
+def _loss(mean, lo, hi, verdict):
+    return {"mean": mean, "ci": [lo, hi], "n": 16, "verdict": verdict}
+
+
 def test_the_centring_sentence_reads_each_regime_and_the_width_axis():
-    """centring's report.json rows: one ratio and verdict per regime in words, the width axis where
-    committed, and where each norm's inputs end; nothing without the study."""
+    """centring's report.json rows: one ratio and verdict per regime in words, the loss differences
+    and where each norm's inputs end, the width axis where committed, the papers only where the
+    verdicts say so; nothing without the study."""
     from lab.readme import centring_sentence
 
     study = REPO / "lab" / "studies" / "centring.yaml"  # pre-norm, d 32
+    plain, bias, mean = (
+        "init_embedding_mean=0.0, linear_bias=False",
+        "init_embedding_mean=0.0, linear_bias=True",
+        "init_embedding_mean=0.4525, linear_bias=False",
+    )
     rows = [
         _centring_row(
-            "init_embedding_mean=0.0, linear_bias=False",
+            plain,
             0.98,
             [0.88, 1.09],
             "inconclusive",
             (0.031, 0.004),
+            loss=_loss(-0.001, -0.017, 0.016, "equivalent"),
         ),
         _centring_row(
-            "init_embedding_mean=0.4525, linear_bias=False",
+            mean,
             1.3,
             [1.15, 1.47],
             "differs",
             (0.62, 0.11),
+            loss=_loss(0.19, 0.17, 0.21, "different"),
         ),
         _centring_row(
-            "init_embedding_mean=0.0, linear_bias=True", 1.02, [0.99, 1.05], "agrees", (0.05, 0.006)
+            bias,
+            1.02,
+            [0.99, 1.05],
+            "agrees",
+            (0.05, 0.006),
+            loss=_loss(0.01, -0.013, 0.034, "inconclusive"),
         ),
     ]
     text = centring_sentence({"centring": rows}, study)
     assert text.startswith(
-        "**Where the stream carries a mean** (pre-norm, RMSNorm's critical LR over LayerNorm's, "
-        "paired over 24 seeds): x0.980 (0.880-1.09; inconclusive) with no added mean, x1.30 "
+        "**Where the stream carries a mean** (pre-norm, 24 paired seeds): RMSNorm's critical LR "
+        "over LayerNorm's is x0.980 (0.880-1.09; inconclusive) with no added mean, x1.30 "
         "(1.15-1.47; differs) with an embedding mean of 0.4525, x1.02 (0.990-1.05; agrees) with "
         "linear biases."
     )
+    assert (
+        "At each one's best LR RMSNorm's loss minus LayerNorm's is -0.001 (-0.017..+0.016; "
+        "equivalent), +0.190 (+0.170..+0.210; different), +0.010 (-0.013..+0.034; inconclusive) "
+        "nats in that order (16 seeds), its norm inputs ending with a mean-energy fraction of "
+        "0.031, 0.62, 0.05 against LayerNorm's 0.004, 0.11, 0.006 (1/32 by chance)."
+    ) in text.replace("\n", " ")
+    # a critical LR that differs: the loss is named, stability is not said to be spared
     assert text.endswith(
-        "mean-energy fraction of 0.004, 0.11, 0.006 under LayerNorm and 0.031, 0.62, 0.05 under "
-        "RMSNorm (1/32 by chance)."
+        "Centring pays in loss where the stream carries a mean (an embedding mean of 0.4525), as "
+        "Jiang et al. 2023's exact swap implies; without one it is dispensable, as Zhang & "
+        "Sennrich 2019 found."
     )
+    rows[1]["verdict"] = "inconclusive"
+    assert "Centring pays in loss, not in the critical LR, where" in centring_sentence(
+        {"centring": rows}, study
+    )
+    rows[0]["loss"] = _loss(0.03, 0.01, 0.05, "different")  # no mean and still apart: no papers
+    assert "Centring pays" not in centring_sentence({"centring": rows}, study)
+    del rows[2]["loss"]
+    assert "RMSNorm's loss" not in centring_sentence({"centring": rows}, study)
     wide = [
         _centring_row("dim=64, n_heads=4, n_kv_heads=2", 1.1, [0.9, 1.3], "inconclusive", n=20),
         _centring_row("dim=128, n_heads=8, n_kv_heads=4", 1.5, [1.2, 1.8], "differs", n=20),
     ]
     both = centring_sentence({"centring": rows}, study, {"centring": wide})
-    assert "paired over 20 / 24 seeds" in both
+    assert "(pre-norm, 20 / 24 paired seeds)" in both
     assert "With width (the width init): x1.10 (0.900-1.30; inconclusive) at d 64, x1.50" in both
     assert centring_sentence(None, study) == "" and centring_sentence({"centring": []}, study) == ""
-    words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both)]
+    words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", text + " " + both)]
     assert max(words) <= 60
