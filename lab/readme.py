@@ -224,8 +224,7 @@ def placement_sentence(report: dict) -> str:
 
 def settings_sentence(report: dict, study_yaml: Path, replication: dict | None) -> str:
     """What these settings are: model size, budgets in tokens per parameter, corpora."""
-    study = load_study(study_yaml)
-    cfg = load_config(study["config"], flatten(study.get("overrides") or {}))
+    cfg = load_config(*_study_config(study_yaml))
     budgets = report.get("budgets") or []
     params = sorted({p for b in budgets for p in b.get("parameters", [])})
     steps = "/".join(str(b["steps"]) for b in budgets)
@@ -351,6 +350,7 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
 
 
 def _study_config(study_yaml: Path) -> tuple:
+    """A study file's config and overrides, as load_config takes them."""
     study = load_study(study_yaml)
     return study["config"], flatten(study.get("overrides") or {})
 
