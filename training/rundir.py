@@ -13,11 +13,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from training import faults
 from training.monitor import SpikeDetector, dead_gradients_at, spike_score
+
+if TYPE_CHECKING:  # torch loads where a run is made: the lab and inspect_runs start without it
+    import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,6 +100,8 @@ def git_state() -> dict:
 def run_meta(
     model: torch.nn.Module, device: torch.device, dtype: str, world_size: int, data_meta: dict
 ) -> dict:
+    import torch
+
     return {
         "git": git_state(),
         "torch": torch.__version__,

@@ -492,6 +492,7 @@ def figure(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     fig, axes = plt.subplots(
         len(SETTINGS), len(ARMS), figsize=(2.4 * len(ARMS), 2.2 * len(SETTINGS)), squeeze=False
@@ -514,6 +515,9 @@ def figure(
                     label=f"{depth} layers",
                 )
             ax.set_yscale("log")
+            lo, hi = ax.get_ylim()
+            if hi > 100 * lo:  # minor ticks over many decades (up to 15): unreadable, and most
+                ax.yaxis.set_minor_locator(NullLocator())  # of the drawing time of 95 panels
             ax.set_title(f"{setting}: {placement} {norm}", fontsize=7)
             ax.set_xlabel("layer", fontsize=7)
         axes[row][0].set_ylabel(label, fontsize=7)
