@@ -29,6 +29,22 @@ def test_precedence_defaults_yaml_cli(tmp_path):
     )
 
 
+def test_a_file_parsed_once_still_reads_its_edits_and_no_result_leaks_into_the_next(tmp_path):
+    """load_config parses a file's text once (a study loads it per run): a rewritten file, even
+    within the clock's resolution and at the same size, is read anew, and changing one result
+    changes no later one."""
+    path = tmp_path / "exp.yaml"
+    base = f"base: {train.REPO / 'configs' / 'train' / 'tiny.yaml'}\n"
+    path.write_text(base + "model: {dim: 48, norm_options: {dyt: {alpha_attn: 0.5}}}\n")
+    first = load_config(path, ["model.norm_options.dyt.alpha_attn=0.25"])
+    assert first.model.dim == 48 and first.model.norm_options == {"dyt": {"alpha_attn": 0.25}}
+    first.model.dim, first.model.norm_options["dyt"]["alpha_attn"] = 7, 3.0
+    again = load_config(path)
+    assert again.model.dim == 48 and again.model.norm_options == {"dyt": {"alpha_attn": 0.5}}
+    path.write_text(base + "model: {dim: 64, norm_options: {dyt: {alpha_attn: 0.5}}}\n")
+    assert load_config(path).model.dim == 64
+
+
 @pytest.mark.parametrize(
     "override,message",
     [

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import io
 import math
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cache, lru_cache, reduce
 from pathlib import Path
 
 import yaml
@@ -150,6 +151,17 @@ CHOICES = {
 }
 
 
+@lru_cache(maxsize=256)
+def _parse(text: str) -> tuple:
+    """A config file's text as (its node less `base`, its `base`), parsed once per text (a study
+    loads one file for each of its runs); the node is read-only: merge() reads it, never changes
+    it."""
+    node = OmegaConf.load(io.StringIO(text))
+    base = node.pop("base", None) if OmegaConf.is_dict(node) else None
+    OmegaConf.set_readonly(node, True)
+    return node, base
+
+
 def _load_yaml(path: Path, seen: tuple = ()):
     if path.is_dir():
         raise ConfigError(f"config {str(path)!r} is not a file (a directory); give a YAML file")
@@ -160,7 +172,7 @@ def _load_yaml(path: Path, seen: tuple = ()):
     if path.resolve() in seen:
         raise ConfigError(f"config {str(path)!r} includes itself through 'base'")
     try:
-        node = OmegaConf.load(path)
+        node, base = _parse(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as e:  # file:line:column of the fault, then what it is
         mark, ctx = e.problem_mark or e.context_mark, e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -188,7 +200,6 @@ def _load_yaml(path: Path, seen: tuple = ()):
                 f"config {str(path)!r}: {key!r} must be a mapping of its fields, e.g. "
                 f"{key}: {{...}}, got {value!r}"
             )
-    base = node.pop("base", None)
     if base is None:
         return [node]
     return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [node]
@@ -203,12 +214,19 @@ def load_config(
     return validate(merge_config(path, overrides, values))
 
 
+@cache
+def _schema():
+    """The defaults as an OmegaConf node, built once: merge() copies it, never changes it (building
+    it is half of a load_config, which a study makes for every run)."""
+    return OmegaConf.structured(Config)
+
+
 def merge_config(
     path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
 ) -> Config:
     """load_config's layers merged, not yet validated: its errors (a missing file, bad YAML, an
     unknown key, a wrong type) come before torch is imported."""
-    layers = [OmegaConf.structured(Config)]
+    layers = [_schema()]
     if path:
         layers += _load_yaml(Path(path))
     bad = [o for o in overrides if "=" not in o]
@@ -239,11 +257,7 @@ def _one_line(e: OmegaConfBaseException) -> str:
     msg = str(getattr(e, "msg", "") or e).splitlines()[0]
     if "not in" in msg and key:
         section = key.rsplit(".", 1)[0] if "." in key else ""
-        node = (
-            OmegaConf.select(OmegaConf.structured(Config), section)
-            if section
-            else OmegaConf.structured(Config)
-        )
+        node = OmegaConf.select(_schema(), section) if section else _schema()
         keys = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
         close = difflib.get_close_matches(key.rsplit(".", 1)[-1], keys, n=1, cutoff=0.6)
         hint = f"did you mean {section + '.' if section else ''}{close[0]}? " if close else ""
