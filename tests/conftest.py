@@ -49,6 +49,12 @@ def _threads():
     torch.set_num_threads(THREADS or DEFAULT_THREADS)
 
 
+def imported(importtime_log: str, module: str) -> bool:
+    """Whether `python -X importtime`'s log (stderr) shows `module` imported, at any depth (a nested
+    import is indented: `|   torch`)."""
+    return any(line.split("|")[-1].strip() == module for line in importtime_log.splitlines())
+
+
 def tiny_args(**kw):
     """A small ModelArgs (2 layers, d = 32, grouped-query attention) for model-level tests; kw
     override it."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import imported
 
 from training.config import load_config, to_yaml
 from training.rundir import spike_steps, summarize
@@ -45,9 +46,11 @@ def make_run(root: Path, name: str, spike_at: int | None, overrides=()) -> Path:
     return d
 
 
-def inspect(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(REPO / "scripts" / "inspect_runs.py"), *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+def inspect(*args: str, cwd: Path, imports: bool = False) -> subprocess.CompletedProcess:
+    """scripts/inspect_runs.py as a user runs it; `imports`: Python's import log on stderr."""
+    cmd = [sys.executable, *(["-X", "importtime"] if imports else []), str(REPO / "scripts")]
+    cmd[-1] += "/inspect_runs.py"
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_summary_records_the_steps_of_the_spikes_it_scores(tmp_path):
@@ -81,8 +84,10 @@ def test_two_runs_side_by_side_name_the_spike_step_and_what_differs(tmp_path):
 @pytest.mark.slow
 def test_one_run_is_labelled_by_its_name_and_bad_paths_are_one_line(tmp_path):
     a = make_run(tmp_path / "runs", "solo", spike_at=None)
-    r = inspect(str(a), "--out", str(tmp_path / "look"), cwd=tmp_path)
+    r = inspect(str(a), "--out", str(tmp_path / "look"), cwd=tmp_path, imports=True)
     assert r.returncode == 0 and "| solo | ok |" in r.stdout and "none |" in r.stdout
+    # reading runs needs no torch (~1.5 s of start-up)
+    assert not imported(r.stderr, "torch")
     r = inspect(str(tmp_path / "nope"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a run directory" in r.stderr
     r = inspect(str(a), "--out", str(a / "x"), cwd=tmp_path)
