@@ -304,11 +304,7 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
         f"RMSNorm's critical LR over LayerNorm's is {', '.join(parts)}."
     ]
     if wide:
-        out.append(
-            "With width (the width init): "
-            + ", ".join(f"{_ratio(r, r['verdict'])} at {_regime(r['regime'])}" for r in wide)
-            + "."
-        )
+        out.append(_width_sentence(wide))
     losses = [r["loss"] for r in rows if r.get("loss")]
     ends = [(r["energy_rmsnorm"], r["energy_layernorm"]) for r in rows]
     energy = ""
@@ -329,13 +325,20 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
         )
     elif energy:
         out.append(f"At the best LR RMSNorm's norm inputs end {energy[len('ending ') :]}.")
+    # every regime without an added mean (no mean, at each width): its loss equivalent, its
+    # critical LR not apart, or centring is not shown dispensable there
+    calm = [r for r in rows + wide if re.fullmatch(r"no added mean|d \d+", _regime(r["regime"]))]
     plain = [r.get("loss") for r in rows if _regime(r["regime"]) == "no added mean"]
     worse = [
         _regime(r["regime"])
         for r in rows
         if r.get("loss") and r["loss"]["verdict"] == "different" and r["loss"]["mean"] > 0
     ]
-    if worse and plain and plain[0] and plain[0]["verdict"] == "equivalent":
+    dispensable = all(
+        r.get("loss") and r["loss"]["verdict"] == "equivalent" and r["verdict"] != "differs"
+        for r in calm
+    )
+    if worse and plain and dispensable:
         where = (
             "in loss, not in the critical LR, "
             if all(r["verdict"] != "differs" for r in rows)
@@ -347,6 +350,31 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
             "2019 found."
         )
     return " ".join(out)
+
+
+def _width_sentence(wide: list[dict]) -> str:
+    """The width axis of the centring sentence: per width the critical-LR ratio and its verdict,
+    the loss difference at each one's best LR where measured, and where each norm's inputs end
+    against the mean-energy fraction of chance (1/d)."""
+    at = [_regime(r["regime"]) for r in wide]
+    out = "With width (the width init): " + ", ".join(
+        f"{_ratio(r, r['verdict'])} at {where}" for r, where in zip(wide, at, strict=True)
+    )
+    losses = [r.get("loss") for r in wide]
+    if all(losses):
+        out += "; loss differences " + ", ".join(
+            f"{x['mean']:+.3f} ({interval(x['ci'], '+.3f')}; {x['verdict']})" for x in losses
+        )
+        out += f" nats ({'/'.join(sorted({str(x['n']) for x in losses}))} seeds)"
+    ends = [(r["energy_rmsnorm"], r["energy_layernorm"]) for r in wide]
+    dims = [where.split()[-1] for where in at]
+    if all(a and b for a, b in ends) and all(d.isdigit() for d in dims):
+        out += (
+            "; mean-energy fractions "
+            + ", ".join(f"{a[1]:.2g} / {b[1]:.2g}" for a, b in ends)
+            + f" (RMSNorm / LayerNorm; {', '.join(f'1/{d}' for d in dims)} by chance)"
+        )
+    return out + "."
 
 
 def _study_config(study_yaml: Path) -> tuple:

@@ -554,6 +554,50 @@ def test_the_centring_sentence_reads_each_regime_and_the_width_axis():
     both = centring_sentence({"centring": rows}, study, {"centring": wide})
     assert "(pre-norm, 20 / 24 paired seeds)" in both
     assert "With width (the width init): x1.10 (0.900-1.30; inconclusive) at d 64, x1.50" in both
+    # the width axis with its losses and where the inputs end, against chance at each width
+    rows[2]["loss"] = _loss(0.01, -0.013, 0.034, "inconclusive")
+    wide = [
+        _centring_row(
+            "dim=64, n_heads=4, n_kv_heads=2",
+            1.02,
+            [0.95, 1.09],
+            "agrees",
+            (0.021, 0.0031),
+            n=24,
+            loss=_loss(0.002, -0.012, 0.016, "equivalent"),
+        ),
+        _centring_row(
+            "dim=128, n_heads=8, n_kv_heads=4",
+            0.97,
+            [0.88, 1.07],
+            "inconclusive",
+            (0.012, 0.0016),
+            n=24,
+            loss=_loss(-0.004, -0.019, 0.011, "equivalent"),
+        ),
+    ]
+    rows[0]["loss"] = _loss(-0.001, -0.017, 0.016, "equivalent")
+    both = centring_sentence({"centring": rows}, study, {"centring": wide})
+    assert (
+        "With width (the width init): x1.02 (0.950-1.09; agrees) at d 64, x0.970 (0.880-1.07; "
+        "inconclusive) at d 128; loss differences +0.002 (-0.012..+0.016; equivalent), -0.004 "
+        "(-0.019..+0.011; equivalent) nats (16 seeds); mean-energy fractions 0.021 / 0.0031, "
+        "0.012 / 0.0016 (RMSNorm / LayerNorm; 1/64, 1/128 by chance)."
+    ) in both
+    assert both.endswith("as Zhang & Sennrich 2019 found.")
+    assert max(len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both)) <= 60
+    # a width without an added mean whose loss or critical LR is apart: centring is not shown
+    # dispensable, so the papers' clause goes
+    wide[1]["loss"] = _loss(0.03, 0.01, 0.05, "different")
+    assert "Centring pays" not in centring_sentence({"centring": rows}, study, {"centring": wide})
+    wide[1]["loss"] = _loss(-0.004, -0.019, 0.011, "equivalent")
+    wide[0]["verdict"] = "differs"
+    assert "Centring pays" not in centring_sentence({"centring": rows}, study, {"centring": wide})
+    del wide[0]["loss"]
+    assert "Centring pays" not in centring_sentence({"centring": rows}, study, {"centring": wide})
+    assert "nats (16 seeds); mean-energy" not in centring_sentence(
+        {"centring": rows}, study, {"centring": wide}
+    )
     assert centring_sentence(None, study) == "" and centring_sentence({"centring": []}, study) == ""
     words = [len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", text + " " + both)]
     assert max(words) <= 60
