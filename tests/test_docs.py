@@ -139,8 +139,9 @@ def test_table_rows_are_counted_by_their_borders():
 
 def test_every_committed_table_has_its_headers_columns_in_every_row():
     """A generated table whose header names a column its rows never fill (critical-band.md had
-    one) reads shifted: every row of every table in the pages, the committed results and the
-    benchmarks has as many cells as its header."""
+    one: an empty column promising a figure never computed) or whose rows have a cell too many:
+    every row of every table in the pages, the committed results and the benchmarks has as many
+    cells as its header."""
     files = [
         *PAGES,
         *(str(p.relative_to(REPO)) for p in sorted((REPO / "lab" / "results").rglob("*.md"))),
