@@ -17,6 +17,7 @@ import train
 from lab import arms, protocol, runner, studyfile
 from lab import read as study_runs
 from lab.compare import compare
+from lab.pack import pack, unpack
 from lab.report import write_report
 from lab.result import wall_span
 from lab.sweep import sweep
@@ -232,6 +233,16 @@ def test_quick_study_end_to_end_then_skips_finished_runs(tmp_path, data_set, cap
     assert sweep([str(STUDIES / "quick.yaml"), "--out", str(out), *data_set, "--no-report"]) == 0
     assert "8 already finished, 0 to run" in capsys.readouterr().out
     assert stamps == {p: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.jsonl")}
+    # the machine is wiped: its finished runs, packed and unpacked on the next, are not run again
+    part, n = pack(study, tmp_path / "pending")
+    assert n == 8 and pack(study, tmp_path / "pending") == (None, 0)
+    unpack(part.parent, tmp_path / "next")
+    assert sweep([str(STUDIES / "quick.yaml"), "--out", str(tmp_path / "next"), *data_set]) == 0
+    assert "8 already finished, 0 to run" in capsys.readouterr().out
+    again = json.loads((tmp_path / "next" / "quick" / "report.json").read_text())
+    first = json.loads((study / "report.json").read_text())
+    for key in ("runs", "arms", "per_arm", "comparisons", "claims"):  # what the runs decide
+        assert again[key] == first[key], key
 
 
 @pytest.mark.slow

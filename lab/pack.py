@@ -1,0 +1,111 @@
+"""A study that outlives its machine: pack its finished runs into files that can be committed or
+copied (a machine that is wiped, a spot instance), unpack them on the next one and rerun the same
+sweep, which passes over them (every run is finished or not by its summary.json alone) and makes
+the same protocol choices from them.
+
+    python -m lab.pack studies/centring-width lab/pending  # -> lab/pending/centring-width/part-001
+    python -m lab.pack --unpack lab/pending/centring-width --out studies
+
+Each pack is a new part holding the runs that finished since the last one (its files but the
+checkpoints: a finished run is never resumed) and the study folder's own files as they are now
+(study.yaml, design.json, sweep.json); parts are never rewritten, so each run is stored once.
+Unpacking reads the parts in order into a study folder that does not exist yet."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tarfile
+from pathlib import Path
+
+from training.monitor import FINISHED
+from training.rundir import RunDir, replacing
+
+RUN_FILES = ("config.yaml", "meta.json", "metrics.jsonl", "summary.json")
+
+
+def parts(folder: Path) -> list[Path]:
+    """A study's packs in the order they were written."""
+    return sorted(Path(folder).glob("part-*.tar.xz"))
+
+
+def _packed_runs(folder: Path) -> set[str]:
+    """The run names earlier parts hold."""
+    names = set()
+    for part in parts(folder):
+        with tarfile.open(part) as tar:
+            names |= {Path(m).parts[2] for m in tar.getnames() if len(Path(m).parts) > 3}
+    return names
+
+
+def pack(study_dir: Path, dest: Path) -> tuple[Path | None, int]:
+    """Write dest/<study>/part-NNN.tar.xz with the runs finished since the last part: (the part or
+    None when there is nothing new, the number of runs it holds)."""
+    study_dir = Path(study_dir)
+    if not (study_dir / "sweep.json").is_file():
+        raise SystemExit(
+            f"error: {study_dir} is not a study folder (no sweep.json): pack the "
+            "folder a sweep wrote, <out>/<study name>"
+        )
+    folder = Path(dest) / study_dir.name
+    done = _packed_runs(folder)
+    runs = sorted(
+        p
+        for p in (study_dir / "runs").glob("*")
+        if p.name not in done and RunDir(p).status() in FINISHED
+    )
+    if not runs:
+        return None, 0
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"part-{len(parts(folder)) + 1:03d}.tar.xz"
+    with replacing(path) as tmp, tarfile.open(tmp, "w:xz", preset=9) as tar:
+        for f in sorted(p for p in study_dir.iterdir() if p.is_file()):
+            tar.add(f, arcname=f"{study_dir.name}/{f.name}")
+        for run in runs:
+            for name in RUN_FILES:
+                if (run / name).is_file():
+                    tar.add(run / name, arcname=f"{study_dir.name}/runs/{run.name}/{name}")
+    return path, len(runs)
+
+
+def unpack(folder: Path, out: Path) -> tuple[Path, int]:
+    """Read every part of `folder` in order into out/<study>: (the study folder, its runs)."""
+    folder = Path(folder)
+    found = parts(folder)
+    if not found:
+        raise SystemExit(f"error: {folder} holds no part-*.tar.xz: give the folder pack wrote")
+    study_dir = Path(out) / folder.name
+    if study_dir.exists():
+        raise SystemExit(
+            f"error: {study_dir} exists: unpack into a study folder that does not "
+            "exist yet (its runs would mix with the packed ones)"
+        )
+    for part in found:
+        with tarfile.open(part) as tar:
+            bad = [m.name for m in tar.getmembers() if Path(m.name).parts[0] != folder.name]
+            if bad:
+                raise SystemExit(f"error: {part} holds {bad[0]}, outside {folder.name}/")
+            tar.extractall(out, filter="data")
+    return study_dir, len(list((study_dir / "runs").glob("*")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="a study folder to pack, or with --unpack the folder of parts")
+    p.add_argument("dest", nargs="?", help="where parts go: <dest>/<study>/part-NNN.tar.xz")
+    p.add_argument("--unpack", action="store_true", help="restore a packed study (see --out)")
+    p.add_argument("--out", default="studies", help="with --unpack: where studies go")
+    a = p.parse_args(argv)
+    if a.unpack:
+        study_dir, n = unpack(Path(a.source), Path(a.out))
+        print(f"{study_dir}: {n} finished runs; rerun its sweep (--out {a.out}) to go on")
+        return 0
+    if a.dest is None:
+        p.error("give where the parts go (DEST), e.g. lab/pending")
+    path, n = pack(Path(a.source), Path(a.dest))
+    print(f"{path}: {n} runs" if path else f"{a.source}: no run finished since the last part")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""lab/pack.py: a study's finished runs packed part by part and unpacked on another machine."""
+
+import io
+import tarfile
+
+import pytest
+from conftest import write_run
+
+from lab import runner
+from lab.pack import main, pack, parts, unpack
+
+
+def _study(root):
+    study = root / "demo"
+    for f, text in (("sweep.json", '{"runs": []}'), ("study.yaml", "name: demo\n")):
+        (study / f).parent.mkdir(parents=True, exist_ok=True)
+        (study / f).write_text(text)
+    return study
+
+
+def test_parts_hold_each_finished_run_once_and_restore_it_byte_for_byte(tmp_path):
+    study = _study(tmp_path / "studies")
+    write_run(study, "a", "rmsnorm", 1e-3, 0, "ok", 3.0)
+    write_run(study, "b", "layernorm", 1e-3, 0, "collapsed", 6.0)
+    write_run(study, "c", "rmsnorm", 1e-2, 0, "ok", 3.1)
+    summary = study / "runs" / "c" / "summary.json"
+    done = summary.read_bytes()
+    summary.unlink()  # in flight: not packed
+    (study / "runs" / "a" / "checkpoints").mkdir()
+    (study / "runs" / "a" / "checkpoints" / "latest.pt").write_bytes(b"x" * 100)
+    first, n = pack(study, tmp_path / "pending")
+    assert n == 2 and first.name == "part-001.tar.xz"
+    assert pack(study, tmp_path / "pending") == (None, 0)  # nothing new: no empty part
+    summary.write_bytes(done)  # it finished since
+    (study / "sweep.json").write_text('{"runs": ["newer"]}')
+    second, n = pack(study, tmp_path / "pending")
+    assert n == 1 and parts(first.parent) == [first, second]
+    with tarfile.open(second) as tar:
+        assert {m.split("/")[2] for m in tar.getnames() if m.count("/") == 3} == {"c"}
+    back, n = unpack(first.parent, tmp_path / "next")
+    assert n == 3 and (back / "sweep.json").read_text() == '{"runs": ["newer"]}'  # the last part's
+    for run in ("a", "b", "c"):
+        for f in (study / "runs" / run).glob("*.*"):
+            assert (back / "runs" / run / f.name).read_bytes() == f.read_bytes()
+        assert runner.state(back / "runs" / run) == "finished"
+    assert not (back / "runs" / "a" / "checkpoints").exists()
+
+
+def test_unpack_refuses_an_existing_folder_and_a_member_outside_the_study(tmp_path, capsys):
+    study = _study(tmp_path / "studies")
+    write_run(study, "a", "rmsnorm", 1e-3, 0, "ok", 3.0)
+    part, _ = pack(study, tmp_path / "pending")
+    with pytest.raises(SystemExit, match="exists: unpack into a study folder"):
+        unpack(part.parent, tmp_path / "studies")
+    with tarfile.open(part.parent / "part-002.tar.xz", "w:xz") as tar:
+        info = tarfile.TarInfo("elsewhere/x.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(SystemExit, match="outside demo/"):
+        unpack(part.parent, tmp_path / "next")
+    with pytest.raises(SystemExit, match="not a study folder"):
+        pack(tmp_path, tmp_path / "pending")
+    assert main([str(study), str(tmp_path / "pending")]) == 0
+    assert "no run finished since the last part" in capsys.readouterr().out
