@@ -14,12 +14,13 @@ Unpacking reads the parts in order into a study folder that does not exist yet."
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import tarfile
 from pathlib import Path
 
 from training.monitor import FINISHED
-from training.rundir import RunDir, replacing
+from training.rundir import RunDir, write_bytes
 
 RUN_FILES = ("config.yaml", "meta.json", "metrics.jsonl", "summary.json")
 
@@ -58,13 +59,15 @@ def pack(study_dir: Path, dest: Path) -> tuple[Path | None, int]:
         return None, 0
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"part-{len(parts(folder)) + 1:03d}.tar.xz"
-    with replacing(path) as tmp, tarfile.open(tmp, "w:xz", preset=9) as tar:
+    buffer = io.BytesIO()  # a few MB: written whole by the atomic rule
+    with tarfile.open(fileobj=buffer, mode="w:xz", preset=9) as tar:
         for f in sorted(p for p in study_dir.iterdir() if p.is_file()):
             tar.add(f, arcname=f"{study_dir.name}/{f.name}")
         for run in runs:
             for name in RUN_FILES:
                 if (run / name).is_file():
                     tar.add(run / name, arcname=f"{study_dir.name}/runs/{run.name}/{name}")
+    write_bytes(path, buffer.getvalue())
     return path, len(runs)
 
 
