@@ -257,6 +257,7 @@ def as_json(res: StudyResult) -> dict:
             {k: d.get(k) for k in ("hash", "since", "changed", "why", "runs")} for d in res.designs
         ],
         "history": history(res.file.name, res.file.history),
+        "builds": res.builds,
         "trends": [
             {
                 "what": t.what,

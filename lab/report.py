@@ -466,6 +466,15 @@ def design(res: StudyResult) -> list[str]:
             ),
             "",
         ]
+    if len(res.builds) > 1:  # resumed on other machines: not one build's numbers
+        out += [
+            f"Its runs were made by {len(res.builds)} builds (meta.json: torch and the fused "
+            "kernels, whose build name hashes the CPU of a -march=native build): "
+            + "; ".join(f"{b['runs']} runs by {b['build']}" for b in res.builds)
+            + ". Builds can differ in the last bits of a number, and a run at its failure edge "
+            "in its outcome.",
+            "",
+        ]
     past = history(f.name, f.history)
     if past:
         out += [

@@ -6,6 +6,7 @@ per-LR table. lab/report.py renders it."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,8 @@ class StudyResult:
     running: dict = field(default_factory=dict)
     # lab/design.py: the designs the runs were made under, each with its runs' count
     designs: list = field(default_factory=list)
+    # builds_of: what made the runs (torch, the kernels' build), each with its runs' count
+    builds: list = field(default_factory=list)
 
     @property
     def margin(self) -> float:
@@ -88,6 +91,22 @@ def wall_span(runs) -> float | None:
         total += max(0.0, e - max(s, end))
         end = max(end, e)
     return total
+
+
+def builds_of(runs) -> list[dict]:
+    """What made the runs, by how many (meta.json: torch and the fused kernels' build, whose name
+    hashes the sources, flags, compiler and, for a -march=native build, the CPU): a study resumed
+    on another machine (lab/pack.py) mixes builds whose numbers can differ in their last bits.
+    Runs without a meta.json (archived) are not counted."""
+    made = Counter()
+    for r in runs:
+        try:
+            meta = read_json(r.path / "meta.json")
+        except (OSError, ValueError):
+            continue
+        build = ((meta.get("kernels") or {}).get("build") or {}).get("name") or "no fused kernels"
+        made[f"torch {meta.get('torch', '?')}, {build}"] += 1
+    return [{"build": b, "runs": n} for b, n in sorted(made.items(), key=lambda x: (-x[1], x[0]))]
 
 
 def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm, str]]:
@@ -121,6 +140,7 @@ def compute(paths: list[Path], margin: float | None = None) -> StudyResult:
         file.margin = margin
     res = compute_runs(runs, file, running)
     res.designs = designs_of(paths)
+    res.builds = builds_of(runs)
     return res
 
 

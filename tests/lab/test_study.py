@@ -784,6 +784,36 @@ def test_wall_time_counts_only_time_with_runs_in_flight(tmp_path):
     assert wall_span(study_runs.find_runs([tmp_path])) == 90 + 30
 
 
+def test_a_study_made_by_several_builds_says_so_and_one_made_by_one_does_not(tmp_path):
+    """A study resumed on another machine (lab/pack.py) mixes kernel builds: the report counts the
+    runs each made (meta.json); runs of one build, or without meta.json, add no line."""
+    from lab.report import compute, render
+
+    build = lambda name: {"torch": "2.13.0+cpu", "kernels": {"build": {"name": name}}}  # noqa: E731
+    for i, made in enumerate(["native_a", "native_a", "native_b", None]):
+        for norm in ("rmsnorm", "layernorm"):
+            write_run(tmp_path, f"{norm}-s{i}", norm, 1e-2, i, "ok", 3.0 + i / 10)
+            meta = build(made) if made else {"torch": "2.13.0+cpu", "kernels": {}}
+            (tmp_path / "runs" / f"{norm}-s{i}" / "meta.json").write_text(json.dumps(meta))
+    res = compute([tmp_path])
+    assert res.builds == [
+        {"build": "torch 2.13.0+cpu, native_a", "runs": 4},
+        {"build": "torch 2.13.0+cpu, native_b", "runs": 2},
+        {"build": "torch 2.13.0+cpu, no fused kernels", "runs": 2},
+    ]
+    assert (
+        "Its runs were made by 3 builds (meta.json: torch and the fused kernels, whose build name "
+        "hashes the CPU of a -march=native build): 4 runs by torch 2.13.0+cpu, native_a; 2 runs"
+    ) in render(res, [])
+    for i in (2, 3):  # every run by one build
+        for norm in ("rmsnorm", "layernorm"):
+            path = tmp_path / "runs" / f"{norm}-s{i}" / "meta.json"
+            path.write_text(json.dumps(build("native_a")))
+    res = compute([tmp_path])
+    assert res.builds == [{"build": "torch 2.13.0+cpu, native_a", "runs": 8}]
+    assert "builds (meta.json" not in render(res, [])
+
+
 @pytest.mark.slow
 def test_gpu_study_dry_run_states_its_expected_time_from_the_models_flops(capsys):
     """gpt2-124m: 12 x (4 x 768^2 + 3 x 768 x 2560) + 768 x 32000 = 123,666,432 matmul parameters;
