@@ -93,7 +93,7 @@ def unpack(folder: Path, out: Path) -> tuple[Path, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.pack", description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="a study folder to pack, or with --unpack the folder of parts")
     p.add_argument("dest", nargs="?", help="where parts go: <dest>/<study>/part-NNN.tar.xz")
     p.add_argument("--unpack", action="store_true", help="restore a packed study (see --out)")
