@@ -56,8 +56,20 @@ def test_unpack_refuses_an_existing_folder_and_a_member_outside_the_study(tmp_pa
         info = tarfile.TarInfo("elsewhere/x.txt")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(SystemExit, match="outside demo/"):
+    with pytest.raises(SystemExit, match="holds elsewhere/x.txt: a part holds only files"):
         unpack(part.parent, tmp_path / "next")
+    for name in ("demo/../../escape.txt", "demo/link"):
+        with tarfile.open(part.parent / "part-002.tar.xz", "w:xz") as tar:
+            info = tarfile.TarInfo(name)
+            if name.endswith("link"):
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            else:
+                info.size = 1
+            tar.addfile(info, io.BytesIO(b"x") if info.size else None)
+        with pytest.raises(SystemExit, match=f"holds {name}: a part holds only files"):
+            unpack(part.parent, tmp_path / "next")
+        assert not (tmp_path / "escape.txt").exists()
+    assert not (tmp_path / "next" / "demo").exists()  # refused before anything was written
     with pytest.raises(SystemExit, match="not a study folder"):
         pack(tmp_path, tmp_path / "pending")
     assert main([str(study), str(tmp_path / "pending")]) == 0
