@@ -295,7 +295,7 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
     if not rows:
         return ""
     cfg = load_config(*_study_config(study_yaml))
-    wide = (width or {}).get("centring") or []
+    wide = sorted((width or {}).get("centring") or [], key=_width_of)
     ns = sorted({r["n"] for r in rows + wide})
     place = f"{PLACEMENTS[cfg.model.placement]}, " if cfg.model.placement in PLACEMENTS else ""
     parts = [f"{_ratio(r, r['verdict'])} with {_regime(r['regime'])}" for r in rows]
@@ -303,8 +303,6 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
         f"**Where the stream carries a mean** ({place}{' / '.join(map(str, ns))} paired seeds): "
         f"RMSNorm's critical LR over LayerNorm's is {', '.join(parts)}."
     ]
-    if wide:
-        out.append(_width_sentence(wide))
     losses = [r["loss"] for r in rows if r.get("loss")]
     ends = [(r["energy_rmsnorm"], r["energy_layernorm"]) for r in rows]
     energy = ""
@@ -325,6 +323,8 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
         )
     elif energy:
         out.append(f"At the best LR RMSNorm's norm inputs end {energy[len('ending ') :]}.")
+    if wide:  # after the regimes' sentences, whose "in that order" it would break
+        out.append(_width_sentence(wide, (width or {}).get("budgets") or []))
     # every regime without an added mean (no mean, at each width): its loss equivalent, its
     # critical LR not apart, or centring is not shown dispensable there
     calm = [r for r in rows + wide if re.fullmatch(r"no added mean|d \d+", _regime(r["regime"]))]
@@ -352,12 +352,25 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
     return " ".join(out)
 
 
-def _width_sentence(wide: list[dict]) -> str:
-    """The width axis of the centring sentence: per width the critical-LR ratio and its verdict,
-    the loss difference at each one's best LR where measured, and where each norm's inputs end
-    against the mean-energy fraction of chance (1/d)."""
+def _width_of(row: dict) -> int:
+    """A width-axis row's d (its regime's dim=), for reading the widths in order."""
+    f = dict(kv.split("=", 1) for kv in row["regime"].split(", ") if "=" in kv)
+    return int(f.get("dim", 0))
+
+
+def _width_sentence(wide: list[dict], budgets: list[dict]) -> str:
+    """The width axis of the centring sentence: its budget per width in tokens per non-embedding
+    parameter, per width the critical-LR ratio and its verdict, the loss difference at each one's
+    best LR where measured, and where each norm's inputs end against the mean-energy fraction of
+    chance (1/d)."""
     at = [_regime(r["regime"]) for r in wide]
-    out = "With width (the width init): " + ", ".join(
+    # one budget per width: the wider model has more parameters (the rows are in order of d)
+    budgets = sorted(budgets, key=lambda b: b["non_embedding_parameters"][0])
+    budget = ""
+    if len(budgets) == len(wide) and len({b["steps"] for b in budgets}) == 1:
+        per = " and ".join(str(b["per_non_embedding"]) for b in budgets)
+        budget = f"; {budgets[0]['steps']} steps, {per} tokens per non-embedding parameter"
+    out = f"With width (the width init{budget}): " + ", ".join(
         f"{_ratio(r, r['verdict'])} at {where}" for r, where in zip(wide, at, strict=True)
     )
     losses = [r.get("loss") for r in wide]

@@ -50,7 +50,10 @@ def _critical(outcomes: dict[float, bool]) -> float | None:
     return math.sqrt(max(ok) * min(bad))
 
 
-@pytest.mark.parametrize("study", ["critical-lr", "critical-lr-control", "critical-lr-pystdlib"])
+@pytest.mark.parametrize(
+    "study",
+    ["critical-lr", "critical-lr-control", "critical-lr-pystdlib", "centring", "centring-width"],
+)
 def test_the_committed_critical_lr_pairs_are_recomputed_from_their_runs(study):
     folder = RESULTS / study
     spec = yaml.safe_load((folder / "study.yaml").read_text())

@@ -547,9 +547,9 @@ def test_the_centring_sentence_reads_each_regime_and_the_width_axis():
     assert "Centring pays" not in centring_sentence({"centring": rows}, study)
     del rows[2]["loss"]
     assert "RMSNorm's loss" not in centring_sentence({"centring": rows}, study)
-    wide = [
-        _centring_row("dim=64, n_heads=4, n_kv_heads=2", 1.1, [0.9, 1.3], "inconclusive", n=20),
+    wide = [  # report.json's order (d 128 sorts first as text): read in order of width
         _centring_row("dim=128, n_heads=8, n_kv_heads=4", 1.5, [1.2, 1.8], "differs", n=20),
+        _centring_row("dim=64, n_heads=4, n_kv_heads=2", 1.1, [0.9, 1.3], "inconclusive", n=20),
     ]
     both = centring_sentence({"centring": rows}, study, {"centring": wide})
     assert "(pre-norm, 20 / 24 paired seeds)" in both
@@ -577,14 +577,22 @@ def test_the_centring_sentence_reads_each_regime_and_the_width_axis():
         ),
     ]
     rows[0]["loss"] = _loss(-0.001, -0.017, 0.016, "equivalent")
-    both = centring_sentence({"centring": rows}, study, {"centring": wide})
+    # the budget per width, in tokens per non-embedding parameter (the wider model has more)
+    budgets = [
+        {"steps": 300, "non_embedding_parameters": [n, n], "per_non_embedding": per}
+        for n, per in ((738432, "0.42"), (197184, "1.6"))
+    ]
+    both = centring_sentence({"centring": rows}, study, {"centring": wide, "budgets": budgets})
     assert (
-        "With width (the width init): x1.02 (0.950-1.09; agrees) at d 64, x0.970 (0.880-1.07; "
+        "With width (the width init; 300 steps, 1.6 and 0.42 tokens per non-embedding parameter): "
+        "x1.02 (0.950-1.09; agrees) at d 64, x0.970 (0.880-1.07; "
         "inconclusive) at d 128; loss differences +0.002 (-0.012..+0.016; equivalent), -0.004 "
         "(-0.019..+0.011; equivalent) nats (16 seeds); mean-energy fractions 0.021 / 0.0031, "
         "0.012 / 0.0016 (RMSNorm / LayerNorm; 1/64, 1/128 by chance)."
     ) in both
     assert both.endswith("as Zhang & Sennrich 2019 found.")
+    # after the regimes' loss sentence, whose "in that order" names the regimes only
+    assert both.index("in that order") < both.index("With width")
     assert max(len(x.split()) for x in re.split(r"(?<=\.)\s+(?=[A-Z*])", both)) <= 60
     # a width without an added mean whose loss or critical LR is apart: centring is not shown
     # dispensable, so the papers' clause goes
