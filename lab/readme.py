@@ -272,10 +272,15 @@ def _ratio(r: dict, more: str = "") -> str:
     return out[:-1] + f"; {more})" if more and out.endswith(")") else out
 
 
+def _regime_fields(regime: str) -> dict[str, str]:
+    """A centring row's regime ('dim=64, n_heads=4') as {field: value}."""
+    return dict(kv.split("=", 1) for kv in regime.split(", ") if "=" in kv)
+
+
 def _regime(regime: str) -> str:
     """A centring row's regime in words: 'no added mean', 'an embedding mean of 0.45', 'linear
     biases', 'd 64'."""
-    f = dict(kv.split("=", 1) for kv in regime.split(", ") if "=" in kv)
+    f = _regime_fields(regime)
     words = []
     if float(f.get("init_embedding_mean", 0)) != 0:
         words.append(f"an embedding mean of {float(f['init_embedding_mean']):g}")
@@ -354,8 +359,7 @@ def centring_sentence(report: dict | None, study_yaml: Path, width: dict | None 
 
 def _width_of(row: dict) -> int:
     """A width-axis row's d (its regime's dim=), for reading the widths in order."""
-    f = dict(kv.split("=", 1) for kv in row["regime"].split(", ") if "=" in kv)
-    return int(f.get("dim", 0))
+    return int(_regime_fields(row["regime"]).get("dim", 0))
 
 
 def _width_sentence(wide: list[dict], budgets: list[dict]) -> str:
