@@ -20,7 +20,7 @@ from training.rundir import RunDir
 EXIT_OK = 0  # finished (any status but diverged), stopped at train.stop_at, or already finished
 EXIT_BAD_INPUT = 2  # config, command line, data, checkpoint, too big a run: nothing written
 EXIT_DIVERGED = 3  # a result: logs and summary complete
-EXIT_STORAGE = 4  # the run's files could not be written: the last checkpoint is intact
+EXIT_STORAGE = 4  # the run's files could not be written: every file is the old or the new one
 EXIT_PEER = 5  # another process of the job failed first, died or hung: --resume
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: checkpoint saved, --resume
 AGENT_WAIT_S = 1.0  # a peer left: how long to wait for torchrun's SIGTERM (see leave)
@@ -110,19 +110,14 @@ def one_line(e: BaseException) -> str:
 
 
 def storage_line(e: OSError) -> str:
-    """What a failed write means: the last checkpoint is intact; whether --resume can go on now."""
+    """What a failed write means: writes are atomic, so no file is half-written; how to go on."""
     head = f"error: cannot write the run's files: {e}"
+    go_on = "--resume continues from the last checkpoint (or starts the run if none was written)"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return (
-            f"{head}; make the run directory writable (or use another log.out_dir): the last "
-            f"checkpoint is intact, and --resume continues from it once it is"
-        )
+        return f"{head}; make the run directory writable (or use another log.out_dir), then {go_on}"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (
-            f"{head}; the last checkpoint is intact: free some space, then --resume continues "
-            f"from it"
-        )
-    return f"{head}; the last checkpoint is intact (--resume continues from it)"
+        return f"{head}; free some space, then {go_on}"
+    return f"{head}; {go_on}"
 
 
 def leave(d: Dist, code: int, line: str = "", error: BaseException | None = None) -> int:
