@@ -89,8 +89,12 @@ def on_rank_0() -> bool:
 def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
     """(config, resume, default run name): defaults < YAML < flags and key=value."""
     a, config, flags, merged = read_cli(argv)
-    warmup = merged.optim.warmup_steps
+    frac, warmup = merged.optim.warmup_fraction, merged.optim.warmup_steps
     cfg = validate_config(merged)
+    asked = f"optim.warmup_steps={warmup}"  # the warmup asked for, before it was shortened
+    if frac:
+        warmup = round(frac * cfg.optim.schedule_steps)
+        asked = f"optim.warmup_fraction={frac} ({warmup} steps)"
     saved = Path(cfg.log.out_dir) / (cfg.log.name or "") / "config.yaml"
     if a.resume:
         if not cfg.log.name:
@@ -99,9 +103,9 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
             )
     if a.resume and saved.is_file():  # the checkpoint holds a model and optimizer built from it
         cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
-    elif cfg.optim.warmup_steps != warmup and on_rank_0():  # a new run's shortened warmup
+    elif warmup >= cfg.optim.schedule_steps and on_rank_0():  # a new run's shortened warmup
         print(
-            f"note: optim.warmup_steps={warmup} is not shorter than the schedule's "
+            f"note: {asked} is not shorter than the schedule's "
             f"{cfg.optim.schedule_steps} steps (the LR would never reach optim.lr): warmup "
             f"shortened to {cfg.optim.warmup_steps} steps, 10% of it",
             file=sys.stderr,

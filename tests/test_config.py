@@ -198,6 +198,14 @@ def test_a_warmup_as_long_as_the_schedule_is_shortened_and_said(tmp_path, capsys
         "note: optim.warmup_steps=5 is not shorter than the schedule's 4 steps (the LR would never "
         "reach optim.lr): warmup shortened to 0 steps, 10% of it"
     ]
+    # a warmup set by its share of the budget is not shortened, and no note says it was
+    assert run_tiny("--name", "f", "train.steps=4", "optim.warmup_fraction=0.5") == 0
+    assert capsys.readouterr().err == ""
+    assert run_tiny("--name", "g", "train.steps=4", "optim.warmup_fraction=0.9") == 0  # 3.6 -> 4
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "note: optim.warmup_fraction=0.9 (4 steps) is not shorter than the schedule's 4 steps (the "
+        "LR would never reach optim.lr): warmup shortened to 0 steps, 10% of it"
+    ]
 
 
 def test_every_number_a_config_sets_refuses_nan_inf_and_a_bool_naming_its_key():
