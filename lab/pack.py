@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from lab.runner import EXIT_STORAGE, storage_line
 from training.monitor import FINISHED
 from training.rundir import RunDir, write_bytes
 
@@ -118,13 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unpack", action="store_true", help="restore a packed study (see --out)")
     p.add_argument("--out", default="studies", help="with --unpack: where studies go")
     a = p.parse_args(argv)
-    if a.unpack:
-        study_dir, n = unpack(Path(a.source), Path(a.out))
-        print(f"{study_dir}: {n} finished runs; rerun its sweep (--out {a.out}) to go on")
-        return 0
-    if a.dest is None:
+    if not a.unpack and a.dest is None:
         p.error("give where the parts go (DEST), e.g. lab/pending")
-    path, n = pack(Path(a.source), Path(a.dest))
+    try:
+        if a.unpack:
+            study_dir, n = unpack(Path(a.source), Path(a.out))
+            print(f"{study_dir}: {n} finished runs; rerun its sweep (--out {a.out}) to go on")
+            return 0
+        path, n = pack(Path(a.source), Path(a.dest))
+    except OSError as e:  # a full disk: no half part, no half-unpacked study (both are whole)
+        print(storage_line(e, Path(a.out if a.unpack else a.dest)), file=sys.stderr)
+        return EXIT_STORAGE
     print(f"{path}: {n} runs" if path else f"{a.source}: no run finished since the last part")
     return 0
 

@@ -8,6 +8,7 @@ from conftest import write_run
 
 from lab import runner
 from lab.pack import main, pack, parts, unpack
+from training import faults
 
 
 def _study(root):
@@ -74,3 +75,20 @@ def test_unpack_refuses_an_existing_folder_and_a_member_outside_the_study(tmp_pa
         pack(tmp_path, tmp_path / "pending")
     assert main([str(study), str(tmp_path / "pending")]) == 0
     assert "no run finished since the last part" in capsys.readouterr().out
+
+
+def test_a_full_disk_is_one_line_exit_4_and_leaves_no_part(tmp_path, capsys, monkeypatch):
+    """ENOSPC at the part's whole-file write (the fault train.py's tests inject): exit 4, one line
+    naming the folder, no part-001 (a later pack writes it whole); unpacking then works."""
+    study = _study(tmp_path / "studies")
+    write_run(study, "a", "rmsnorm", 1e-3, 0, "ok", 3.0)
+    faults.reset()  # counts are per process: the first write from here
+    monkeypatch.setenv("NORMLAB_KILL_AT", "write:1:enospc")
+    assert main([str(study), str(tmp_path / "pending")]) == runner.EXIT_STORAGE == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left" in err and "pending" in err, err
+    assert not parts(tmp_path / "pending" / "demo")
+    monkeypatch.delenv("NORMLAB_KILL_AT")
+    assert main([str(study), str(tmp_path / "pending")]) == 0
+    assert main(["--unpack", str(tmp_path / "pending" / "demo"), "--out", str(tmp_path / "n")]) == 0
+    assert runner.state(tmp_path / "n" / "demo" / "runs" / "a") == "finished"
