@@ -17,8 +17,8 @@ class ModelArgs:
     hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
     multiple_of: int = 32
     ffn_dim_multiplier: float | None = None
-    norm: str = "rmsnorm"  # a name in model/norms.py NORMS
-    # each norm's own options by norm name, e.g. {dyt: {alpha_attn: 0.8}} (model/norms.py Options)
+    norm: str = "rmsnorm"  # a name in model/norm_config.py NORMS
+    # each norm's own options by norm name, e.g. {dyt: {alpha_attn: 0.8}} (the norm class's Options)
     norm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     norm_impl: str = "reference"  # reference | fused: the fused classes (model/fused_norms.py)
     ops_impl: str = "reference"  # reference | fused: cross-entropy and SwiGLU (see model/ops.py)

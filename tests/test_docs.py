@@ -1,6 +1,7 @@
 """The docs quote the tree as it is: every file path and script they name exists, DESIGN.md's
 layout lists every module and script, every line count they state is within 10% of the file, and
-every committed Markdown table has its header's columns in every row."""
+every committed Markdown table has its header's columns in every row, and every link to a heading
+lands on one."""
 
 import re
 import subprocess
@@ -154,3 +155,37 @@ def test_every_committed_table_has_its_headers_columns_in_every_row():
         if n != header
     ]
     assert len(files) > 40 and not wrong, wrong
+
+
+LINK = re.compile(r"\]\(([^)\s]*?)#([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation but - and _ dropped,
+    spaces to -, a repeated one suffixed -1, -2, ..."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    found, seen = set(), {}
+    for h in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.M):
+        h = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h.replace("`", ""))
+        slug = re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_the_anchor_rule_is_githubs(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("# A run's outcome (training/run.py)\n## Setup\n## Setup\n```\n# no\n```\n")
+    assert anchors(page) == {"a-runs-outcome-trainingrunpy", "setup", "setup-1"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_to_a_heading_lands_on_one(page):
+    here = REPO / page
+    broken = [
+        f"{target}#{anchor}"
+        for target, anchor in LINK.findall(here.read_text())
+        if (here.parent / target if target else here).suffix == ".md"
+        and anchor not in anchors(here.parent / target if target else here)
+    ]
+    assert not broken, f"{page} links to headings that do not exist: {broken}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lab.read import find_runs, group_arms
 from lab.studyfile import study_file
+from training.config import number
 
 
 def onset(records: list[dict], jump: float) -> int | None:
@@ -61,8 +62,10 @@ def table(paths: list[Path], jump: float, after: list[int]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("paths", type=Path, nargs="+", help="a study's output folder (or run dirs)")
-    p.add_argument("--jump", type=float, default=1.0, help="nats above the running minimum")
-    p.add_argument("--after", type=int, nargs="+", default=[20, 64])
+    p.add_argument(
+        "--jump", type=number(float, "> 0"), default=1.0, help="nats above the running minimum"
+    )
+    p.add_argument("--after", type=number(int, ">= 0"), nargs="+", default=[20, 64])
     a = p.parse_args(argv)
     missing = [str(x) for x in a.paths if not x.exists()]
     if missing:

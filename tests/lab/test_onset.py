@@ -40,3 +40,10 @@ def test_no_failed_run_is_one_line(tmp_path, capsys, jump):
     write_run(tmp_path, "ok", "rmsnorm", 1e-3, 0, "ok", 3.0)
     assert main([str(tmp_path), "--jump", str(jump)]) == 2
     assert capsys.readouterr().err.startswith("error: no failed runs under")
+
+
+@pytest.mark.parametrize("bad", [["--jump", "nan"], ["--jump", "0"], ["--after", "-1"]])
+def test_its_arguments_obey_the_number_rule(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), *bad])
+    assert e.value.code == 2 and bad[0] in capsys.readouterr().err
