@@ -515,7 +515,7 @@ def test_storage_lines_promise_resume_only_when_it_can_work_and_files_are_fsynce
     tmp_path, monkeypatch
 ):
     read_only = storage_line(OSError(errno.EROFS, "Read-only file system", "runs/x/metrics.jsonl"))
-    assert "make the run directory writable" in read_only and "once it is" in read_only
+    assert "make the run directory writable, then --resume continues" in read_only
     full = storage_line(OSError(errno.ENOSPC, "No space left on device"))
     assert "free some space, then --resume" in full
     from training import rundir

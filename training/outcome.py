@@ -114,7 +114,7 @@ def storage_line(e: OSError) -> str:
     head = f"error: cannot write the run's files: {e}"
     go_on = "--resume continues from the last checkpoint (or starts the run if none was written)"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{head}; make the run directory writable (or use another log.out_dir), then {go_on}"
+        return f"{head}; make the run directory writable, then {go_on}; or use another log.out_dir"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"{head}; free some space, then {go_on}"
     return f"{head}; {go_on}"
