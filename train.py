@@ -96,11 +96,8 @@ def parse_cli(argv: list[str] | None) -> tuple[Config, bool, str]:
         warmup = round(frac * cfg.optim.schedule_steps)
         asked = f"optim.warmup_fraction={frac} ({warmup} steps)"
     saved = Path(cfg.log.out_dir) / (cfg.log.name or "") / "config.yaml"
-    if a.resume:
-        if not cfg.log.name:
-            raise ConfigError(
-                "--resume needs --name (the run to continue, or to start if it does not exist yet)"
-            )
+    if a.resume and not cfg.log.name:
+        raise ConfigError("--resume needs --name: the run to continue (or to start, if new)")
     if a.resume and saved.is_file():  # the checkpoint holds a model and optimizer built from it
         cfg = resumed_config(saved, cfg if a.config else None, a.overrides, flags)
     elif warmup >= cfg.optim.schedule_steps and on_rank_0():  # a new run's shortened warmup
