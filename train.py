@@ -188,11 +188,10 @@ def build(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 def start(run: Run) -> None:
     """Restore the newest checkpoint or write a new run's files; the logger; the first lines."""
     cfg, d, p, data, tc = run.cfg, run.d, run.parts, run.data, run.cfg.train
-    warnings = []
+    warnings, notes = [], []
     if run.how == "resume":  # a skipped (damaged) checkpoint is a warning
         state = (run.model, p.opt, p.scaler, data.loader, run.machine)
         run.step, warnings = resume_state(run.dir, cfg, d, *state)
-        notes = []
     else:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
     where, wandb = run.dir.path if d.is_master else None, (cfg.log.wandb, cfg.log.wandb_project)
