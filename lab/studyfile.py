@@ -52,6 +52,7 @@ STUDY_KEYS = {
     "quick",
     "expected",
     "history",
+    "multiples",
 }
 
 
@@ -111,6 +112,8 @@ def load_study(path: Path) -> dict:
         study["protocol"] = parse_protocol(study["protocol"], str(path))
     else:
         study["protocol"] = None
+    if study.get("multiples") is not None:  # absent, not None: older studies' designs unchanged
+        study["multiples"] = parse_multiples(study["multiples"], grid, str(path))
     study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))
     study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
     withdrawn = study.get("withdrawn") or []
@@ -168,6 +171,78 @@ def _exclude(path: Path, section, grid: dict) -> list[dict]:
                 )
         out.append(entry)
     return out
+
+
+@dataclass(frozen=True)
+class Multiples:
+    """`multiples:` loss at fixed multiples of each arm's best LR (docs/METHODS.md): every arm runs
+    at its best LR (`best_lr`, chosen before this study on other seeds: `chosen` says where) times
+    each of `factors`, on the grid's seeds; arms are paired by seed at each factor."""
+
+    factors: tuple
+    best_lr: tuple  # ((fields, lr), ...): the arms whose grid values include all the fields
+    chosen: str
+
+    def lr(self, combination: dict) -> float:
+        """The best LR of the arm a grid combination belongs to (exactly one entry matches)."""
+        hits = [lr for fields, lr in self.best_lr if _matches(fields, combination)]
+        if len(hits) != 1:
+            raise ConfigError(
+                f"multiples.best_lr: {len(hits)} entries match the arm {combination} (one must)"
+            )
+        return hits[0]
+
+    def factor(self, best: float, lr: float) -> float:
+        """Which of the factors a run's LR is (its LR was written to 3 significant figures)."""
+        return min(self.factors, key=lambda f: abs(math.log(lr / (best * f))))
+
+
+def _matches(fields: dict, combination: dict) -> bool:
+    return all(k in combination and combination[k] == v for k, v in fields.items())
+
+
+def multiple_lr(best: float, factor: float) -> float:
+    """A run's LR at `factor` x its arm's best LR, to 3 significant figures (its name reads it)."""
+    return float(f"{best * factor:.3g}")
+
+
+def parse_multiples(section, grid: dict, where: str) -> Multiples | None:
+    """The study file's `multiples:` section (None without one); ConfigError on anything else."""
+    if section is None:
+        return None
+    if not isinstance(section, dict) or set(section) != {"factors", "best_lr", "chosen"}:
+        raise ConfigError(
+            f"{where}: multiples is a mapping of factors (a list), best_lr (a list of grid fields "
+            "with an lr) and chosen (where the best LRs were chosen)"
+        )
+    if "optim.lr" in grid or "train.seed" not in grid:
+        raise ConfigError(
+            f"{where}: a study with multiples has a seed axis and no lr axis in its grid (each "
+            "arm's LR is its best_lr times a factor)"
+        )
+    factors = section["factors"]
+    if not isinstance(factors, list) or not factors:
+        raise ConfigError(f"{where}: multiples.factors must be a non-empty list of numbers > 0")
+    for f in factors:
+        check_number(f"{where}: multiples.factors[]", f, float, "> 0")
+    if len(set(factors)) != len(factors):
+        raise ConfigError(f"{where}: multiples.factors lists a factor twice")
+    entries = section["best_lr"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}: multiples.best_lr must be a non-empty list")
+    best = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "lr" not in e:
+            raise ConfigError(f"{where}: multiples.best_lr[{i}] is a mapping of grid fields and lr")
+        check_number(f"{where}: multiples.best_lr[{i}].lr", e["lr"], float, "> 0")
+        fields = {ALIASES.get(k, k): v for k, v in e.items() if k != "lr"}
+        for key, value in fields.items():
+            if key not in grid or value not in grid[key] or key == "train.seed":
+                raise ConfigError(
+                    f"{where}: multiples.best_lr[{i}]: {key}={value!r} is not a value of the grid"
+                )
+        best.append((fields, float(e["lr"])))
+    return Multiples(tuple(float(f) for f in factors), tuple(best), str(section["chosen"]))
 
 
 def excluded(study: dict, combination: dict) -> bool:
@@ -621,15 +696,37 @@ def expand(study: dict, extra: list[str] = ()) -> list[dict]:
     validated up front."""
     base = flatten(study.get("overrides") or {}) + list(extra)
     runs = []
-    keys = list(study["grid"])
-    for values in itertools.product(*study["grid"].values()):
-        if excluded(study, dict(zip(keys, values, strict=True))):
-            continue
-        name = "-".join(_slug(k, v) for k, v in zip(keys, values, strict=True))
-        overrides = base + [f"{k}={v}" for k, v in zip(keys, values, strict=True)]
+    for combination in _combinations(study):
+        name = "-".join(_slug(k, v) for k, v in combination.items())
+        overrides = base + [f"{k}={v}" for k, v in combination.items()]
         _validate(str(study["config"]), tuple(overrides))  # raises ConfigError on a bad value
         runs.append({"name": name, "overrides": overrides})
     return runs
+
+
+def _combinations(study: dict):
+    """The grid's combinations not excluded, in grid order; with `multiples`, each arm's at each
+    factor x its best LR (the LR after the arm's fields, before the seed)."""
+    keys = list(study["grid"])
+    multiples = study.get("multiples")
+    if multiples is None:
+        for values in itertools.product(*study["grid"].values()):
+            combination = dict(zip(keys, values, strict=True))
+            if not excluded(study, combination):
+                yield combination
+        return
+    seeds = study["grid"]["train.seed"]
+    out = []
+    for values in itertools.product(*study["grid"].values()):
+        combination = dict(zip(keys, values, strict=True))
+        if excluded(study, combination):
+            continue
+        seed = combination.pop("train.seed")
+        best = multiples.lr(combination)
+        for f in multiples.factors:
+            out.append({**combination, "optim.lr": multiple_lr(best, f), "train.seed": seed})
+    # seed by seed: a study stopped part way has whole pairs
+    yield from sorted(out, key=lambda c: seeds.index(c["train.seed"]))
 
 
 @dataclass
