@@ -66,6 +66,8 @@ import torch
 
 from fused import fallen_back
 from model import Llama
+from normlab.layout import normlab_layout
+from normlab.probe import StabilityProbe
 from training import distributed, faults
 from training.checkpoint import full_model_state
 from training.config import Config, ConfigError, resumed_config, to_dict
@@ -73,7 +75,6 @@ from training.config import validate as validate_config
 from training.evaluate import evaluate, sample
 from training.inputs import Data, describe, inputs, prepare  # noqa: F401  (the lab's: DESIGN.md)
 from training.logger import Logger
-from training.metrics import StabilityProbe
 from training.optim import lr_at
 from training.outcome import cannot_join, finished, leave, outcome, result_line, status_code
 from training.parallel import is_sharded, shard_model
@@ -195,7 +196,9 @@ def start(run: Run) -> None:
     else:
         run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
     where, wandb = run.dir.path if d.is_master else None, (cfg.log.wandb, cfg.log.wandb_project)
-    run.logger = Logger(where, run.dir.name, tc.steps, run.step, *wandb, to_dict(cfg))
+    run.logger = Logger(
+        where, run.dir.name, tc.steps, run.step, *wandb, to_dict(cfg), cfg.log.tensorboard
+    )
     tp = d.world_size // d.data_world  # the batch's split, said only where there is one
     split = [(p.accum, "micro-batches"), (d.data_world, "data shares"), (tp, "tensor parallel")]
     split = " x ".join(f"{n} {what}" for n, what in split if n > 1)
@@ -218,7 +221,8 @@ def start(run: Run) -> None:
 def loop(run: Run) -> None:
     """Train from run.step to the end, a stop or a divergence: step, eval, record, checkpoint."""
     cfg, tc, log, p = run.cfg, run.cfg.train, run.logger, run.parts
-    probe = StabilityProbe(run.model, Every(cfg.log.stats_every, first=True))
+    every = Every(cfg.log.stats_every, first=True)
+    probe = StabilityProbe(run.model, every, layout=normlab_layout(run.model))
     evals, checkpoints = Every(tc.eval_every, tc.steps), Every(tc.checkpoint_every, tc.steps)
     # Ctrl-C / SIGTERM stop at a step boundary; several processes keep the handler for leave()
     with StopRequest(say=run.d.is_master, keep_on_error=run.d.world_size > 1) as stop:

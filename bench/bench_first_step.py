@@ -1,7 +1,7 @@
 """Time to the first step of `python train.py`: from launch to step 1's line in metrics.jsonl, per
 arm.
 
-    python bench/bench_first_step.py [--rounds 3] [--arm NAME=OVERRIDES ...] [--set key=value ...]
+    python -m bench.bench_first_step [--rounds 3] [--arm NAME=OVERRIDES ...] [--set key=value ...]
 
 Arms (each its own train.py process; rounds alternate their order): `fresh` runs the default config
 with an empty kernel cache (a new TORCH_EXTENSIONS_DIR), `fresh-fused` the fused classes

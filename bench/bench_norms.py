@@ -1,7 +1,7 @@
 """RMSNorm vs LayerNorm, every implementation, forward and forward+backward, against the memory
 floor.
 
-    python bench/bench_norms.py [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16]
+    python -m bench.bench_norms [--shapes 32x512x768 32x128x128] [--dtypes float32 bfloat16]
         [--repeats 15]
 
 Implementations: ours (reference formula, eager ops), ours fused (FusedRMSNorm / FusedLayerNorm,
@@ -29,8 +29,8 @@ import sys
 import time
 
 import torch
-from benchlib import SavedOutput
 
+from bench.benchlib import SavedOutput
 from fused import kernel_available
 from model.fused_norms import FusedLayerNorm, FusedRMSNorm
 from model.norms import LayerNorm, RMSNorm
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "files)",
     )
     a = p.parse_args(argv)
-    command = " ".join(["python bench/bench_norms.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench.bench_norms", *(sys.argv[1:] if argv is None else argv)])
     with SavedOutput(a.save, command):
         return tables(a)
 

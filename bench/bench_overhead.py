@@ -1,6 +1,6 @@
 """Training-step time with stability metrics off, at the default interval, and at every step.
 
-    python bench/bench_overhead.py [--config configs/train/default.yaml] [--steps 50] [--rounds 3]
+    python -m bench.bench_overhead [--config configs/train/default.yaml] [--steps 50] [--rounds 3]
 
 Runs train.py itself (in this process), alternating the modes round by round so that machine noise
 hits all of them alike, and sums the logged per-step times (eval, checkpoint and start-up excluded;

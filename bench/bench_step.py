@@ -2,7 +2,7 @@
 where a step's time goes (forward / backward / clip / optimizer, and by op family), its GFLOP/s and
 the fraction of the core's matmul peak, which the script measures itself.
 
-    python bench/bench_step.py [--study lab/studies/norm-placement-lr.yaml] [--threads 1]
+    python -m bench.bench_step [--study lab/studies/norm-placement-lr.yaml] [--threads 1]
         [--rounds 15] [--steps 5] [--variant NAME ...] [--breakdown NAME ...] [--save FILE]
         [key=value ...]
 
@@ -33,10 +33,10 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from benchlib import SavedOutput
 
 import model.layers
 import training.optim
+from bench.benchlib import SavedOutput
 from lab.studyfile import flatten, load_study
 from model import Llama
 from training.config import load_config, number
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = study_config(a.study, a.threads, a.overrides)
     a.cpu = tune_cpu(a.threads, cfg.train.malloc_tuning)  # as train.py: allocator, denormals
     args = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "bench/bench_step.py", *args])
+    command = shlex.join(["python", "-m", "bench.bench_step", *args])
     with SavedOutput(a.save, command):
         return report(a, cfg)
 

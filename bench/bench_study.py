@@ -1,7 +1,7 @@
 """A study's throughput: where a run's wall time goes, and runs per hour with one train.py process
 per run (the old runner) vs persistent workers (lab/worker.py, the runner's default).
 
-    python bench/bench_study.py [--study lab/studies/norm-placement-lr.yaml] [--runs 4]
+    python -m bench.bench_study [--study lab/studies/norm-placement-lr.yaml] [--runs 4]
         [--rounds 3] [--workers 2] [--where model.dim=256] [--save bench/results/study.md]
         [--set key=value ...]
 
@@ -26,8 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import SavedOutput
-
+from bench.benchlib import SavedOutput
 from lab.protocol import first_runs
 from lab.runner import run_study
 from lab.studyfile import load_study
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    command = "python bench/bench_study.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.bench_study " + " ".join(argv if argv is not None else sys.argv[1:])
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     phases: dict[str, list[dict]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp, SavedOutput(a.save, command):

@@ -2,7 +2,7 @@
 transformers' LlamaForCausalLM at the same configuration, weights, dtype, batch and optimizer, side
 by side in one process.
 
-    python bench/bench_train.py [--config configs/train/default.yaml] [--rounds 20] [--steps 1]
+    python -m bench.bench_train [--config configs/train/default.yaml] [--rounds 20] [--steps 1]
         [--no-compile]
 
 Each model trains the way its library does: ours returns the loss from `model(x, targets)` (the
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from benchlib import SavedOutput
 
+from bench.benchlib import SavedOutput
 from model import Llama
 from training.config import load_config, number
 from training.cpu import tune_cpu
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="key=value config overrides (e.g. train.batch_size=16)"
     )
     a = p.parse_args(argv)
-    command = " ".join(["python bench/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench.bench_train", *(sys.argv[1:] if argv is None else argv)])
     with SavedOutput(a.save, command):
         return tables(a)
 

@@ -1,6 +1,6 @@
 """What the benchmark scripts share: a saved benchmark's header (the command, the instruction-set
-environment it ran under, the machine) and the output that is printed and saved whole. Scripts
-import it as `benchlib` (run as `python scripts/x.py`, scripts/ is on the path); tests as
+environment it ran under, the machine) and the output that is printed and saved whole. The
+benchmarks run from the checkout as modules (`python -m bench.bench_norms`) and import it as
 `bench.benchlib`."""
 
 from __future__ import annotations

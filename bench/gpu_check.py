@@ -1,8 +1,8 @@
 """One GPU check sized for a 10-minute call: the norm table, then the step table with MFU for the
 ~124M config.
 
-    python bench/gpu_check.py                 # on a CUDA machine
-    python bench/gpu_check.py --dry-run       # the same code path on CPU, tiny sizes (tested)
+    python -m bench.gpu_check                 # on a CUDA machine
+    python -m bench.gpu_check --dry-run       # the same code path on CPU, tiny sizes (tested)
 
 Norm table: bench/bench_norms.py on GPU-sized shapes in bfloat16 and float32. Step table:
 configs/train/gpt2-124m.yaml (bfloat16 autocast, torch.compile) and the same model in float32 (TF32
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib import gpu_device, gpu_parser
 
+from bench.benchlib import gpu_device, gpu_parser
 from model import Llama
 from training.config import load_config, number
 from training.distributed import use_tf32

@@ -1,8 +1,8 @@
 """The exact LayerNorm -> RMSNorm swap on a GPU, in the dtypes users train in (model/convert.py,
 model.zero_mean_writers; docs/METHODS.md).
 
-    python bench/gpu_identity.py              # on a CUDA machine
-    python bench/gpu_identity.py --dry-run    # the same code path on CPU, tiny sizes (tested)
+    python -m bench.gpu_identity              # on a CUDA machine
+    python -m bench.gpu_identity --dry-run    # the same code path on CPU, tiny sizes (tested)
 
 Conversion table: the ~124M config (gpt2-124m.yaml) as Pre-LN with a mean in its stream (embedding
 mean 0.3 x init_std) and gains drawn in [0.5, 1.5]; the LN model's logits and the converted
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import torch
-from benchlib import gpu_device, gpu_parser
 
+from bench.benchlib import gpu_device, gpu_parser
 from model import Llama
 from model.convert import to_rmsnorm
 from model.norms import LayerNorm, RMSNorm

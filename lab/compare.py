@@ -6,7 +6,7 @@ stability report.
 Runs are grouped into arms by every config field that differs between them, except the learning rate
 and the seed. Writes report.md, report.json and PNG figures into --out (default: the first
 directory if it is a study's, else studies/compare-<first run>). Reads only files; never a live
-process. To look at runs rather than decide a study: scripts/inspect_runs.py.
+process. To look at runs rather than decide a study: python -m normlab.inspect.
 
 Per arm: its failure curve P(fail | lr) (collapsed, unstable and diverged runs fail) and LR50 with a
 95% CI; the best LR, chosen on the selection seeds; the final val loss there on the test seeds;

@@ -352,7 +352,7 @@ def _read(d: Path) -> Run:
 
 
 def rescored(config: dict, records: list[dict]) -> dict:
-    """A run's spike scores from its records by today's detector (training/monitor.py), as its
+    """A run's spike scores from its records by today's detector (normlab/spikes.py), as its
     failure is judged again: a summary written by an older detector is not read; {} without
     records (an archive keeps the scores it has)."""
     if not records:

@@ -1,7 +1,7 @@
 """Convert a pre-LayerNorm model to pre-RMSNorm with the same logits (Jiang et al. 2023).
 
-    python scripts/convert_norms.py runs/ln-pre runs/ln-pre-rmsnorm
-    python scripts/convert_norms.py --hf path/to/gpt2 gpt2-rmsnorm.pt
+    python -m scripts.convert_norms runs/ln-pre runs/ln-pre-rmsnorm
+    python -m scripts.convert_norms --hf path/to/gpt2 gpt2-rmsnorm.pt
 
 A normlab run (placement pre or lns, model.norm layernorm without bias) becomes a run directory of
 the converted model: config.yaml (model.norm rmsnorm, an untied head) and checkpoints/latest.pt with
@@ -105,14 +105,14 @@ def convert_run(run_dir: Path, out_dir: Path) -> list[str]:
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return report + [f"wrote {out_dir} (python scripts/sample.py {out_dir})"]
+    return report + [f"wrote {out_dir} (python -m scripts.sample {out_dir})"]
 
 
 def convert_hf(model_dir: Path, out: Path) -> list[str]:
     """Write the converted GPT-2 to `out` (torch.save of the whole module, atomic); the report."""
     from transformers import AutoModelForCausalLM
 
-    from model.convert import gpt2_to_rmsnorm
+    from normlab.convert import gpt2_to_rmsnorm
 
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"{model_dir} is not a Hugging Face model directory (no config.json)")

@@ -2,7 +2,7 @@
 run's SentencePiece tokenizer as a Llama tokenizer, loadable with AutoModelForCausalLM /
 AutoTokenizer.
 
-    python scripts/export_hf.py runs/default-rmsnorm-pre exports/default
+    python -m scripts.export_hf runs/default-rmsnorm-pre exports/default
 
 Only what LlamaForCausalLM can express exports (pre-norm RMSNorm, no qk-norm, no norm bias);
 anything else is refused with the reason. The directory appears only once it is complete."""

@@ -1,6 +1,6 @@
 """Generate text from a run's checkpoint.
 
-python scripts/sample.py runs/default-rmsnorm-pre --prompt "The list" --tokens 100
+python -m scripts.sample runs/default-rmsnorm-pre --prompt "The list" --tokens 100
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _script(name: str, *args: str, env: dict | None = None) -> str:
     """Run bench/<name>.py as a user does (nothing imports bench/); its stdout."""
     r = subprocess.run(
-        [sys.executable, f"bench/{name}.py", *args],
+        [sys.executable, "-m", f"bench.{name}", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -88,7 +88,7 @@ def test_bench_norms_prints_every_implementation_and_saves_what_it_printed(tmp_p
     # printed tables
     head, _, body = saved.read_text().partition("\n\nMachine: ")
     assert head.startswith(
-        f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python bench/bench_norms.py {' '.join(args)} --save "
+        f"`MKL_ENABLE_INSTRUCTIONS=AVX2 python -m bench.bench_norms {' '.join(args)} --save "
         f"{saved}` on "
     )  # the environment that picks the instruction set, as it ran
     machine, _, tables = body.partition("\n")
@@ -169,3 +169,19 @@ def test_bench_study_times_both_modes_on_the_same_runs_and_breaks_a_run_down(tmp
     ):
         assert row in out
     assert "Persistent workers / process per run: **" in out and "median of 1 rounds" in out
+
+
+def test_the_monitors_cost_in_usage_md_is_the_saved_benchmarks():
+    """docs/usage.md's overhead sentence quotes bench/results/monitor.md's medians and spreads."""
+    rows = [
+        line.split("|")[1:-1]
+        for line in (REPO / "bench" / "results" / "monitor.md").read_text().splitlines()
+        if line.startswith("| normlab") or line.startswith("| transformers")
+    ]
+    got = {(r[0].strip(), r[1].strip()): (r[3].strip(), r[4].strip()) for r in rows}
+    text = " ".join((REPO / "docs" / "usage.md").read_text().split())
+    for model in ("normlab default", "transformers Llama"):
+        probed, _ = got[(model, "every step")]
+        amortized, spread = got[(model, "every 25 (default)")]
+        assert f"x{probed}" in text and f"x{amortized}" in text
+        assert spread.replace("..", "-") in text

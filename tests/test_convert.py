@@ -1,4 +1,5 @@
-"""LayerNorm -> RMSNorm, exactly (Jiang et al. 2023; model/convert.py, scripts/convert_norms.py):
+"""LayerNorm -> RMSNorm, exactly (Jiang et al. 2023; model/convert.py, normlab/convert.py,
+scripts/convert_norms.py):
 the converted model's logits against the original's, in float64 and float32, for normlab models
 and a transformers GPT-2; the refusals; the naive swap as the contrast; and the training-time
 identity, model.zero_mean_writers."""
@@ -113,7 +114,7 @@ def _figures(line: str) -> list[float]:
     return [float(x) for x in re.search(pattern, line).groups()]
 
 
-def _run(*argv, cwd=None):
+def _run(*argv, cwd=ROOT):
     return subprocess.run(
         [sys.executable, *map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=600
     )
@@ -138,7 +139,7 @@ def test_the_command_converts_a_run_that_samples_and_exports(tmp_path):
             cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr
-    done = _run(ROOT / "scripts" / "convert_norms.py", tmp_path / "pre", tmp_path / "rms")
+    done = _run("-m", "scripts.convert_norms", tmp_path / "pre", tmp_path / "rms")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "5 LayerNorms -> RMSNorm" in lines[0]
@@ -153,9 +154,9 @@ def test_the_command_converts_a_run_that_samples_and_exports(tmp_path):
     idx = torch.randint(0, a.args.vocab_size, (2, 16))
     diff, scale = _max_diff(a, b, idx)
     assert diff <= 1e-5 * scale
-    sample = _run(ROOT / "scripts" / "sample.py", tmp_path / "rms", "--tokens", "5", cwd=tmp_path)
+    sample = _run("-m", "scripts.sample", tmp_path / "rms", "--tokens", "5", cwd=tmp_path)
     assert sample.returncode == 0, sample.stderr
-    post = _run(ROOT / "scripts" / "convert_norms.py", tmp_path / "post", tmp_path / "x")
+    post = _run("-m", "scripts.convert_norms", tmp_path / "post", tmp_path / "x")
     err = post.stderr.strip().splitlines()
     assert post.returncode == 2 and len(err) == 1 and "placement is 'post'" in err[0]
     assert not (tmp_path / "x").exists()
@@ -178,7 +179,7 @@ def test_the_command_converts_a_transformers_gpt2(tmp_path):
                 m.bias.normal_(0, 0.3)
         model.transformer.wte.weight.add_(0.2)
     model.save_pretrained(tmp_path / "gpt2")
-    done = _run(ROOT / "scripts" / "convert_norms.py", "--hf", tmp_path / "gpt2", tmp_path / "g.pt")
+    done = _run("-m", "scripts.convert_norms", "--hf", tmp_path / "gpt2", tmp_path / "g.pt")
     assert done.returncode == 0, done.stderr
     f64, f32, own, conv = _figures(done.stdout.splitlines()[1])
     assert f64 <= 1e-10 and conv <= 1e-5 and f32 <= own + 1e-5
@@ -189,7 +190,7 @@ def test_the_command_converts_a_transformers_gpt2(tmp_path):
     with torch.no_grad():
         la, lb = model.eval()(idx).logits, converted(idx).logits
     assert (la - lb).abs().max() <= 1e-5 * la.abs().max()
-    from model.convert import gpt2_to_rmsnorm
+    from normlab.convert import gpt2_to_rmsnorm
 
     with torch.no_grad():
         a = copy.deepcopy(model).double()

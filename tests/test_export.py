@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 def _export(run_dir, out):
     return subprocess.run(
-        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out)],
+        [sys.executable, "-m", "scripts.export_hf", str(run_dir), str(out)],
         cwd=train.REPO,
         capture_output=True,
         text=True,

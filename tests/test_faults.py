@@ -249,9 +249,9 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
     if where == "checkpoint":
         monkeypatch.setattr(torch, "save", enospc)
     else:
-        from training import logger
+        from normlab import files
 
-        monkeypatch.setattr(logger.json, "dumps", enospc)
+        monkeypatch.setattr(files.json, "dumps", enospc)
     capsys.readouterr()
     code = train.main(["--name", "e", "--resume", f"log.out_dir={tmp_path}", "train.stop_at=0"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -59,7 +59,7 @@ def test_tf32_is_switched_on_through_the_api_inductor_reads():
 @pytest.mark.slow
 def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
     r = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--dry-run"],
+        [sys.executable, "-m", "bench.gpu_check", "--dry-run"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -77,7 +77,7 @@ def test_gpu_script_dry_run_prints_the_norm_and_step_tables():
 @pytest.mark.slow
 def test_gpu_script_without_a_gpu_is_one_line():
     r = subprocess.run(
-        [sys.executable, "bench/gpu_check.py"],
+        [sys.executable, "-m", "bench.gpu_check"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -89,11 +89,8 @@ def test_gpu_script_without_a_gpu_is_one_line():
 def test_gpu_identity_script_dry_run_shows_the_identities(capsys):
     """bench/gpu_identity.py on CPU: the converted model's float64 logits are the LN model's, the
     zero-mean pair trains alike in float32 and its norms see no mean; plain Pre-RMSNorm's do."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import gpu_identity
-    finally:
-        sys.path.pop(0)
+    from bench import gpu_identity
+
     assert gpu_identity.main(["--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split("|")[1:-1] for line in lines if line.startswith("| float")]

@@ -1,4 +1,4 @@
-"""scripts/inspect_runs.py: one page for one run or several, spikes named by their step, runs
+"""python -m normlab.inspect: one page for one run or several, spikes named by their step, runs
 labelled by what differs; summary.json records the spikes' steps."""
 
 import json
@@ -47,9 +47,8 @@ def make_run(root: Path, name: str, spike_at: int | None, overrides=()) -> Path:
 
 
 def inspect(*args: str, cwd: Path, imports: bool = False) -> subprocess.CompletedProcess:
-    """scripts/inspect_runs.py as a user runs it; `imports`: Python's import log on stderr."""
-    cmd = [sys.executable, *(["-X", "importtime"] if imports else []), str(REPO / "scripts")]
-    cmd[-1] += "/inspect_runs.py"
+    """python -m normlab.inspect as a user runs it; `imports`: Python's import log on stderr."""
+    cmd = [sys.executable, *(["-X", "importtime"] if imports else []), "-m", "normlab.inspect"]
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
@@ -89,9 +88,15 @@ def test_one_run_is_labelled_by_its_name_and_bad_paths_are_one_line(tmp_path):
     # reading runs needs no torch (~1.5 s of start-up)
     assert not imported(r.stderr, "torch")
     r = inspect(str(tmp_path / "nope"), cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a run directory" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such folder" in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = inspect(str(tmp_path / "empty"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no monitored run" in r.stderr
     r = inspect(str(a), "--out", str(a / "x"), cwd=tmp_path)
     assert r.returncode == 2 and "inside a run directory" in r.stderr
+    (a / "config.yaml").write_text("model: {dim: [\n")  # a hand edit that is not YAML
+    r = inspect(str(a), "--out", str(tmp_path / "look"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "config.yaml is not YAML" in r.stderr
 
 
 @pytest.mark.slow

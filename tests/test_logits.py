@@ -15,7 +15,8 @@ from model import Llama
 from model.layers import attention_path, explicit_attention
 from model.norms import LayerNorm, NoNorm, RMSNorm
 from model.rope import apply_rope
-from training import metrics
+from normlab import attention as metrics
+from normlab.probe import StabilityProbe
 from training.config import ConfigError, OptimConfig, load_config, to_yaml
 from training.optim import build_optimizer, lr_at, param_groups, set_lr
 
@@ -224,7 +225,7 @@ def test_the_probe_logs_each_layers_attention_entropy_from_its_input():
         b.attention.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a))
         for i, b in enumerate(model.layers)
     ]
-    probe = metrics.StabilityProbe(model)
+    probe = StabilityProbe(model)
     probe.attach()
     for xm in x:
         model(xm)

@@ -10,8 +10,9 @@ from conftest import tiny_args
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import Llama
-from training.metrics import DYT_SATURATION, StabilityProbe, group_parameters
-from training.monitor import SpikeDetector, classify, dead_gradients_at, spike_score
+from normlab.probe import DYT_SATURATION, StabilityProbe
+from normlab.spikes import SpikeDetector, spike_score
+from training.monitor import classify, dead_gradients_at
 
 
 def tiny(**kw):
@@ -37,7 +38,7 @@ def test_grad_norms_add_up_to_the_clip_grad_norm_value():
     probe = StabilityProbe(model)
     _step(model, x, y, probe)
     metrics = probe.finish()
-    rest = group_parameters(model)["other"]  # the final norm
+    rest = [p for _, p in probe.layout.groups["other"]]  # the final norm
     rest_sq = sum(p.grad.double().pow(2).sum() for p in rest).item()
     # clips: returns the pre-clip norm
     total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3).item()
@@ -109,7 +110,7 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
     """Past MAX_SCORES scores per sequence the probe takes query rows in blocks (it held whole
     seq_len^2 score matrices and a seq_len^2 causal mask: the OOM killer took a seq_len=100000 run
     at 20 GB); the same maximum and attention entropy."""
-    from training import metrics
+    from normlab import attention as metrics
 
     torch.manual_seed(0)
     model = Llama(tiny_args(max_seq_len=512, qk_norm="rmsnorm"))
@@ -120,15 +121,11 @@ def test_the_attention_logit_probe_scores_long_sequences_in_bounded_blocks(monke
         scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).abs().tril() / math.sqrt(
             q.shape[-1]
         )
-        whole, whole_entropy = metrics.attention_stats(
-            attention, x, (model.rope_cos, model.rope_sin)
-        )
+        whole, whole_entropy = metrics.qk_stats(q, k)
         # blocks of 100 query rows, the last one shorter
         monkeypatch.setattr(metrics, "MAX_SCORES", 4 * 512 * 100)
         with _Largest() as seen:
-            blocks, blocks_entropy = metrics.attention_stats(
-                attention, x, (model.rope_cos, model.rope_sin)
-            )
+            blocks, blocks_entropy = metrics.qk_stats(q, k)
     assert whole == blocks == scores.amax()
     # row blocks: the same entropy
     assert blocks_entropy.item() == pytest.approx(whole_entropy.item(), rel=1e-6)

@@ -38,17 +38,17 @@ SLOW = {
     'python -m pytest -q -m "not slow"': "this test suite's fast tier",
     "python train.py --norm layernorm": "the default model, 300 steps (~2 min)",
     "python train.py --placement post optim.lr=1e-2": "the default model, 300 steps (~2 min)",
-    "python scripts/inspect_runs.py runs/default-rmsnorm-pre runs/default-layernorm-pre": (
+    "python -m normlab.inspect runs/default-rmsnorm-pre runs/default-layernorm-pre": (
         "needs the two default runs above; tests/test_inspect.py runs it on constructed runs"
     ),
     "python train.py --name my-run train.stop_at=100": "the default model, 100 steps (~45 s)",
-    "python scripts/convert_norms.py runs/default-layernorm-pre runs/ln-as-rmsnorm": (
+    "python -m scripts.convert_norms runs/default-layernorm-pre runs/ln-as-rmsnorm": (
         "needs the default LayerNorm run above; tests/test_convert.py converts a trained tiny run"
     ),
-    "python scripts/convert_norms.py runs/tiny-layernorm-pre runs/tiny-as-rmsnorm": (
+    "python -m scripts.convert_norms runs/tiny-layernorm-pre runs/tiny-as-rmsnorm": (
         "needs a tiny LayerNorm run; tests/test_convert.py converts a trained tiny run"
     ),
-    "python scripts/convert_norms.py --hf path/to/gpt2 gpt2-rmsnorm.pt": (
+    "python -m scripts.convert_norms --hf path/to/gpt2 gpt2-rmsnorm.pt": (
         "needs a GPT-2 directory; tests/test_convert.py converts a local tiny GPT-2"
     ),
     "python train.py --name my-run --resume": "the default model, 200 more steps (~90 s)",
@@ -68,21 +68,21 @@ SLOW = {
         "writes a file into the checkout; tests/lab/test_study.py runs such an array's tasks "
         "locally"
     ),
-    "python bench/gpu_check.py": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
+    "python -m bench.gpu_check": "needs a GPU; tests/test_gpu_path.py runs its --dry-run",
     "python -m lab.sweep lab/studies/norm-placement-lr.yaml": (
         "the default study: a 180-run grid at 3 budgets and the protocol's stages (hours)"
     ),
     "python -m lab.compare studies/norm-placement-lr": "needs the default study above",
-    "python bench/bench_norms.py --save bench/results/norms.md": BENCH,
-    "python bench/bench_study.py --save bench/results/study.md": BENCH,
-    "PYTHONPATH=$PWD python bench/bench_study.py --runs 6 --rounds 1 --workers 2": (
+    "python -m bench.bench_norms --save bench/results/norms.md": BENCH,
+    "python -m bench.bench_study --save bench/results/study.md": BENCH,
+    "python -m bench.bench_study --runs 6 --rounds 1 --workers 2": (
         "a benchmark: 12 runs of the default model, 300 steps each (~2-3 min); "
         "tests/test_bench.py runs it small"
     ),
-    "python bench/bench_train.py --rounds 20 --save bench/results/train.md": BENCH,
-    "python bench/bench_step.py --rounds 40 --steps 3 --breakdown 'before (all put back)' "
+    "python -m bench.bench_train --rounds 20 --save bench/results/train.md": BENCH,
+    "python -m bench.bench_step --rounds 40 --steps 3 --breakdown 'before (all put back)' "
     "current --save bench/results/step.md": BENCH,
-    "python bench/bench_train.py --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
+    "python -m bench.bench_train --rounds 10 --only '(fused)' --no-breakdown model.dim=768 "
     "model.n_heads=12 model.n_kv_heads=4 train.seq_len=512 train.batch_size=4 "
     "--save bench/results/train-d768.md": BENCH,
 }
@@ -139,8 +139,31 @@ def test_the_readme_names_every_norm_and_placement_and_quotes_the_code():
     assert re.findall(r"`(\w+)`", norms.group(1)) == list(NORMS)
     assert re.findall(r"`(\w+)`", norms.group(2)) == list(BLOCKS)
     for snippet in code_blocks("python", ["README.md"]):
+        if "Monitor" in snippet:  # the loop: run by test_the_readmes_own_loop_runs
+            continue
         code = (REPO / "model" / "norms.py").read_text()
         assert all(line in code for line in snippet.splitlines()), snippet
+
+
+def test_the_readmes_own_loop_runs(tmp_path, monkeypatch):
+    """The README's "Your own training loop" verbatim, on a transformers GPT-2 built from a config:
+    its folder gets the records of every step and the probe's metrics on step 1."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    (snippet,) = [b for b in code_blocks("python", ["README.md"]) if "Monitor" in b]
+    assert len([line for line in snippet.splitlines() if line.strip()]) <= 10  # lines of code
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2))
+    tokens = torch.randint(0, 64, (6, 2, 16), generator=torch.Generator().manual_seed(0))
+    loader = [(x, x) for x in tokens]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monkeypatch.chdir(tmp_path)
+    exec(snippet, {"model": model, "loader": loader, "opt": opt, "torch": torch})
+    records = [json.loads(line) for line in open("runs/my-loop/metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert "grad/norm/layer_1" in records[0] and "train/loss" in records[5]
+    assert (tmp_path / "runs" / "my-loop" / "summary.json").is_file()
 
 
 def test_shape_lets_numbers_differ_and_nothing_else():
@@ -167,10 +190,8 @@ def fresh_clone(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_fast_readme_commands_run_verbatim_on_the_embedded_corpus(fresh_clone):
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # as a user runs them
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this python
-        # its own packages, not the editable install of this checkout
-        "PYTHONPATH": str(fresh_clone),
         "WANDB_MODE": "disabled",
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",

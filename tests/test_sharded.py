@@ -531,7 +531,7 @@ def test_a_dcp_only_run_exports_to_transformers_with_the_same_logits(tmp_path, f
     ref, _ = fsdp_reference
     assert not list((ref / "checkpoints").glob("*.pt"))  # only DCP checkpoints
     r = subprocess.run(
-        [sys.executable, "scripts/export_hf.py", str(ref), str(tmp_path / "hf")],
+        [sys.executable, "-m", "scripts.export_hf", str(ref), str(tmp_path / "hf")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -101,7 +101,7 @@ def test_tiny_run_writes_the_design_files_and_learns(tmp_path, capsys, run_tiny)
     assert meta["kernels"]["norm"] == meta["kernels"]["swiglu"] == "reference"
     assert "model:" in (run_dir / "config.yaml").read_text()
     # and scripts/sample.py generates from its checkpoint, the same text for the same seed
-    argv = [sys.executable, "scripts/sample.py", str(run_dir), "--tokens", "12", "--seed", "3"]
+    argv = [sys.executable, "-m", "scripts.sample", str(run_dir), "--tokens", "12", "--seed", "3"]
     first, second = (
         subprocess.run(argv, cwd=train.REPO, capture_output=True, text=True, timeout=300)
         for _ in range(2)

@@ -116,11 +116,12 @@ class LogConfig:
     stats_every: int = 25  # steps between per-layer stability metrics (0 = never)
     wandb: str = "disabled"  # disabled | offline | online
     wandb_project: str = "normlab"
+    tensorboard: bool = True  # TensorBoard event files in the run directory (tensorboard --logdir)
     spike_window: int = (
         5  # spike detector: a value is compared with the median of the previous spike_window
     )
     spike_k: float = (
-        5.0  # ...and is a spike >= spike_k robust std above it (training/monitor.py; OLMo 2: 7)
+        5.0  # ...and is a spike >= spike_k robust std above it (normlab/spikes.py; OLMo 2: 7)
     )
     plateau_margin: float = (
         0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau

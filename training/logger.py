@@ -1,32 +1,22 @@
-"""One log(step, metrics) API: metrics.jsonl always, the progress bar, and wandb when enabled.
-Progress and results go to stdout, warnings to stderr."""
+"""One log(step, metrics) API: metrics.jsonl always, TensorBoard event files (log.tensorboard), the
+progress bar, and wandb when enabled; the sinks are the library's (normlab/sinks.py). Progress and
+results go to stdout, warnings to stderr."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+from normlab.sinks import JsonlSink, TensorBoardSink, WandbSink
 from training.rundir import RunDir, write_text
-
-STEP = "train/step"  # the x axis of every wandb chart
-
-
-def _clean(v):
-    """JSON has no NaN / inf: non-finite numbers are written as null (the run's summary says
-    why)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 class Logger:
-    """Writes every record to metrics.jsonl; shows loss / lr / tokens per second on a tqdm bar;
-    mirrors records to wandb (offline or online) when asked, and never lets a wandb failure stop
-    training."""
+    """Writes every record to metrics.jsonl (and TensorBoard event files in the run directory);
+    shows loss / lr / tokens per second on a tqdm bar; mirrors records to wandb (offline or online)
+    when asked, and never lets a TensorBoard or wandb failure stop training."""
 
     def __init__(
         self,
@@ -37,10 +27,12 @@ class Logger:
         wandb_mode: str = "disabled",
         wandb_project: str = "normlab",
         config: dict | None = None,
+        tensorboard: bool = False,
     ):
         self.enabled = run_dir is not None  # only the master process logs
         run = RunDir(run_dir) if self.enabled else None
-        self.file = open(run.metrics, "a") if self.enabled else None
+        self.jsonl = JsonlSink(run.metrics) if self.enabled else None
+        self.sinks: list = []
         tty = sys.stdout.isatty()
         self.bar = tqdm(
             file=sys.stdout,
@@ -52,38 +44,39 @@ class Logger:
             dynamic_ncols=True,
             mininterval=0.5,
         )
-        self.wandb = None
+        if self.enabled and tensorboard:
+            # events beside metrics.jsonl: `tensorboard --logdir runs` lists each run by its name;
+            # a resumed run hides the events it logged after the checkpoint it resumes from
+            self._add(lambda: TensorBoardSink(run_dir, purge_step=start_step), "TensorBoard")
         if self.enabled and wandb_mode != "disabled":
-            try:
+
+            def start():
                 import wandb  # only imported when asked for
 
-                self.wandb = wandb.init(
-                    project=wandb_project,
-                    name=name,
-                    dir=str(run_dir),
-                    mode=wandb_mode,
-                    config=config,
-                    resume="allow",
-                    id=_wandb_id(run),
+                return WandbSink(
+                    wandb.init(
+                        project=wandb_project,
+                        name=name,
+                        dir=str(run_dir),
+                        mode=wandb_mode,
+                        config=config,
+                        resume="allow",
+                        id=_wandb_id(run),
+                    )
                 )
-                # Every chart's x axis is our step, logged as a value, never as wandb's own step:
-                # wandb drops records at or below the last step it received, so after a crash and
-                # --resume the re-trained steps (between the checkpoint and the crash) would never
-                # reach the dashboard.
-                self.wandb.define_metric(STEP)
-                self.wandb.define_metric("*", step_metric=STEP)
-            except Exception as e:
-                self.warn(
-                    f"wandb disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}"
-                )
+
+            self._add(start, "wandb")
+
+    def _add(self, make, what: str) -> None:
+        try:
+            self.sinks.append(make())
+        except Exception as e:
+            self.warn(f"{what} disabled: {str(e).strip().splitlines()[0][:200] if str(e) else e!r}")
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(
-            json.dumps({"step": step, **{k: _clean(v) for k, v in metrics.items()}}) + "\n"
-        )
-        self.file.flush()
+        self.jsonl.write(step, metrics)
         if "train/loss" in metrics:
             self.bar.set_postfix_str(
                 f"loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
@@ -91,12 +84,12 @@ class Logger:
                 refresh=False,
             )
             self.bar.update(step - self.bar.n)
-        if self.wandb is not None:
+        for sink in list(self.sinks):
             try:
-                self.wandb.log({STEP: step, **metrics})  # wandb's own step just counts calls
+                sink.write(step, metrics)
             except Exception as e:
-                self.warn(f"wandb logging stopped: {e}")
-                self.wandb = None
+                self.warn(f"{_what(sink)} logging stopped: {e}")
+                self.sinks.remove(sink)
 
     def message(self, text: str) -> None:
         """A line of the run's progress or result: stdout (`python train.py > log.txt` keeps it)."""
@@ -109,19 +102,22 @@ class Logger:
             tqdm.write(text, file=sys.stderr)
 
     def close(self, summary: dict | None = None) -> None:
-        """Close the bar, the metrics file and wandb (with the summary); a second call does
-        nothing."""
-        if not self.enabled or self.file.closed:
+        """Close the bar, the metrics file, TensorBoard and wandb (with the summary); a second
+        call does nothing."""
+        if not self.enabled or self.jsonl.file.closed:
             return
         self.bar.close()
-        self.file.close()
-        if self.wandb is not None:
+        self.jsonl.close()
+        for sink in self.sinks:
             try:
-                if summary:
-                    self.wandb.summary.update({k: v for k, v in summary.items() if v is not None})
-                self.wandb.finish()
+                sink.close(summary) if isinstance(sink, WandbSink) else sink.close()
             except Exception as e:
-                self.warn(f"wandb finish failed: {e}")
+                self.warn(f"{_what(sink)} finish failed: {e}")
+        self.sinks = []
+
+
+def _what(sink) -> str:
+    return "wandb" if isinstance(sink, WandbSink) else "TensorBoard"
 
 
 def _wandb_id(run: RunDir) -> str:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
+from normlab.attention import MAX_SCORES
 from training.config import Config, ConfigError
-from training.metrics import MAX_SCORES
 
 GiB = 1 << 30
 # loaded after the check: the fused kernels, the data's touched pages, the progress bar
@@ -128,7 +128,7 @@ def estimate(
     head = (3 if a.ops_impl == "reference" else 2) * a.vocab_size + 3 * d
     activations = FRAGMENTATION * 4.0 * tokens * (a.n_layers * layer + head)
     probe = 0.0
-    # metrics.qk_stats: blocks of at most MAX_SCORES scores (whole sequences, or query rows)
+    # normlab.attention.qk_stats: blocks of <= MAX_SCORES scores (whole sequences, or query rows)
     if probe_on:
         heads = H // tp
         rows = max(1, min(T, MAX_SCORES // (heads * T)))

@@ -1,85 +1,15 @@
-"""Watchers over a run's scalar series: spike detection and the run-outcome classification."""
+"""The run-outcome classification over a run's scalar series (spike detection is the library's:
+normlab/spikes.py)."""
 
 from __future__ import annotations
 
 import math
-from collections import deque
 
 OUTCOMES = ("ok", "plateau", "collapsed", "unstable", "diverged", "interrupted")
 # results: a rerun never trains them again
 FINISHED = ("ok", "plateau", "collapsed", "unstable", "diverged")
 # failures: they enter the failure curve, never a loss average
 FAILED = ("collapsed", "unstable", "diverged")
-
-
-class SpikeDetector:
-    """Upward spikes of a positive series (loss, gradient norm), judged from the first steps and on
-    a falling curve.
-
-    Each value is compared, in log space, with the median of the `window` values before it: a local
-    level, so the trend of a falling curve is removed and a lone spike barely moves it. The
-    deviation d_t = log v_t - log median counts as a spike when it exceeds max(c, 0) by `k` robust
-    standard deviations (c the median and 1.4826 x the median absolute deviation of the deviations
-    before it: expanding from the start, the last 1000 at most, spikes left out), widened by
-    (1 + 5/n) while that spread rests on few (n) deviations, and a 5% jump at least (a perfectly
-    smooth curve has no spread to compare with). A spike rises above the local level (c < 0, a
-    falling curve) or above a rising trend (c > 0). Judging starts once 5 deviations are known
-    (step 7). OLMo 2's score (>= 7 std from a 1000-step trailing mean) judges nothing before its
-    window fills and, on a falling curve, its std is the trend's, not the noise's."""
-
-    HISTORY = 1000  # deviations the spread is estimated from (OLMo 2's window)
-    FLOOR = math.log(1.05)
-
-    def __init__(self, window: int = 5, k: float = 5.0):
-        self.window, self.k = window, k
-        self.recent: deque[float] = deque(maxlen=window)  # log values
-        self.deviations: deque[float] = deque(maxlen=self.HISTORY)  # judged, not spikes
-        self.seen = self.spikes = 0
-
-    def update(self, value: float) -> bool:
-        """Record `value`; True if it is a spike."""
-        if not (math.isfinite(value) and value > 0):
-            return False
-        x, spike = math.log(value), False
-        if len(self.recent) >= min(2, self.window):
-            d = x - _median(self.recent)
-            n = len(self.deviations)
-            if n >= 5:
-                center = _median(self.deviations)
-                scale = 1.4826 * _median([abs(v - center) for v in self.deviations])
-                # a spread from few deviations is uncertain: the threshold widens by (1 + 5/n) while
-                # n is small; a spike rises above the local level, or above a rising trend, never
-                # merely above a falling one (else a fast first descent, d ~ -0.1 a step, makes
-                # every step of the flatter curve after it a "spike", none of them ever joining
-                # the deviations: 542 of 1000 steps of one controls-2025 run)
-                spike = d - max(center, 0.0) > max(self.k * scale * (1 + 5 / n), self.FLOOR)
-                self.seen += 1
-                self.spikes += spike
-            if not spike:
-                self.deviations.append(d)
-        # a lone spike barely moves a median; a lasting jump becomes the new level
-        self.recent.append(x)
-        return spike
-
-    @property
-    def score(self) -> float | None:
-        """Percentage of judged steps that were spikes (None before judging starts)."""
-        return 100.0 * self.spikes / self.seen if self.seen else None
-
-
-def _median(values) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def spike_score(values, window: int = 5, k: float = 5.0) -> float | None:
-    """The spike score of a whole series (None where it is too short to judge)."""
-    detector = SpikeDetector(window, k)
-    for v in values:
-        if v is not None:
-            detector.update(float(v))
-    return detector.score
 
 
 def is_finite(*values: float) -> bool:

@@ -256,14 +256,6 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (an all-gather or a reduction of its partial sums); a plain tensor as
-    it is."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
 def no_sync(module: nn.Module):
     """A context in which backward accumulates gradients without reducing them across ranks (all but
     the last micro-batch): DDP's no_sync, FSDP2's set_requires_gradient_sync(False)."""
@@ -283,11 +275,3 @@ def no_sync(module: nn.Module):
             module.set_requires_gradient_sync(True)
 
     return paused()
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (e.g. its positions under sequence parallelism); a plain tensor
-    as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from normlab.spikes import series, spike_score, spike_steps
 from training import faults
-from training.monitor import SpikeDetector, dead_gradients_at, spike_score
+from training.monitor import dead_gradients_at
 
-if TYPE_CHECKING:  # torch loads where a run is made: the lab and inspect_runs start without it
+if TYPE_CHECKING:  # torch loads where a run is made: the lab and normlab.inspect start without it
     import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,22 +155,12 @@ def truncate_metrics(path: Path, step: int) -> None:
     write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
-def series(records: list[dict], key: str) -> list[float]:
-    return [r[key] for r in records if key in r and r[key] is not None]
-
-
 def spike_scores(records: list[dict], window: int, k: float) -> dict:
-    """The summary's spike scores of the train loss and the gradient norm (training/monitor.py)."""
+    """The summary's spike scores of the train loss and the gradient norm (normlab/spikes.py)."""
     return {
         "spike_score/loss": spike_score(series(records, "train/loss"), window, k),
         "spike_score/grad_norm": spike_score(series(records, "grad/norm"), window, k),
     }
-
-
-def spike_steps(records: list[dict], key: str, window: int, k: float) -> list[int]:
-    """The steps at which series `key` spiked (training/monitor.py's SpikeDetector, as scored)."""
-    detector = SpikeDetector(window, k)
-    return [r["step"] for r in records if r.get(key) is not None and detector.update(float(r[key]))]
 
 
 def summarize(
@@ -208,7 +199,7 @@ def summarize(
         "final_train_loss": (series(records, "train/loss") or [None])[-1],
         "unigram_entropy": unigram_entropy,
         **spike_scores(records, spike_window, spike_k),
-        # the steps behind the scores (scripts/inspect_runs.py marks them)
+        # the steps behind the scores (normlab.inspect marks them)
         "spikes/loss": spike_steps(records, "train/loss", spike_window, spike_k),
         "spikes/grad_norm": spike_steps(records, "grad/norm", spike_window, spike_k),
         "spike_window": spike_window,

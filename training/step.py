@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from normlab.dist import full
 from training import distributed
 from training.controls import Controls, controls_for
 from training.flops import flops_per_token, peak_flops
 from training.monitor import is_finite
 from training.optim import build_optimizer, set_lr
-from training.parallel import full, no_sync
+from training.parallel import no_sync
 
 
 @dataclass

@@ -24,10 +24,11 @@ from data.loader import BatchLoader, load_tokens
 from data.prepare import prepare
 from lab.studyfile import flatten, load_study
 from model import Llama
+from normlab.layout import normlab_layout
+from normlab.probe import StabilityProbe
 from training import distributed
 from training.config import load_config, number
 from training.evaluate import evaluate
-from training.metrics import StabilityProbe
 from training.optim import build_optimizer, lr_at
 from training.step import StepParts, autocast_for, no_clip, train_step
 
@@ -104,7 +105,7 @@ def run(
     for step in range(max(at) + 1):
         # the state after `step` updates: the next step's forward and backward, no update; an eval
         if step in at:
-            probe = GradProbe(model)
+            probe = GradProbe(model, layout=normlab_layout(model))
             probe.attach()
             x, y = loader.batch(step)  # the batch the next update would take
             logits, loss = model(x, y)

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from model import Llama, ModelArgs
 from training.checkpoint import load_sharded, save_sharded
 from training.distributed import exit_job
-from training.parallel import full, shard_model
+from normlab.dist import full
+from training.parallel import shard_model
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
 STEPS, SAVE_AT, BATCH = 6, 3, 8

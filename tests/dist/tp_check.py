@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from model import Llama, ModelArgs
 from training.distributed import exit_job
-from training.parallel import full, shard_model
+from normlab.dist import full
+from training.parallel import shard_model
 
 STEPS = 4
 

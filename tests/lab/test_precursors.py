@@ -3,7 +3,8 @@ threshold first, by how many steps, and the report's table."""
 
 import math
 
-from lab.precursors import crossings, leads, loss_spikes, table
+from lab.precursors import table
+from normlab.spikes import crossings, leads, loss_spikes
 
 
 def _records(n=80, spike=60, rms_at=55, logit_at=60, layers=2):

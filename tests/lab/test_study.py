@@ -1616,7 +1616,7 @@ def test_a_runs_spike_scores_are_read_from_its_records_by_todays_detector(tmp_pa
     """A summary's spike scores were computed when the run ended, by the detector of the day; a
     study reads them again from the run's records (as it judges its failure again), so a report
     never mixes detectors. A run without records keeps what its summary says."""
-    from training.monitor import spike_score
+    from normlab.spikes import spike_score
 
     write_run(tmp_path, "r", "rmsnorm", 1e-3, 0, "ok", 3.5)
     path = tmp_path / "runs" / "r"

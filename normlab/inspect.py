@@ -1,24 +1,29 @@
 """Inspect one run or put runs side by side: one page of their stability metrics, spikes by step.
 
-    python scripts/inspect_runs.py runs/default-rmsnorm-pre runs/default-layernorm-pre
+    python -m normlab.inspect runs/default-rmsnorm-pre runs/default-layernorm-pre
+    python -m normlab.inspect my-trainer-output      # a transformers Trainer's output_dir
 
 Writes <out>/runs.png (a figure sheet: train and val loss, gradient norm, per-layer gradient norms,
 update / parameter ratios, activation RMS by depth, the mean-energy fraction of the norms' inputs
 by depth, the largest attention logit; every detected spike marked at its step) and <out>/page.md,
 which embeds it under a table of the runs; prints the table. Runs of different configs are labelled
 by what differs between them. <out> defaults to inspect/<first run's name> in the current
-directory, beside runs/, never inside a run. Reads only the run directories' files (docs/usage.md
-has the metrics' glossary); no study statistics: a study's report is `python -m lab.compare`.
+directory, beside runs/, never inside a run. A run is any folder the monitor wrote
+(normlab/runs.py: a normlab run, a Monitor's folder, a Trainer's output folder, TensorBoard event
+files); docs/usage.md has the metrics' glossary.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
-from training.config import flat
-from training.rundir import RunDir, replacing, spike_steps, write_text
+from normlab.files import replacing, write_text
+from normlab.runs import MonitoredRun, read_run
+
+STORAGE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}  # what exit code 4 means
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 PANELS = (
@@ -34,26 +39,13 @@ PANELS = (
 
 
 class Run:
-    """A run directory as this page reads it: config, records, summary, its spikes' steps."""
+    """A monitored run as this page reads it: config, records, summary, its spikes' steps."""
 
     def __init__(self, path: Path):
-        d = RunDir(path)
-        if not d.config.is_file():
-            raise ValueError(f"{path}: not a run directory (no config.yaml)")
-        from omegaconf import OmegaConf
-
-        self.name, self.path = d.name, path
-        self.config = flat(OmegaConf.to_container(OmegaConf.load(d.config)))
-        self.records = d.records()
-        self.summary = d.read_summary() or {}
-        window, k = (
-            int(self.config.get("log.spike_window", 5)),
-            float(self.config.get("log.spike_k", 5)),
-        )
-        self.spikes = {
-            key: self.summary.get(f"spikes/{key}") or spike_steps(self.records, metric, window, k)
-            for key, metric in (("loss", "train/loss"), ("grad_norm", "grad/norm"))
-        }
+        run: MonitoredRun = read_run(path)
+        self.name, self.path, self.source = run.name, path, run.source
+        self.config, self.records, self.summary = run.config, run.records, run.summary
+        self.spikes = {key: run.spikes(key) for key in ("loss", "grad_norm")}
 
     def points(self, key: str) -> tuple[list[int], list[float]]:
         rows = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
@@ -132,8 +124,8 @@ def _max_logit(run: Run) -> tuple[list[int], list[float]]:
 
 
 def table(runs: list[Run], names: list[str]) -> list[str]:
-    """The runs' outcomes: one row each."""
-    head = "run | outcome | final val loss | best val loss | bits per byte | loss spikes (steps)"
+    """The runs' outcomes: one row each (a run without normlab's summary: from its records)."""
+    head = "run | outcome | last train loss | final val loss | best val loss | loss spikes (steps)"
     rows = [f"| {head} | tokens/s |"]
     rows.append("|---|---|---|---|---|---|---|")
     for run, name in zip(runs, names, strict=True):
@@ -141,10 +133,14 @@ def table(runs: list[Run], names: list[str]) -> list[str]:
         num = lambda x, f=".4f": "-" if x is None else format(x, f)  # noqa: E731
         spikes = run.spikes["loss"]
         shown = ", ".join(map(str, spikes[:8])) + (" ..." if len(spikes) > 8 else "") or "none"
+        train = run.points("train/loss")[1]
+        val = [v for st, v in zip(*run.points("val/loss"), strict=True) if st > 0]
+        final = s.get("final_val_loss", val[-1] if val else None)
+        best = s.get("best_val_loss", min(val) if val else None)
+        status = s.get("status") or ("running" if run.source == "metrics.jsonl" else run.source)
         rows.append(
-            f"| {name} | {s.get('status', 'running')} | {num(s.get('final_val_loss'))} | "
-            f"{num(s.get('best_val_loss'))} | {num(s.get('final_val_bpb'), '.3f')} | {shown} | "
-            f"{num(s.get('tokens_per_s'), ',.0f')} |"
+            f"| {name} | {status} | {num(train[-1] if train else None)} | {num(final)} | "
+            f"{num(best)} | {shown} | {num(s.get('tokens_per_s'), ',.0f')} |"
         )
     return rows
 
@@ -224,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2]
     )
-    p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>)")
+    p.add_argument(
+        "runs", nargs="+", type=Path, help="run folders (runs/<name>, a Trainer's output_dir, ...)"
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for runs.png and page.md")
     a = p.parse_args(argv)
     try:
@@ -253,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         page += ["![stability metrics of the runs](runs.png)", ""]
         write_text(out / "page.md", "\n".join(page))
     except OSError as e:
-        print(f"error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
-        return 4
+        where = e.filename or out
+        print(f"error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
+        return 4 if e.errno in STORAGE else 2
     print("\n".join(rows))
     if spikes:
         print("\n".join(spikes))
