@@ -3,6 +3,6 @@
 define    studyfile, design                                         schema, claims, its design
 run       protocol, adaptive, runner, worker, sweep, pack           stages, workers, the command
 read      read, archive, history                                    run dirs, runs.json, git
-analyse   arms, lr50, critical, centring, sensitivity, paired, claims, trend, result, record
-render    text, findings, figures, precursors, report, compare, redecide, readme
+analyse   arms, lr50, critical, centring, sensitivity, paired, multiples, claims, trend, result
+render    text, findings, figures, precursors, record, report, compare, redecide, readme
 """

@@ -7,11 +7,26 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from lab import centring, critical
+from lab import centring, critical, multiples
 from lab.history import history
 from lab.paired import paired
 from lab.result import StudyResult
 from lab.text import BUDGET, lr50_cell
+
+
+def multiples_json(res) -> dict:
+    """{"multiples": {"outcomes", "pairs"}} for a study with a multiples: section, else {}."""
+    spec = res.file.multiples
+    if spec is None:
+        return {}
+    return {
+        "multiples": {
+            "factors": list(spec.factors),
+            "chosen": spec.chosen,
+            "outcomes": multiples.outcomes(res.runs, spec, res.keys),
+            "pairs": multiples.compare(res.runs, spec, res.margin),
+        }
+    }
 
 
 def budgets(path: Path | None) -> list[dict]:
@@ -176,6 +191,7 @@ def as_json(res: StudyResult) -> dict:
         "sensitivity_margin": res.file.sensitivity_margin,
         "rule": res.file.rule.describe(),
         "alternatives": [r.name for r in res.file.alternatives],
+        **multiples_json(res),  # loss at multiples of the best LR (lab/multiples.py)
         "critical": critical.comparisons(res),  # paired critical LRs (lab/critical.py)
         "centring": centring.rows(res),  # RMSNorm / LayerNorm per regime (lab/centring.py)
         "selection_seeds": res.selection_seeds,

@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from lab import centring
+from lab import centring, multiples
 from lab.arms import mean_of
 from lab.claims import claim_sentence
 from lab.figures import figures
@@ -503,6 +503,15 @@ def runs_table(res: StudyResult) -> list[str]:
     return ["## Runs", "", *table(head, rows)]
 
 
+def multiples_section(res: StudyResult) -> list[str]:
+    """Loss at multiples of the best LR (a study file's multiples:), lab/multiples.py."""
+    spec = res.file.multiples
+    if spec is None:
+        return []
+    rows = multiples.compare(res.runs, spec, res.margin)
+    return multiples.table(rows, multiples.outcomes(res.runs, spec, res.keys), spec)
+
+
 def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
     """report.md: the answer first (verdicts, one figure), then the evidence, then the design."""
     first = next(((f, c) for f, c in made if f == "stability_map.png"), made[0] if made else None)
@@ -520,6 +529,7 @@ def render(res: StudyResult, made: list[tuple[str, str]]) -> str:
         *(f"- {s}" for s in findings(res)),
         "",
         *claims(res),
+        *multiples_section(res),
         *centring.table(res),
         *arms_table(res),
         *rules_table(res),

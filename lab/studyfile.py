@@ -182,6 +182,8 @@ class Multiples:
     factors: tuple
     best_lr: tuple  # ((fields, lr), ...): the arms whose grid values include all the fields
     chosen: str
+    # the pre-registered pairs, compared at each factor (lab/multiples.py): Pair, ...
+    compare: tuple = ()
 
     def lr(self, combination: dict) -> float:
         """The best LR of the arm a grid combination belongs to (exactly one entry matches)."""
@@ -197,6 +199,23 @@ class Multiples:
         return min(self.factors, key=lambda f: abs(math.log(lr / (best * f))))
 
 
+ROLES = ("test", "yardstick", "control", "check")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """multiples.compare[]: arm a against arm b at every factor, paired by seed. Each side names
+    grid values; a field it leaves out is the grid's first value. role: test (in the Holm family:
+    its mean by TOST or rank test, its spread against its yardstick's), yardstick (two identical
+    computations), control (a known difference the instrument must see), check (reported)."""
+
+    name: str
+    a: tuple  # ((field, value), ...)
+    b: tuple
+    role: str = "check"
+    yardstick: str | None = None  # a test's: the name of the yardstick pair
+
+
 def _matches(fields: dict, combination: dict) -> bool:
     return all(k in combination and combination[k] == v for k, v in fields.items())
 
@@ -210,10 +229,14 @@ def parse_multiples(section, grid: dict, where: str) -> Multiples | None:
     """The study file's `multiples:` section (None without one); ConfigError on anything else."""
     if section is None:
         return None
-    if not isinstance(section, dict) or set(section) != {"factors", "best_lr", "chosen"}:
+    if (
+        not isinstance(section, dict)
+        or not {"factors", "best_lr", "chosen"} <= set(section)
+        or (set(section) - {"factors", "best_lr", "chosen", "compare"})
+    ):
         raise ConfigError(
             f"{where}: multiples is a mapping of factors (a list), best_lr (a list of grid fields "
-            "with an lr) and chosen (where the best LRs were chosen)"
+            "with an lr), chosen (where the best LRs were chosen) and optionally compare (pairs)"
         )
     if "optim.lr" in grid or "train.seed" not in grid:
         raise ConfigError(
@@ -242,7 +265,55 @@ def parse_multiples(section, grid: dict, where: str) -> Multiples | None:
                     f"{where}: multiples.best_lr[{i}]: {key}={value!r} is not a value of the grid"
                 )
         best.append((fields, float(e["lr"])))
-    return Multiples(tuple(float(f) for f in factors), tuple(best), str(section["chosen"]))
+    pairs = tuple(_pair(p, i, grid, where) for i, p in enumerate(section.get("compare") or []))
+    names = [p.name for p in pairs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: multiples.compare names a pair twice")
+    for p in pairs:
+        if p.role == "test" and p.yardstick not in [q.name for q in pairs if q.role == "yardstick"]:
+            raise ConfigError(
+                f"{where}: multiples.compare {p.name!r}: a test names its yardstick, a pair with "
+                "role yardstick"
+            )
+    return Multiples(tuple(float(f) for f in factors), tuple(best), str(section["chosen"]), pairs)
+
+
+def _pair(section, i: int, grid: dict, where: str) -> Pair:
+    here = f"{where}: multiples.compare[{i}]"
+    keys = {"name", "a", "b", "role", "yardstick"}
+    if (
+        not isinstance(section, dict)
+        or not {"name", "a", "b"} <= set(section)
+        or (set(section) - keys)
+    ):
+        raise ConfigError(f"{here} is a mapping of name, a, b, role and yardstick")
+    if section.get("role", "check") not in ROLES:
+        raise ConfigError(f"{here}.role is one of {', '.join(ROLES)}")
+    sides = []
+    for side in ("a", "b"):
+        given = section[side]
+        if not isinstance(given, dict) or not given:
+            raise ConfigError(f"{here}.{side} must be a mapping of grid fields to values")
+        arm = {}
+        for key, values in grid.items():
+            if key in ("optim.lr", "train.seed"):
+                continue
+            arm[key] = values[0]
+        for key, value in given.items():
+            field = ALIASES.get(key, key)
+            if field in ("optim.lr", "train.seed") or field not in grid or value not in grid[field]:
+                raise ConfigError(f"{here}.{side}: {key}={value!r} is not a value of the grid")
+            arm[field] = value
+        sides.append(tuple(arm.items()))
+    if sides[0] == sides[1]:
+        raise ConfigError(f"{here}: a and b are the same arm")
+    return Pair(
+        str(section["name"]),
+        sides[0],
+        sides[1],
+        section.get("role", "check"),
+        section.get("yardstick"),
+    )
 
 
 def excluded(study: dict, combination: dict) -> bool:
@@ -750,6 +821,7 @@ class StudyFile:
     history: list = field(default_factory=list)
     given: bool = True  # False: runs compared without a study file (train.py's labels judge them)
     path: Path | None = None  # the study file (its arms' configs state the budget)
+    multiples: Multiples | None = None  # loss at multiples of each arm's best LR (lab/multiples.py)
 
 
 def study_file(paths: list[Path]) -> StudyFile:
@@ -783,6 +855,7 @@ def read_study_file(path: Path) -> StudyFile:
         tuple(study["grid"].get("optim.lr", ())),
         list(study.get("history") or []),
         path=path,
+        multiples=study.get("multiples"),
     )
 
 
