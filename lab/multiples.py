@@ -1,8 +1,8 @@
 """Loss at fixed multiples of each arm's best LR (docs/METHODS.md, "Loss at multiples of the best
 LR"): a study file's `multiples:` runs each arm at its best LR times each factor on common seeds.
 
-- outcomes: per arm and factor, how many runs trained, were slow (still falling at their end: never
-  failed) and were unstable, by kind; their median final loss.
+- outcomes: per arm and factor, how many runs trained, were slow (not past the unigram level at
+  their end and still falling: never failed) and were unstable, by kind; their median final loss.
 - pairs (the file's `compare:`), at each factor, paired by seed:
   (a) the mean of d_s = L_a(s) - L_b(s): where no run of the two arms at that factor is unstable, a
       95% t interval, TOST at the study's margin and a two-sided t test; where one is, an unstable
@@ -54,21 +54,16 @@ def _matching(spec: Multiples, config: dict) -> dict:
     return {k: config.get(k) for k in fields}
 
 
-def kind_of(run: Run) -> str:
-    """trained, slow (not failed, still falling at its end: lab/read.py's slope) or the kind of
-    its instability."""
-    from lab.read import last_half
-
+def kind_of(run: Run, learn_margin: float = 0.25) -> str:
+    """The kind of a failed run's instability; for one that did not fail, slow (it has not learned
+    past the unigram level, within `learn_margin` of its entropy or above it, and is still falling
+    at its end, or the rule would call it a collapse: censored, never failed) or trained."""
     if run.why is not None:
         return run.kind or "unstable"
-    return "slow" if _falling(run, last_half) else "trained"
-
-
-def _falling(run: Run, last_half) -> bool:
-    from lab.studyfile import Rule
-
-    _, b = last_half(run)
-    return b is not None and b < -Rule.slow_slope
+    unigram, final = run.summary.get("unigram_entropy"), run.final
+    if unigram is not None and final is not None and final > unigram - learn_margin:
+        return "slow"
+    return "trained"
 
 
 def outcomes(runs: list[Run], spec: Multiples, keys: list[str]) -> list[dict]:

@@ -48,6 +48,7 @@ class NormlabCallback(TrainerCallback):
         self.sink: JsonlSink | None = None
         self.detector = SpikeDetector()
         self.spikes: list[int] = []
+        self.added: tuple = ()  # the keys it added to the last log
 
     def _cadence(self, args, state) -> int:
         if self.every is not None:
@@ -87,11 +88,13 @@ class NormlabCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs if logs is not None else {}
+        self.added = ()
         record = {NAMES[k]: v for k, v in logs.items() if k in NAMES}
         if self.pending is not None and self.pending[0] == state.global_step and "loss" in logs:
             metrics = self.pending[1]
             self.pending = None
             logs.update(metrics)  # the reporters after this callback see them
+            self.added = tuple(metrics)
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 state.log_history[-1].update(metrics)
             record.update(metrics)
@@ -122,8 +125,28 @@ class NormlabCallback(TrainerCallback):
         write_text(self.sink.path.parent / "summary.json", json.dumps(summary, indent=1) + "\n")
 
 
+class _Quiet(TrainerCallback):
+    """Takes the monitor's metrics out of a log before the console's progress callback prints it
+    (the reporters before it have them; the console keeps the Trainer's own few numbers)."""
+
+    def __init__(self, monitor: NormlabCallback):
+        self.monitor = monitor
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key in self.monitor.added:
+            (logs or {}).pop(key, None)
+
+
 def add_monitor(trainer, every: int | None = None, out=None, layout: Layout | None = None):
-    """Put a NormlabCallback first among `trainer`'s callbacks (before its reporters); it."""
+    """Put a NormlabCallback first among `trainer`'s callbacks (before its reporters, so they log
+    its metrics) and keep its metrics off the console; the callback."""
     callback = NormlabCallback(every, out, layout)
-    trainer.callback_handler.callbacks.insert(0, callback)
+    callbacks = trainer.callback_handler.callbacks
+    console = next(
+        (i for i, c in enumerate(callbacks) if type(c).__name__.endswith(("Progress", "Printer",
+         "ProgressCallback", "PrinterCallback"))),
+        len(callbacks),
+    )  # fmt: skip
+    callbacks.insert(console, _Quiet(callback))
+    callbacks.insert(0, callback)
     return callback

@@ -198,6 +198,7 @@ def test_the_generic_layout_gives_the_normlab_layouts_values_on_normlab_model():
     assert set(ours) <= set(generic), sorted(set(ours) - set(generic))
     assert {k.split("/")[0] for k in ours} >= {"grad", "update", "act", "norm_in", "attn", "logits"}
     worst = max(abs(generic[k] - v) / max(abs(v), 1e-12) for k, v in ours.items())
+    print(f"largest relative difference over {len(ours)} keys: {worst:.2e}")
     assert worst <= 1e-6, worst
 
 
@@ -292,6 +293,7 @@ def test_a_plain_loop_logs_pre_clip_norms_with_accumulation_and_spikes(tmp_path)
 
 
 def _trainer(model, out: Path, steps: int = 10):
+    """transformers' Trainer on random tokens: 2 micro-batches a step, clipping at 1e-3."""
     from transformers import Trainer, TrainingArguments
 
     data = [{"input_ids": batch(i, n=1)[0], "labels": batch(i, n=1)[0]} for i in range(64)]
@@ -314,7 +316,7 @@ def _trainer(model, out: Path, steps: int = 10):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
-def test_in_transformers_trainer_the_layer_norms_add_up_to_its_grad_norm(name, tmp_path):
+def test_in_transformers_trainer_the_layer_norms_add_up_to_its_grad_norm(name, tmp_path, capsys):
     """About 10 steps of transformers' Trainer with the callback and forced clipping: on every
     logged step the per-part pre-clip norms' root-sum-square is the Trainer's own grad_norm; the
     metrics reach its TensorBoard reporter; the inspect page renders from the output folder, from
@@ -326,6 +328,8 @@ def test_in_transformers_trainer_the_layer_norms_add_up_to_its_grad_norm(name, t
     trainer = _trainer(MODELS[name](), tmp_path / "out")
     add_monitor(trainer)
     trainer.train()
+    printed = capsys.readouterr().out
+    assert "'grad_norm'" in printed and "grad/norm/layer_0" not in printed  # the console: quiet
     logged = [h for h in trainer.state.log_history if "grad_norm" in h]
     assert [h["step"] for h in logged] == [2, 4, 6, 8, 10]
     for h in logged:

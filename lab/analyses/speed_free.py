@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from lab.archive import archived_runs
+from lab.lr50 import lr50_ratio
 from lab.multiples import kind_of
 from lab.read import group_arms, judge
 from lab.studyfile import read_study_file
@@ -81,6 +82,40 @@ def edges(name: str) -> dict:
         }
     for cell in out["placements"].values():
         cell["old"], cell["new"] = dict(cell["old"]), dict(cell["new"])
+    out["ratios"] = ratios(grouped, old)
+    return out
+
+
+def _curve(runs, failed) -> tuple[list, list]:
+    """(lrs, failed) of finished runs; failed(run) None: the run is censored, left out."""
+    pairs = [(r.lr, failed(r)) for r in runs if r.finished]
+    pairs = [(lr, f) for lr, f in pairs if f is not None]
+    return [lr for lr, _ in pairs], [f for _, f in pairs]
+
+
+def ratios(grouped: dict, old: dict) -> list[dict]:
+    """RMSNorm's LR50 over LayerNorm's, arms alike in every other field, under the study's own rule
+    and under the speed-free rule (slow runs censored: neither failed nor trained)."""
+    out = []
+    for label, rs in grouped.items():
+        if not label.startswith("rmsnorm"):
+            continue
+        twin = "layernorm" + label[len("rmsnorm") :]
+        if twin not in grouped:
+            continue
+        row = {"a": label, "b": twin}
+        for name, failed in (
+            ("own", lambda r: old[id(r)][0]),
+            ("speed-free", lambda r: None if kind_of(r) == "slow" else r.why is not None),
+        ):
+            fit = lr50_ratio(*_curve(rs, failed), *_curve(grouped[twin], failed))
+            row[name] = {
+                "ratio": fit.ratio,
+                "ci": list(fit.ci) if fit.ci else None,
+                "identified": fit.identified,
+                "text": fit.describe(),
+            }
+        out.append(row)
     return out
 
 
@@ -103,6 +138,21 @@ def render(results: list[dict]) -> str:
             old = ", ".join(f"{v} {k}" for k, v in sorted(c["old"].items()))
             new = ", ".join(f"{v} {k}" for k, v in sorted(c["new"].items()))
             lines.append(f"| {res['study']} | {placement} | {c['edge_runs']} | {old} | {new} |")
+    lines += [
+        "",
+        "RMSNorm's LR50 over LayerNorm's (the arms alike in every other field; Firth logistic fits "
+        "with one slope, 95% profile CI): under each study's own rule, and under the speed-free "
+        "rule with slow runs censored.",
+        "",
+        "| study | RMSNorm arm | own rule | speed-free |",
+        "|---|---|---|---|",
+    ]
+    for res in results:
+        for row in res["ratios"]:
+            lines.append(
+                f"| {res['study']} | {row['a']} | {row['own']['text']} | "
+                f"{row['speed-free']['text']} |"
+            )
     lines += [
         "",
         "Per arm, under the speed-free rule: the lowest LR with an unstable run, or none up to "
