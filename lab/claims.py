@@ -21,6 +21,7 @@ p < 0.05; anything else `cannot tell`."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -51,13 +52,23 @@ class Nested:
     how: str = ""  # how the LR was chosen (common_loss)
     # common_loss: [(arm, its best LR, common / best, nats worse)]
     gaps: list = field(default_factory=list)
+    # protocol.failed_runs "worst" and a failed run in the pairs: {n, failed: [a, b], median, p}
+    # (a Wilcoxon signed-rank test, each failed run the worst outcome); it decides the claim
+    rank: dict | None = None
 
 
 def losses_at(
-    a: Arm, b: Arm, lra: float | None, lrb: float | None, seeds, margin: float, how: str = ""
+    a: Arm,
+    b: Arm,
+    lra: float | None,
+    lrb: float | None,
+    seeds,
+    margin: float,
+    how: str = "",
+    worst: bool = False,
 ) -> Nested:
     """A at lra - B at lrb over these seeds, where both runs trained; the others listed as
-    dropped."""
+    dropped, or with `worst` kept in their pairs as the worst outcome (ranked())."""
     if lra is None or lrb is None:
         return Nested(None, paired({}, {}, margin), [], None, how)
     la, lb = a.losses(lra, seeds), b.losses(lrb, seeds)
@@ -70,20 +81,55 @@ def losses_at(
         ]
     p = paired(la, lb, margin)
     sd = None if p.ci is None or p.mde is None else _sd(la, lb)
-    return Nested((lra, lrb), p, dropped, tost_seeds_needed(margin, sd) if sd else None, how)
+    out = Nested((lra, lrb), p, dropped, tost_seeds_needed(margin, sd) if sd else None, how)
+    if worst and dropped:
+        out.rank = ranked(_outcomes(a, lra, seeds), _outcomes(b, lrb, seeds))
+    return out
 
 
-def nested(a: Arm, b: Arm, test_seeds, margin: float) -> Nested:
+def _outcomes(arm: Arm, lr: float, seeds) -> dict:
+    """{seed: final loss, inf for a failed run} of an arm's finished runs at lr."""
+    return {
+        r.seed: math.inf if r.failed else r.final
+        for r in arm.at(lr)
+        if r.seed in seeds and r.finished
+    }
+
+
+def ranked(a: dict, b: dict) -> dict:
+    """A - B over the seeds both finished, a failed run the worst outcome (above every finite loss
+    of the two; two failed runs tie): n, the failed runs per arm, the median difference and the
+    two-sided Wilcoxon signed-rank p."""
+    seeds = sorted(set(a) & set(b))
+    finite = [v for s in seeds for v in (a[s], b[s]) if math.isfinite(v)]
+    top = (max(finite) if finite else 0.0) + 1.0
+    d = [(top if a[s] == math.inf else a[s]) - (top if b[s] == math.inf else b[s]) for s in seeds]
+    nonzero = [x for x in d if x != 0]
+    p = float(st.wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else 1.0
+    return {
+        "n": len(seeds),
+        "failed": [sum(a[s] == math.inf for s in seeds), sum(b[s] == math.inf for s in seeds)],
+        "median": statistics.median(d) if d else None,
+        "p": p,
+    }
+
+
+def nested(a: Arm, b: Arm, test_seeds, margin: float, worst: bool = False) -> Nested:
     """A - B on the test seeds, each arm at its best_lr (chosen on other seeds)."""
-    return losses_at(
-        a, b, a.best_lr, b.best_lr, test_seeds, margin, "each arm's best LR on the selection seeds"
-    )
+    how = "each arm's best LR on the selection seeds"
+    return losses_at(a, b, a.best_lr, b.best_lr, test_seeds, margin, how, worst)
 
 
-def common(a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float) -> Nested:
-    """A - B at their common safe LR, on the common seeds."""
-    lr, how = common_lr(a.runs, b.runs, grid, selection_seeds, common_seeds)
-    out = losses_at(a, b, lr, lr, common_seeds, margin, how)
+def common(
+    a: Arm, b: Arm, grid, selection_seeds, common_seeds, margin: float, protocol=None
+) -> Nested:
+    """A - B at their common safe LR (the protocol's rule), on the common seeds."""
+    rule = {} if protocol is None else {"rule": protocol.common_rule}
+    if protocol is not None:
+        rule["within"] = protocol.common_within
+    lr, how = common_lr(a.runs, b.runs, grid, selection_seeds, common_seeds, **rule)
+    worst = protocol is not None and protocol.failed_runs == "worst"
+    out = losses_at(a, b, lr, lr, common_seeds, margin, how, worst)
     if lr is not None:
         out.gaps = [gap(arm, lr, selection_seeds) for arm in (a, b)]
     return out
@@ -203,6 +249,15 @@ def _decide(c: Checked, ratio_margin: float, looks: int = 1) -> None:
             if c.ratio.identified:  # the interval that matches the p: 1 - alpha / looks
                 c.ratio = widen(c.ratio, 1 - ALPHA / looks)
         return
+    if c.nested.rank is not None:  # a failed run kept in its pair: the rank test decides
+        rank = c.nested.rank
+        c.p = rank["p"]
+        median = rank["median"] or 0.0
+        if expect == "same":
+            c.direction = "different"
+        elif median:
+            c.direction = "higher" if median > 0 else "lower"
+        return
     p = c.nested.paired
     if expect == "same":
         c.p, c.direction = _same_test(p)
@@ -245,6 +300,7 @@ class Context:
     looks: int = 1  # the adaptive edge stage's looks (lab/adaptive.py); 1: no such stage
     # {budget: stage}: budgets whose stages have not all run (their claims wait)
     running: dict = field(default_factory=dict)
+    protocol: object = None  # the study file's Protocol (its LR and failed-run rules), if any
 
 
 def _running(arm: Arm, running: dict) -> str | None:
@@ -276,13 +332,16 @@ def check_claims(claims: list[dict], arms: dict[str, Arm], ctx: Context) -> list
             if metric == "lr50":
                 c.ratio = ratio(A, B)
             elif metric == "common_loss":
-                c.nested = common(A, B, ctx.grid, ctx.selection_seeds, ctx.common_seeds, ctx.margin)
+                c.nested = common(
+                    A, B, ctx.grid, ctx.selection_seeds, ctx.common_seeds, ctx.margin, ctx.protocol
+                )
             elif metric == "lr_sensitivity":
                 c.nested = sensitivity_pair(
                     ctx.sensitivity[A.label], ctx.sensitivity[B.label], ctx.sensitivity_margin
                 )
             else:
-                c.nested = nested(A, B, ctx.test_seeds, ctx.margin)
+                worst = ctx.protocol is not None and ctx.protocol.failed_runs == "worst"
+                c.nested = nested(A, B, ctx.test_seeds, ctx.margin, worst)
             _decide(c, ctx.ratio_margin, ctx.looks)
             out.append(c)
     for c, adjusted in zip(out, holm([1.0 if c.p is None else c.p for c in out]), strict=True):
@@ -370,7 +429,14 @@ def claim_sentence(c: Checked) -> str:
             what += f"; the LR: {n.how}"
         if n.gaps and gap_text(n.gaps):
             what += f"; {gap_text(n.gaps)}"
-        if n.dropped:
+        if n.rank is not None:
+            r = n.rank
+            what += (
+                f"; failed runs kept in their pairs as the worst outcome ({r['failed'][0]} of "
+                f"{c.a}, {r['failed'][1]} of {c.b}): median {r['median']:+.3f} over {r['n']} "
+                f"seeds, Wilcoxon signed-rank p = {r['p']:.2g} (this test decides)"
+            )
+        elif n.dropped:
             what += f"; left out: {', '.join(n.dropped)}"
     if c.note:
         what += f"; {c.note}"

@@ -287,6 +287,22 @@ def fit_failure_curve(lrs, failed) -> FailureFit:
     return FailureFit(10 ** (center + x50), ci, b1, edge, n, k, top, both, ends)
 
 
+def p_fail_at(lrs, failed, lr: float) -> float:
+    """The fitted P(fail) at `lr` from one arm's runs (Firth logistic in log10 LR, its point
+    estimate): 0 where none failed, 1 where all did, the failed share at the LRs tried where only
+    one LR was."""
+    lrs, y = np.asarray(lrs, float), np.asarray(failed, float)
+    if len(y) == 0 or y.sum() == 0:
+        return 0.0
+    if y.sum() == len(y):
+        return 1.0
+    if len(set(lrs.tolist())) < 2:
+        return float(y.mean())
+    center = float(np.log10(lrs).mean())
+    b0, b1 = _fit(np.log10(lrs) - center, y)
+    return float(1 / (1 + math.exp(-(b0 + b1 * (math.log10(lr) - center)))))
+
+
 def p_fail_upper(lrs, failed, lr: float) -> float:
     """The one-sided upper 95% profile bound of P(fail) at `lr` from one arm's runs (1.0 where the
     data do not bound it below 1 within the search)."""

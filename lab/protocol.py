@@ -34,7 +34,7 @@ from pathlib import Path
 
 from lab.adaptive import decided, round_plan
 from lab.critical import bracket, grid_offset, next_lr
-from lab.lr50 import p_fail_upper
+from lab.lr50 import p_fail_at, p_fail_upper
 from lab.read import Run, find_runs, same
 from lab.studyfile import Adaptive, Protocol, excluded, expand
 from lab.text import BUDGET
@@ -96,15 +96,22 @@ def upper(runs: list[Run], seeds) -> list[Run]:
     return [r for r in runs if r.finished and (low is None or r.lr >= low)]
 
 
-def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[float | None, str]:
+def common_lr(
+    a: list[Run], b: list[Run], grid, seeds, exclude=(), rule: str = "bound", within: float = 0.1
+) -> tuple[float | None, str]:
     """(the common safe LR of two arms, how it was chosen), from their runs on seeds other than
     `exclude` (the common seeds: an LR is never chosen on the seeds that compare at it, and it does
     not move once they have run): the largest LR of the grid, at or above both arms' floors, at
     which both arms' fitted P(fail) is below SAFE at its upper one-sided 95% bound; where no grid LR
     meets that (few runs bound P(fail) loosely), the largest grid LR at which every such run of both
-    arms trained, said so. None where neither exists."""
+    arms trained, said so. None where neither exists. rule "fitted" (protocol.common_lr: fitted):
+    the largest grid LR at which both arms' fitted P(fail) point estimates are below SAFE and each
+    arm's mean loss on the seeds is within `within` nats of its own best; None (the claim is not
+    decided at a common LR) where no grid LR is both."""
     a = [r for r in a if r.seed not in exclude]
     b = [r for r in b if r.seed not in exclude]
+    if rule == "fitted":
+        return _fitted_common_lr(a, b, grid, seeds, within)
     ua, ub = upper(a, seeds), upper(b, seeds)
     lows = [floor(a, seeds), floor(b, seeds)]
     if not ua or not ub or None in lows:
@@ -124,6 +131,31 @@ def common_lr(a: list[Run], b: list[Run], grid, seeds, exclude=()) -> tuple[floa
                 f"both arms trained (bounds {bounds[0]:.3f}, {bounds[1]:.3f})"
             )
     return None, "no grid LR where every run of both arms trained"
+
+
+def _fitted_common_lr(a, b, grid, seeds, within: float) -> tuple[float | None, str]:
+    """common_lr's "fitted" rule (its docstring)."""
+    fits, bests = [], []
+    for runs in (a, b):
+        u = upper(runs, seeds)
+        fits.append(([r.lr for r in u], [r.failed for r in u]))
+        scored = {lr: statistics.fmean(r.final for r in rs)
+                  for lr, rs in table(runs, seeds).items() if trained(rs)}  # fmt: skip
+        bests.append(scored)
+    if not all(bests):
+        return None, "an arm has no LR where every selection seed trained: not decided"
+    for lr in sorted(grid, reverse=True):
+        p = [p_fail_at(*fit, lr) for fit in fits]
+        gaps = [s[lr] - min(s.values()) if lr in s else None for s in bests]
+        if max(p) < SAFE and None not in gaps and max(gaps) <= within:
+            return lr, (
+                f"fitted P(fail) {p[0]:.3f} and {p[1]:.3f} < {SAFE:g}; each loss within "
+                f"{within:g} nats of its best (+{gaps[0]:.3f}, +{gaps[1]:.3f})"
+            )
+    return None, (
+        f"no grid LR has both fitted P(fail) < {SAFE:g} and each loss within {within:g} nats of "
+        "its best: not decided at a common LR"
+    )
 
 
 def select_lr(runs: list[Run], seeds) -> float | None:
@@ -289,6 +321,8 @@ def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
                 study["grid"]["optim.lr"],
                 p.selection_seeds,
                 p.common_seeds,
+                p.common_rule,
+                p.common_within,
             )
             if lr is not None:
                 out += specs(study, A, [lr], p.common_seeds, extra) + specs(

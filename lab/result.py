@@ -218,6 +218,7 @@ def compute_runs(runs: list[Run], file: StudyFile, running: dict | None = None) 
         sens_size,
         file.protocol.adaptive.looks if file.protocol and file.protocol.adaptive else 1,
         running,
+        file.protocol,
     )
     res = StudyResult(
         file,

@@ -10,6 +10,7 @@ results still reads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -413,6 +414,27 @@ class Protocol:
     common_seeds: tuple = ()
     adaptive: Adaptive | None = None  # the adaptive edge stage; None: the study has none
     critical: Critical | None = None  # per-seed critical LRs by bisection; None: none
+    # the common LR: "bound" (P(fail)'s upper 95% bound < 5%) or "fitted" (both point estimates
+    # < 5% and each arm's loss within common_within nats of its best; lab/protocol.py common_lr)
+    common_rule: str = "bound"
+    common_within: float = 0.1
+    # a loss claim's failed runs: "dropped" from the pairs, or "worst" (kept as the worst outcome,
+    # decided by a rank test where any failed)
+    failed_runs: str = "dropped"
+
+    def __repr__(self) -> str:
+        """The dataclass's repr without the fields added since designs were first recorded, where
+        they are at their defaults (a study file's design, lab/design.py, hashes this text: a
+        field the code gained, at its default, changes no run)."""
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name not in LATER_FIELDS or getattr(self, f.name) != f.default
+        ]
+        return f"Protocol({', '.join(shown)})"
+
+
+LATER_FIELDS = {"common_rule", "common_within", "failed_runs"}
 
 
 @dataclass(frozen=True)
@@ -448,6 +470,8 @@ def parse_critical(section, where: str) -> Critical:
 
 
 PROTOCOL_KEYS = {
+    "common_lr",
+    "failed_runs",
     "selection_seeds",
     "test_seeds",
     "failure_seeds",
@@ -503,7 +527,32 @@ def parse_protocol(section, where: str) -> Protocol:
     if "refine" in section:
         check_number(f"{where}: protocol.refine", section["refine"], float, ">= 0")
     adaptive = section.get("adaptive")
+    choices = {}
+    common = section.get("common_lr", {"rule": "bound"})
+    if (
+        not isinstance(common, dict)
+        or set(common) - {"rule", "within"}
+        or common.get("rule", "bound") not in ("bound", "fitted")
+    ):
+        raise ConfigError(
+            f"{where}: protocol.common_lr is a mapping of rule (bound | fitted) and within "
+            "(nats > 0)"
+        )
+    if "within" in common:
+        check_number(f"{where}: protocol.common_lr.within", common["within"], float, "> 0")
+        choices["common_within"] = float(common["within"])
+    choices["common_rule"] = common.get("rule", "bound")
+    if section.get("failed_runs", "dropped") not in ("dropped", "worst"):
+        raise ConfigError(f"{where}: protocol.failed_runs is one of dropped, worst")
+    choices["failed_runs"] = section.get("failed_runs", "dropped")
+    if choices["common_rule"] == "fitted" or choices["failed_runs"] == "worst":
+        if len(seeds["selection_seeds"]) < 5:
+            raise ConfigError(
+                f"{where}: protocol.selection_seeds lists {len(seeds['selection_seeds'])} seeds; "
+                "a study that chooses its LRs this way chooses them on 5 or more"
+            )
     out = Protocol(
+        **choices,
         **seeds,
         **{k: type(getattr(Protocol, k))(v) for k, v in bracket.items()},
         refine=float(section.get("refine", Protocol.refine)),
