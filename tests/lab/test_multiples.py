@@ -3,36 +3,37 @@
 import pytest
 
 import train
-from lab import protocol, studyfile
+from lab import studyfile
 from training.config import ConfigError, load_config
 
 STUDIES = train.REPO / "lab" / "studies"
 
 
 def test_lr_multiples_runs_each_arm_at_its_best_lr_times_each_factor():
+    """The grid's combinations (without validating 1,152 configs: one of each arm is loaded)."""
     study = studyfile.load_study(STUDIES / "lr-multiples.yaml")
-    runs = protocol.first_runs(study)
+    runs = list(studyfile._combinations(study))
     best = {"pre": 0.0316, "post": 0.01}
-    arms, seeds = {}, []
-    for r in runs:
-        cfg = load_config(study["config"], r["overrides"])
-        arm = (
-            cfg.model.norm,
-            cfg.model.placement,
-            cfg.model.zero_mean_writers,
-            cfg.model.norm_impl,
-            cfg.optim.lr_factor,
-        )
-        arms.setdefault(arm, set()).add((cfg.optim.lr, cfg.train.seed))
-        seeds.append(cfg.train.seed)
-        factor = cfg.optim.lr / best[cfg.model.placement]
+    fields = ("model.norm", "model.placement", "model.zero_mean_writers", "model.norm_impl")
+    fields += ("optim.lr_factor",)
+    arms, seeds, first = {}, [], {}
+    for c in runs:
+        arm = tuple(c[k] for k in fields)
+        arms.setdefault(arm, set()).add((c["optim.lr"], c["train.seed"]))
+        first.setdefault(arm, c)
+        seeds.append(c["train.seed"])
+        factor = c["optim.lr"] / best[c["model.placement"]]
         # the factor within the rounding to 3 significant figures
         assert min(abs(factor / f - 1) for f in (1, 3.1623, 5.6234, 10)) < 0.005
-    assert len(runs) == len({r["name"] for r in runs}) == 9 * 4 * 32
-    assert len(arms) == 9 and all(len(v) == 4 * 32 for v in arms.values())
+    assert len(runs) == 9 * 4 * 32 and len(arms) == 9
+    assert all(len(v) == 4 * 32 for v in arms.values())
     assert seeds == sorted(seeds)  # seed by seed: a stopped study has whole pairs
     assert ("layernorm", "pre", False, "fused", 1.3) in arms  # the control
     assert ("layernorm", "post", False, "reference", 1.0) in arms  # post-norm's yardstick
+    for c in first.values():
+        overrides = studyfile.flatten(study["overrides"]) + [f"{k}={v}" for k, v in c.items()]
+        cfg = load_config(study["config"], overrides)
+        assert cfg.optim.lr == c["optim.lr"] and cfg.model.dim == 32
 
 
 def test_the_factor_of_a_run_is_read_back_from_its_lr():
