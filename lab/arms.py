@@ -134,3 +134,15 @@ def max_series(run: Run, prefix: str) -> float | None:
         v for rec in run.records for k, v in rec.items() if k.startswith(prefix) and v is not None
     ]
     return max(vals) if vals else None
+
+
+def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm, str]]:
+    """Every pair of arms that differ in exactly one config field: (A, B, the field)."""
+    out, labels = [], list(arms)
+    for i, la in enumerate(labels):
+        for lb in labels[i + 1 :]:
+            a, b = arms[la], arms[lb]
+            diff = [k for k in keys if a.runs[0].config.get(k) != b.runs[0].config.get(k)]
+            if len(diff) == 1:
+                out.append((a, b, diff[0]))
+    return out

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from scipy import stats
 
+from lab.arms import one_field_pairs
+
 
 @dataclass(frozen=True)
 class Bracket:
@@ -170,8 +172,6 @@ def comparisons(res) -> list[dict]:
     p = res.file.protocol
     if p is None or p.critical is None:
         return []
-    from lab.result import one_field_pairs  # here: lab.result imports lab.protocol, importing us
-
     c = p.critical
     label = {id(arm): name for name, arm in res.arms.items()}
     pairs = sorted(one_field_pairs(res.arms, res.keys), key=lambda pair: pair[2] != "model.norm")

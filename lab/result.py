@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.arms import Arm, unstable
+from lab.arms import Arm, one_field_pairs, unstable
 from lab.claims import Checked, Context, Nested, check_claims, nested, ratio
 from lab.lr50 import FailureFit, RatioFit, lr50_ratio
 from lab.paired import Paired, paired
@@ -107,18 +107,6 @@ def builds_of(runs) -> list[dict]:
         build = ((meta.get("kernels") or {}).get("build") or {}).get("name") or "no fused kernels"
         made[f"torch {meta.get('torch', '?')}, {build}"] += 1
     return [{"build": b, "runs": n} for b, n in sorted(made.items(), key=lambda x: (-x[1], x[0]))]
-
-
-def one_field_pairs(arms: dict[str, Arm], keys: list[str]) -> list[tuple[Arm, Arm, str]]:
-    """Every pair of arms that differ in exactly one config field: (A, B, the field)."""
-    out, labels = [], list(arms)
-    for i, la in enumerate(labels):
-        for lb in labels[i + 1 :]:
-            a, b = arms[la], arms[lb]
-            diff = [k for k in keys if a.runs[0].config.get(k) != b.runs[0].config.get(k)]
-            if len(diff) == 1:
-                out.append((a, b, diff[0]))
-    return out
 
 
 def compute(paths: list[Path], margin: float | None = None) -> StudyResult:

@@ -59,3 +59,58 @@ def test_the_import_scanner_sees_lazy_and_from_imports(tmp_path):
         "from training import rundir\n"
     )
     assert {"lab.read", "model.norms", "training.rundir"} <= imports(f)
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_no_import_circle_anywhere():
+    """The import graph of every module (train.py, training/, model/, data/, fused/, normlab/, lab/,
+    scripts/, bench/) has no cycle, lazy and TYPE_CHECKING imports counted: a module imported by one
+    of its own imports is a circle."""
+    roots = ["train.py", "training", "model", "data", "fused", "normlab", "lab", "scripts", "bench"]
+    paths = files(*roots)
+    modules = {module_of(p): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for m in imports(path):
+            while m and m not in modules:  # `from lab.read import Run` -> lab.read
+                m = m.rpartition(".")[0]
+            if m and m != name and not name.startswith(m + ".") and m + ".__init__" != name:
+                deps.add(m)
+        graph[name] = deps - {n for n in deps if modules[n].name == "__init__.py"}
+    # Tarjan's strongly connected components: any with more than one module is a circle
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    import sys
+
+    sys.setrecursionlimit(10_000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"

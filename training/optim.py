@@ -1,17 +1,14 @@
 """AdamW with weight decay on matrices only (coupled to the LR, as torch's, or independent of it),
 per-group LRs (the standard parametrization, or muParam (simple)), and the learning-rate schedule as
-a function of the step."""
+a function of the step. `cfg` is the config's optim section (training.config.OptimConfig: the
+config's validation imports this module's registries, so this module does not import it)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:  # the config's validation imports this module's registries: no import circle
-    from training.config import OptimConfig
 
 from model.args import lookup
 from model.llama import parameter_kinds
@@ -30,11 +27,11 @@ WEIGHT_DECAY_MODES = {
 }
 
 
-def _sp(kind: str, width: int, cfg: OptimConfig) -> float:
+def _sp(kind: str, width: int, cfg) -> float:
     return 1.0
 
 
-def _mup_simple(kind: str, width: int, cfg: OptimConfig) -> float:
+def _mup_simple(kind: str, width: int, cfg) -> float:
     """Wortsman et al. 2023 Sec. 3.2.4's muParam (simple): "scale the LR for linear layers by
     base-fan-in / fan-in", base-fan-in the fan-in of the same layer in the smallest model tested.
     Here every linear layer's weight (wq, wk, wv, wo, w1, w2, w3 and an untied output head: the
@@ -53,7 +50,7 @@ def _mup_simple(kind: str, width: int, cfg: OptimConfig) -> float:
 PARAMETRIZATIONS = {"sp": _sp, "mup_simple": _mup_simple}
 
 
-def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+def param_groups(model: nn.Module, cfg) -> list[dict]:
     """AdamW groups: decayed matrices, and everything else (norm gains, biases, and by default
     embeddings), split further by LR multiplier (`lr_scale`: the step's LR times it is the group's
     LR; mup_simple only). Kinds come from the owning module (model.llama.parameter_kinds), so a 2-d
@@ -102,7 +99,7 @@ def fused_adamw(params: list[torch.Tensor]) -> bool:
     )
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
     """AdamW over param_groups; fused where fused_adamw allows (the same update up to rounding)."""
     groups = param_groups(model, cfg)
     fused = fused_adamw([p for g in groups for p in g["params"]]) or None  # None: torch's default
@@ -110,13 +107,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=peak_lr(cfg), betas=betas, eps=cfg.eps, fused=fused)
 
 
-def peak_lr(cfg: OptimConfig) -> float:
+def peak_lr(cfg) -> float:
     """The peak LR a run trains at: optim.lr x optim.lr_factor (a run at lr with factor k is the run
     at k lr, filed under lr: a control whose effect on any LR threshold is known)."""
     return cfg.lr * cfg.lr_factor
 
 
-def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+def lr_at(step: int, cfg, total_steps: int) -> float:
     """Learning rate of step `step` (0-based): linear warmup reaching peak_lr at step warmup_steps -
     1, then a cosine, linear or constant decay that reaches that peak * min_lr_ratio at step
     total_steps - 1 (the schedule's horizon, optim.schedule_steps) and holds it after that (a run
