@@ -21,16 +21,17 @@ DEFAULT_CONFIG = REPO / "configs" / "train" / "default.yaml"
 
 
 def cli() -> argparse.ArgumentParser:
-    """The command line, built without torch: --help answers at once."""
-    from model.args import NORM_NAMES, PLACEMENT_NAMES
-
+    """The command line, built without torch: --help answers at once (a norm or placement not in
+    its registry is refused with the valid names)."""
     head, _, tail = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(
         description=head, epilog=tail, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
-    p.add_argument("--norm", help=f"model.norm: {', '.join(NORM_NAMES)}")
-    p.add_argument("--placement", help=f"model.placement: {', '.join(PLACEMENT_NAMES)}")
+    p.add_argument("--norm", help="model.norm: a name in model/norm_config.py NORMS (rmsnorm, ...)")
+    p.add_argument(
+        "--placement", help="model.placement: a name in model/blocks.py BLOCKS (pre, ...)"
+    )
     p.add_argument("--name", help="run name: the run directory is <log.out_dir>/<name>")
     p.add_argument("--resume", action="store_true", help="continue the run --name (its checkpoint)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config fields: optim.lr=3e-3")
@@ -188,20 +189,38 @@ def build(cfg: Config, resume: bool, default_name: str, d: distributed.Dist) -> 
 
 def start(run: Run) -> None:
     """Restore the newest checkpoint or write a new run's files; the logger; the first lines."""
-    cfg, d, p, data, tc = run.cfg, run.d, run.parts, run.data, run.cfg.train
+    cfg, d, tc = run.cfg, run.d, run.cfg.train
     warnings, notes = [], []
     if run.how == "resume":  # a skipped (damaged) checkpoint is a warning
-        state = (run.model, p.opt, p.scaler, data.loader, run.machine)
-        run.step, warnings = resume_state(run.dir, cfg, d, *state)
+        run.step, warnings = resume_state(
+            run.dir,
+            cfg,
+            d,
+            model=run.model,
+            opt=run.parts.opt,
+            scaler=run.parts.scaler,
+            loader=run.data.loader,
+            machine=run.machine,
+        )
     else:
-        run.step, notes = start_state(run.dir, cfg, d, run.model, data.meta, run.machine)
-    where, wandb = run.dir.path if d.is_master else None, (cfg.log.wandb, cfg.log.wandb_project)
+        run.step, notes = start_state(run.dir, cfg, d, run.model, run.data.meta, run.machine)
     run.logger = Logger(
-        where, run.dir.name, tc.steps, run.step, *wandb, to_dict(cfg), cfg.log.tensorboard
+        run.dir.path if d.is_master else None,  # only rank 0 logs
+        name=run.dir.name,
+        total_steps=tc.steps,
+        start_step=run.step,
+        wandb_mode=cfg.log.wandb,
+        wandb_project=cfg.log.wandb_project,
+        config=to_dict(cfg),
+        tensorboard=cfg.log.tensorboard,
     )
     tp = d.world_size // d.data_world  # the batch's split, said only where there is one
-    split = [(p.accum, "micro-batches"), (d.data_world, "data shares"), (tp, "tensor parallel")]
-    split = " x ".join(f"{n} {what}" for n, what in split if n > 1)
+    parts = [
+        (run.parts.accum, "micro-batches"),
+        (d.data_world, "data shares"),
+        (tp, "tensor parallel"),
+    ]
+    split = " x ".join(f"{n} {what}" for n, what in parts if n > 1)
     resumed = f" | resumed at step {run.step}" if run.step else ""
     cpu = run.machine["cpu"]
     n = cpu["threads"] if cpu else 0
@@ -252,8 +271,16 @@ def loop(run: Run) -> None:
                 run.planned_stop or distributed.any_rank(stop.requested, run.d.device)
             )
             if checkpoints.due(run.step) or stop_now:
-                state = (run.model, p.opt, run.data.loader, run.step, p.scaler)
-                save_state(run.dir, cfg, run.d, *state)
+                save_state(
+                    run.dir,
+                    cfg,
+                    run.d,
+                    model=run.model,
+                    opt=p.opt,
+                    loader=run.data.loader,
+                    step=run.step,
+                    scaler=p.scaler,
+                )
                 stop.saved = run.step
             if stop_now:
                 run.status = "interrupted"
@@ -292,9 +319,17 @@ def summary(run: Run, state: dict | None) -> None:
             model.load_state_dict(state)
         text = sample(model, run.data.tok, tc.sample_tokens, tc.seed, run.parts.autocast)
         log.message(f"sample: {text}")
-    ended = (run.status, run.step, tc.steps, run.diverged_at, run.data.meta.get("unigram_entropy"))
-    spikes, wall = (cfg.log.spike_window, cfg.log.spike_k), time.time() - run.t_start
-    s = summarize(run.dir.records(), *ended, *spikes, wall)
+    s = summarize(
+        run.dir.records(),
+        status=run.status,
+        steps_done=run.step,
+        total_steps=tc.steps,
+        diverged_at=run.diverged_at,
+        unigram_entropy=run.data.meta.get("unigram_entropy"),
+        spike_window=cfg.log.spike_window,
+        spike_k=cfg.log.spike_k,
+        wall_time_s=time.time() - run.t_start,
+    )
     write_json(run.dir.summary, s)
     log.close(s)  # and its progress bar: the result line below is the last one
     log.message(result_line(run.status, s, run.dir.path))

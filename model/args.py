@@ -176,20 +176,6 @@ class ModelArgs:
         return self
 
 
-# The registries' names, torch-free for --help (tests/test_model.py keeps them equal to NORMS and
-# BLOCKS, model/norm_config.py and model/blocks.py)
-NORM_NAMES = ("rmsnorm", "layernorm", "prmsnorm", "dyt", "derf", "none")
-PLACEMENT_NAMES = (
-    "pre",
-    "post",
-    "peri",
-    "reordered",
-    "deepnorm",
-    "lns",
-    "mixln",
-    "hybrid",
-    "hybridstar",
-)
 # how the residual projections (attention.wo, feed_forward.w2) are drawn: their std is init_std
 # times this
 RESIDUAL_INITS = {

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from model.args import RESIDUAL_INITS, ModelArgs, lookup
-from model.layers import FFNS, Attention
+from model.ffn import FFNS
+from model.layers import Attention
 from model.norm_config import NormConfig
 from model.rope import Rope
 

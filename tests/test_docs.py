@@ -1,5 +1,6 @@
 """The docs quote the tree as it is: every file path and script they name exists, DESIGN.md's
-layout lists every module and script, every line count they state is within 10% of the file, and
+layout lists every module and script, no page states a file's line count (a budget rewards packing
+lines), and
 every committed Markdown table has its header's columns in every row, and every link to a heading
 lands on one."""
 
@@ -13,7 +14,6 @@ REPO = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))]
 PATH = re.compile(r"(?<![\w/.<>-])((?:[\w-]+/)*[\w-]+\.(?:py|yaml|md|cpp|h))\b")
 LINES = re.compile(r"([\w/-]+\.py)\b[^\n]{0,40}?~?(\d+) lines")
-TOLERANCE = 0.10  # a quoted line count may lag the file by this fraction
 # Names the pages give as examples, not as files of the tree: a run directory's config.yaml, the
 # `base: other.yaml` of a config layered on another.
 EXAMPLES = {"config.yaml", "other.yaml"}
@@ -101,18 +101,14 @@ def test_the_layout_parser_reads_what_it_is_given():
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_line_count_a_page_states_is_the_files(page):
-    claims = LINES.findall((REPO / page).read_text())
-    for path, n in claims:
-        real = len((REPO / path).read_text().splitlines())
-        assert abs(real - int(n)) <= TOLERANCE * real, f"{page}: {path} is {real} lines, not {n}"
+def test_no_page_states_a_files_line_count(page):
+    assert not LINES.findall((REPO / page).read_text())
 
 
-def test_design_states_train_pys_length():
-    """The one line count the docs quote today is found by the pattern above (so it is checked)."""
-    assert ("train.py", re.search(r"~(\d+) lines", (REPO / "docs/DESIGN.md").read_text())[1]) in (
-        LINES.findall((REPO / "docs" / "DESIGN.md").read_text())
-    )
+def test_the_line_count_pattern_finds_one():
+    assert LINES.findall("train.py            main(argv) (~300 lines): parse") == [
+        ("train.py", "300")
+    ]
 
 
 TABLE_RULE = re.compile(r"^\|( *:?-+:? *\|)+$")

@@ -41,7 +41,17 @@ def make_run(root: Path, name: str, spike_at: int | None, overrides=()) -> Path:
             r |= {"val/loss": loss}
         records.append(r)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = summarize(records, "ok", 60, 60, None, 4.0, 5, 5.0, 1.0)
+    summary = summarize(
+        records,
+        status="ok",
+        steps_done=60,
+        total_steps=60,
+        diverged_at=None,
+        unigram_entropy=4.0,
+        spike_window=5,
+        spike_k=5.0,
+        wall_time_s=1.0,
+    )
     (d / "summary.json").write_text(json.dumps(summary))
     return d
 

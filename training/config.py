@@ -391,7 +391,7 @@ def validate(cfg: Config) -> Config:
     from data.sources import DataError, parse_source
     from model.args import RESIDUAL_INITS
     from model.blocks import BLOCKS
-    from model.layers import FFNS
+    from model.ffn import FFNS
     from model.norm_config import NORM_IMPLS, NORMS, check_options
     from model.norms import NORM_PRECISIONS
     from model.ops import OPS_IMPLS

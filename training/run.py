@@ -284,7 +284,7 @@ def training_state(cfg: Config, loader, step: int, scaler) -> dict:
 
 
 def resume_state(
-    run: RunDir, cfg: Config, d: distributed.Dist, model, opt, scaler, loader, machine: dict
+    run: RunDir, cfg: Config, d: distributed.Dist, *, model, opt, scaler, loader, machine: dict
 ):
     """Restore the newest readable checkpoint (load_newest: by step, .pt and DCP alike) into model,
     optimizer, loss scaler, loader and RNG; (its step, notes). A DCP directory reshards onto any
@@ -372,7 +372,7 @@ def start_state(
 
 
 def save_state(
-    run: RunDir, cfg: Config, d: distributed.Dist, model, opt, loader, step: int, scaler
+    run: RunDir, cfg: Config, d: distributed.Dist, *, model, opt, loader, step: int, scaler
 ) -> None:
     """The full training state after `step` (rank 0 writes it; DDP replicas are identical); the
     float16 loss scale too, so a resumed run scales its next step as the uninterrupted one would. A

@@ -165,6 +165,7 @@ def spike_scores(records: list[dict], window: int, k: float) -> dict:
 
 def summarize(
     records: list[dict],
+    *,
     status: str,
     steps_done: int,
     total_steps: int,

@@ -46,7 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from lab.paired import mean_ci
 from model import Llama, ModelArgs
 from model.blocks import BLOCKS
-from model.layers import FFNS
+from model.ffn import FFNS
 from training.config import number
 from training.rundir import replacing, write_text
 
