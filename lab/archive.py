@@ -11,6 +11,7 @@ what the committed data show."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import re
@@ -32,14 +33,45 @@ def _number(text: str) -> float | None:
     return None if text in ("", "-") else float(text.replace(",", ""))
 
 
+RUNS = "runs.json.gz"  # every run's config, outcome and val curve, gzipped (a tenth the size)
+
+
+def runs_file(folder: Path) -> Path | None:
+    """A committed study's runs: runs.json.gz, or runs.json (written before it was compressed)."""
+    for name in (RUNS, "runs.json"):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
+
+
+def read_runs(folder: Path) -> list[dict] | None:
+    """The entries of a study folder's runs file (None without one); ValueError naming a damaged
+    one."""
+    path = runs_file(folder)
+    if path is None:
+        return None
+    if path.suffix != ".gz":
+        return read_json(path)
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path} is damaged ({e}): restore it from git") from None
+
+
+def runs_bytes(entries: list[dict]) -> bytes:
+    """runs.json.gz's content: the same bytes for the same runs (no timestamp in the header)."""
+    return gzip.compress((json.dumps(entries) + "\n").encode(), compresslevel=9, mtime=0)
+
+
 def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
     """The runs of a committed study: from folder/runs.json where the report wrote one (configs,
     outcomes and val curves, judged again with the current rules), else from report.md's Runs table,
     their configs rebuilt from their names (the grid of `study_file` crossed with `seeds`, named as
     the sweep names them)."""
-    if (folder / "runs.json").is_file():
+    entries = read_runs(folder)
+    if entries is not None:
         out = []
-        for e in read_json(folder / "runs.json"):
+        for e in entries:
             config = {**flat(to_dict(Config())), **e["config"]}
             records = [{"step": s, "val/loss": v} for s, v in e["val"]]
             summary = {**e["summary"], "status": judged(config, e["summary"], records)}

@@ -76,7 +76,7 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
     git."""
     results = [
         r
-        for f in ("report.md", "runs.json", "report.json", "decision.md")
+        for f in ("report.md", "runs.json", "runs.json.gz", "report.json", "decision.md")
         for r in _follow(f"lab/results/{name}/{f}", repo)
     ]
     if not results:

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from lab.archive import archived_runs
+from lab.archive import archived_runs, runs_file
 from lab.figures import result_figures
 from lab.record import as_json
 from lab.report import render
@@ -56,7 +56,7 @@ def study_for(folder: Path) -> Path:
 def redecide(folder: Path) -> list[str]:
     path = study_for(folder)
     file = read_study_file(path)
-    from_json = (folder / "runs.json").is_file()
+    from_json = runs_file(folder) is not None
     if not from_json:
         file.protocol = (
             None  # the table-only archives were not made under it: split their seeds instead

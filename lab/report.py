@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from lab import centring, multiples
+from lab.archive import RUNS, runs_bytes
 from lab.arms import mean_of
 from lab.claims import claim_sentence
 from lab.figures import figures
@@ -21,7 +22,7 @@ from lab.read import KINDS, last_half
 from lab.record import as_json, budgets, budgets_text, runs_json
 from lab.result import StudyResult, compute
 from lab.text import BUDGET, bare, fmt, g, interval, lr50_cell
-from training.rundir import read_json, write_text
+from training.rundir import read_json, write_bytes, write_text
 
 
 def table(head: str, rows: list) -> list[str]:
@@ -590,5 +591,6 @@ def write_report(
         path, render(res, made).rstrip("\n") + ("\n" + "\n".join(rows) if rows else "") + "\n"
     )
     write_text(out / "report.json", json.dumps(as_json(res), indent=1) + "\n")
-    write_text(out / "runs.json", json.dumps(runs_json(res)) + "\n")
+    write_bytes(out / RUNS, runs_bytes(runs_json(res)))
+    (out / "runs.json").unlink(missing_ok=True)  # an older report's, uncompressed
     return path

@@ -2,6 +2,7 @@
 failure rule re-implemented from docs/METHODS.md's text (float64, numpy's least squares), each
 seed's bracket, the paired log differences, the t interval and TOST; nothing from lab/ is used."""
 
+import gzip
 import json
 import math
 from collections import defaultdict
@@ -63,7 +64,7 @@ def test_the_committed_critical_lr_pairs_are_recomputed_from_their_runs(study):
     report = json.loads((folder / "report.json").read_text())
     keys = report["arm_keys"]
     outcomes = defaultdict(lambda: defaultdict(dict))  # arm -> seed -> lr -> failed
-    for run in json.loads((folder / "runs.json").read_text()):
+    for run in json.loads(gzip.decompress((folder / "runs.json.gz").read_bytes())):
         c = run["config"]
         if c["train.seed"] in seeds:
             arm = "/".join(f"{k.split('.')[-1]}={c[k]}" for k in keys)

@@ -889,7 +889,7 @@ def test_a_committed_study_is_decided_again_from_its_archived_runs(tmp_path):
     )
     write_report([tmp_path / "s"], tmp_path / "out", draw=False)
     from_json = archived_runs(tmp_path / "out", study)
-    (tmp_path / "out" / "runs.json").unlink()
+    (tmp_path / "out" / "runs.json.gz").unlink()
     from_md = archived_runs(tmp_path / "out", study)
     for runs in (from_json, from_md):
         by_name = {r.name: r for r in runs}
