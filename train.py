@@ -24,9 +24,9 @@ def cli() -> argparse.ArgumentParser:
     """The command line, built without torch: --help answers at once (a norm or placement not in
     its registry is refused with the valid names)."""
     head, _, tail = __doc__.partition("\n\n")
-    p = argparse.ArgumentParser(
-        description=head, epilog=tail, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    from training.errors import Parser
+
+    p = Parser(description=head, epilog=tail, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(REPO)})")
     p.add_argument("--norm", help="model.norm: a name in model/norm_config.py NORMS (rmsnorm, ...)")
     p.add_argument(
@@ -247,8 +247,11 @@ def loop(run: Run) -> None:
     with StopRequest(say=run.d.is_master, keep_on_error=run.d.world_size > 1) as stop:
         stop.saved = run.step if run.how == "resume" else None
         if run.step == 0:  # L0: the val loss before the first step, as every eval computes it
+            stop.step(inside=True)
             log.log(0, validate(run))
+            stop.step(inside=False)
         for step in range(run.step, tc.steps):
+            stop.step(inside=True)  # a stop request inside a long step ends it (StopRequest)
             lr, due = lr_at(step, cfg.optim, cfg.optim.schedule_steps), probe.due(step + 1)
             result = train_step(p, next(run.data.loader), lr, probe if due else NO_PROBE)
             record, run.step = result.record, step + 1
@@ -265,6 +268,7 @@ def loop(run: Run) -> None:
                 log.message(f"step {run.step}: train loss {loss:.4f}, val loss {val:.4f}")
             log.log(run.step, record)
             faults.point("log")
+            stop.step(inside=False)
             # stop at train.stop_at, or on Ctrl-C / SIGTERM on any rank (never at the last step)
             run.planned_stop = run.step == tc.stop_at and run.step < tc.steps
             stop_now = run.step < tc.steps and (

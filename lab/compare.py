@@ -24,13 +24,19 @@ import sys
 from pathlib import Path
 
 from lab.report import write_report
-from lab.runner import EXIT_STORAGE, shown, storage_line
+from lab.runner import shown
+from training import errors
 from training.config import number
 
 
 def compare(argv: list[str] | None = None) -> int:
-    """python -m lab.compare"""
-    p = argparse.ArgumentParser(
+    """python -m lab.compare; every error one line and its code (training/errors.py)."""
+    return errors.run(_compare, argv)
+
+
+def _compare(argv: list[str] | None) -> int:
+    p = errors.Parser(
+        prog="python -m lab.compare",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -53,19 +59,14 @@ def compare(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     missing = [d for d in a.dirs if not d.is_dir()]
     if missing:
-        print(f"error: {missing[0]} is not a directory", file=sys.stderr)
-        return 2
+        raise errors.BadInput(f"{missing[0]} is not a folder of run directories")
     out = a.out or a.dirs[0]
     if a.out is None and (a.dirs[0] / "config.yaml").is_file():  # a run directory is the run's own
         out = Path("studies") / f"compare-{a.dirs[0].resolve().name}"
-    try:
-        path = write_report(a.dirs, out, a.margin, draw=not a.no_figures)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk, a read-only folder: every file is the old one or the new
-        print(storage_line(e, out), file=sys.stderr)
-        return EXIT_STORAGE
+    if out.exists() and not out.is_dir():
+        raise errors.BadInput(f"--out {out} is a file: give a folder for the report")
+    # a full disk, a read-only folder: one line naming the path; every file the old or the new
+    path = write_report(a.dirs, out, a.margin, draw=not a.no_figures)
     print(f"report: {shown(path)}")
     return 0
 

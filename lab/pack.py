@@ -13,7 +13,6 @@ Unpacking reads the parts in order into a study folder that does not exist yet."
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import sys
@@ -21,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lab.runner import EXIT_STORAGE, storage_line
+from training import errors
 from training.monitor import FINISHED
 from training.rundir import RunDir, write_bytes
 
@@ -47,8 +46,8 @@ def pack(study_dir: Path, dest: Path) -> tuple[Path | None, int]:
     None when there is nothing new, the number of runs it holds)."""
     study_dir = Path(study_dir)
     if not (study_dir / "sweep.json").is_file():
-        raise SystemExit(
-            f"error: {study_dir} is not a study folder (no sweep.json): pack the "
+        raise errors.BadInput(
+            f"{study_dir} is not a study folder (no sweep.json): pack the "
             "folder a sweep wrote, <out>/<study name>"
         )
     folder = Path(dest) / study_dir.name
@@ -75,15 +74,26 @@ def pack(study_dir: Path, dest: Path) -> tuple[Path | None, int]:
 
 
 def _check(part: Path, name: str) -> None:
-    """A part holds only files and folders under name/ (nothing absolute, no .., no links)."""
-    with tarfile.open(part) as tar:
-        for m in tar.getmembers():
-            where = Path(m.name).parts
-            if where[0] != name or ".." in where or not (m.isfile() or m.isdir()):
-                raise SystemExit(
-                    f"error: {part} holds {m.name}: a part holds only files and folders under "
-                    f"{name}/"
-                )
+    """A part holds only files and folders under name/ (nothing absolute, no .., no links), and
+    reads whole (a truncated or damaged part is refused before anything is unpacked)."""
+    try:
+        with tarfile.open(part) as tar:
+            members = tar.getmembers()
+            for m in members:
+                if m.isfile():
+                    tar.extractfile(m).read()  # every byte: a part cut short fails here
+    except (tarfile.TarError, EOFError, OSError) as e:
+        if errors.storage_fault(e) is not None:
+            raise
+        raise errors.BadInput(
+            f"{part} is damaged ({e}): copy it again from where it was packed"
+        ) from None
+    for m in members:
+        where = Path(m.name).parts
+        if where[0] != name or ".." in where or not (m.isfile() or m.isdir()):
+            raise errors.BadInput(
+                f"{part} holds {m.name}: a part holds only files and folders under {name}/"
+            )
 
 
 def unpack(folder: Path, out: Path) -> tuple[Path, int]:
@@ -92,11 +102,11 @@ def unpack(folder: Path, out: Path) -> tuple[Path, int]:
     folder = Path(folder)
     found = parts(folder)
     if not found:
-        raise SystemExit(f"error: {folder} holds no part-*.tar.xz: give the folder pack wrote")
+        raise errors.BadInput(f"{folder} holds no part-*.tar.xz: give the folder pack wrote")
     study_dir = Path(out) / folder.name
     if study_dir.exists():
-        raise SystemExit(
-            f"error: {study_dir} exists: unpack into a study folder that does not "
+        raise errors.BadInput(
+            f"{study_dir} exists: unpack into a study folder that does not "
             "exist yet (its runs would mix with the packed ones)"
         )
     for part in found:
@@ -113,7 +123,12 @@ def unpack(folder: Path, out: Path) -> tuple[Path, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.pack", description=__doc__.split("\n\n")[0])
+    """The command: its errors end in one line and their code (training/errors.py)."""
+    return errors.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    p = errors.Parser(prog="python -m lab.pack", description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="a study folder to pack, or with --unpack the folder of parts")
     p.add_argument("dest", nargs="?", help="where parts go: <dest>/<study>/part-NNN.tar.xz")
     p.add_argument("--unpack", action="store_true", help="restore a packed study (see --out)")
@@ -121,15 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not a.unpack and a.dest is None:
         p.error("give where the parts go (DEST), e.g. lab/pending")
-    try:
-        if a.unpack:
-            study_dir, n = unpack(Path(a.source), Path(a.out))
-            print(f"{study_dir}: {n} finished runs; rerun its sweep (--out {a.out}) to go on")
-            return 0
-        path, n = pack(Path(a.source), Path(a.dest))
-    except OSError as e:  # a full disk: no half part, no half-unpacked study (both are whole)
-        print(storage_line(e, Path(a.out if a.unpack else a.dest)), file=sys.stderr)
-        return EXIT_STORAGE
+    if a.unpack:  # a full disk: no half part, no half-unpacked study (both are whole)
+        study_dir, n = unpack(Path(a.source), Path(a.out))
+        print(f"{study_dir}: {n} finished runs; rerun its sweep (--out {a.out}) to go on")
+        return 0
+    path, n = pack(Path(a.source), Path(a.dest))
     print(f"{path}: {n} runs" if path else f"{a.source}: no run finished since the last part")
     return 0
 

@@ -10,15 +10,14 @@ per cell. Every other study's verdicts are the index's, one row per claim.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import textwrap
 from pathlib import Path
 
-from lab.runner import EXIT_STORAGE, storage_line
 from lab.studyfile import flatten, load_study
 from lab.text import BUDGET, bare, g, interval, steps_of
+from training import errors
 from training.config import load_config
 from training.rundir import read_json, write_text
 
@@ -721,23 +720,20 @@ def update(readme: Path, results: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """python -m lab.readme; every error one line and its code (training/errors.py)."""
+    return errors.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    p = errors.Parser(prog="python -m lab.readme", description=__doc__.split("\n\n")[0])
     p.add_argument("--readme", type=Path, default=REPO / "README.md")
     p.add_argument("--results", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     for path, kind in ((a.readme, "file"), (a.results, "folder")):
         if not (path.is_file() if kind == "file" else path.is_dir()):
-            print(f"error: {path} is not a {kind}", file=sys.stderr)
-            return 2
-    try:
-        update(a.readme, a.results)
-        write_text(a.results / "README.md", index(a.results))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(storage_line(e, a.results), file=sys.stderr)
-        return EXIT_STORAGE
+            raise errors.BadInput(f"{path} is not a {kind}")
+    update(a.readme, a.results)  # a full disk: the path that failed (README.md or the index)
+    write_text(a.results / "README.md", index(a.results))
     print(f"{a.readme}: generated block written; {a.results / 'README.md'}: index written")
     return 0
 

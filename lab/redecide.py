@@ -14,7 +14,6 @@ not archived) kept. Prints one line per claim: old verdict -> new."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -25,8 +24,8 @@ from lab.figures import result_figures
 from lab.record import as_json
 from lab.report import render
 from lab.result import compute_runs
-from lab.runner import EXIT_STORAGE, storage_line
 from lab.studyfile import read_study_file
+from training import errors
 from training.rundir import read_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,18 +99,16 @@ def redecide(folder: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """python -m lab.redecide; every error one line and its code (training/errors.py)."""
+    return errors.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    p = errors.Parser(prog="python -m lab.redecide", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+", type=Path)
     a = p.parse_args(argv)
     for folder in a.folders:
-        try:
-            lines = redecide(folder)
-        except ValueError as e:
-            print(f"error: {folder}: {e}", file=sys.stderr)
-            return 2
-        except OSError as e:
-            print(storage_line(e, folder), file=sys.stderr)
-            return EXIT_STORAGE
+        lines = redecide(folder)
         print("\n".join(lines) or f"{folder.name}: no claims")
     return 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from training import errors
 from training.config import load_config
 from training.monitor import FINISHED
 from training.rundir import RunDir, has_checkpoint, read_json, write_text
@@ -228,17 +229,8 @@ def mark_finished(study_dir: Path, rest: dict | None = None) -> None:
         _write_json(path, {**read_json(path), "running": _running(rest or {})})
 
 
-EXIT_STORAGE = 4  # train.py's code for files that could not be written (docs/usage.md)
-EXIT_INTERRUPTED = 130
-
-
-def storage_line(e: OSError, where: Path) -> str:
-    """The one line of a write that failed: which file, why; the files there are whole."""
-    what = e.filename or where
-    return (
-        f"error: cannot write {what}: {e.strerror or e}; every file in {where} is whole (the old "
-        "one or the new one): free some space or choose another folder, then run the command again"
-    )
+EXIT_STORAGE = errors.EXIT_STORAGE  # train.py's code for files that could not be written
+EXIT_INTERRUPTED = errors.EXIT_INTERRUPTED
 
 
 def _stop_at_once(signum, frame):

@@ -57,6 +57,17 @@ STUDY_KEYS = {
 }
 
 
+def _once(values: list, where: str) -> None:
+    """ConfigError naming a value a list gives twice (its runs would be one run, or a seed's pair
+    its own): checked when the study is read, before any run."""
+    seen = set()
+    for v in values:
+        key = repr(v)
+        if key in seen:
+            raise ConfigError(f"{where} lists {v!r} twice; each value once")
+        seen.add(key)
+
+
 def train_config(study_path: Path, name: str) -> str:
     """The training config a study file names: relative to the study file, else in
     configs/train/."""
@@ -92,6 +103,7 @@ def load_study(path: Path) -> dict:
     for key, values in study["grid"].items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid.{key} must be a non-empty list of values")
+        _once(values, f"{path}: grid.{key}")
         grid[ALIASES.get(key, key)] = values
     study["grid"] = grid
     study["exclude"] = _exclude(path, study.get("exclude"), grid)
@@ -461,6 +473,7 @@ def parse_critical(section, where: str) -> Critical:
         raise ConfigError(f"{where}: protocol.critical.seeds must list 2 or more integer seeds")
     for seed in seeds:
         check_number(f"{where}: protocol.critical.seeds[]", seed, int, ">= 0")
+    _once(seeds, f"{where}: protocol.critical.seeds")
     for key in ("resolution", "margin"):
         if key in section:
             check_number(f"{where}: protocol.critical.{key}", section[key], float, "> 1")
@@ -508,6 +521,7 @@ def parse_protocol(section, where: str) -> Protocol:
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
         for s in value:
             check_number(f"{where}: protocol.{key}[]", s, int, ">= 0")
+        _once(value, f"{where}: protocol.{key}")
         seeds[key] = tuple(value)
     if set(seeds["selection_seeds"]) & (
         set(seeds["test_seeds"]) | set(seeds["failure_seeds"]) | set(seeds["common_seeds"])

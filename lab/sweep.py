@@ -46,35 +46,28 @@ from lab.design import pin
 from lab.protocol import budget_of, budgets, first_runs, next_stage
 from lab.report import write_report
 from lab.runner import (
-    EXIT_STORAGE,
     mark_finished,
     parse_shard,
     run_study,
     sbatch_script,
     shown,
     state,
-    storage_line,
 )
 from lab.studyfile import expected_time, load_study, quick_study
-from training.config import ConfigError, number
+from training import errors
+from training.config import number
 from training.rundir import write_text
 
 
 def sweep(argv: list[str] | None = None) -> int:
-    """python -m lab.sweep; a write that fails (a full disk) is one line and exit 4, every file
-    whole."""
-    try:
-        return _sweep(argv)
-    except ValueError as e:  # a changed design; a study folder's file the sweep did not write
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(storage_line(e, Path(".")), file=sys.stderr)
-        return EXIT_STORAGE
+    """python -m lab.sweep; every error one line and its code (training/errors.py): a bad study
+    file or design 2, a full disk 4 naming the path, every file whole."""
+    return errors.run(_sweep, argv)
 
 
 def _sweep(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(
+    p = errors.Parser(
+        prog="python -m lab.sweep",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -140,14 +133,12 @@ def _sweep(argv: list[str] | None) -> int:
         "of each); a later sweep without it goes on to the rest",
     )
     a = p.parse_args(argv)
-    try:
-        raw = load_study(a.study)  # the design: the file as study.yaml keeps it (lab/design.py)
-        study = quick_study(raw) if a.quick else raw
-        runs = first_runs(study, a.set)
-        shard = parse_shard(a.shard) if a.shard else None
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    raw = load_study(a.study)  # the design: the file as study.yaml keeps it (lab/design.py)
+    study = quick_study(raw) if a.quick else raw
+    runs = first_runs(study, a.set)
+    shard = parse_shard(a.shard) if a.shard else None
+    if a.out.exists() and not a.out.is_dir():
+        raise errors.BadInput(f"--out {a.out} is a file: give the folder studies go in")
     study_dir = a.out.resolve() / study["name"]
     if a.slurm:
         extra = a.set + (["--quick"] if a.quick else [])
@@ -167,29 +158,18 @@ def _sweep(argv: list[str] | None) -> int:
                 "chosen from their results"
             )
         if study.get("expected"):
-            try:
-                print(expected_time(study, runs))
-            except ConfigError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+            print(expected_time(study, runs))
         return 0
     study_dir.mkdir(parents=True, exist_ok=True)
-    try:  # the design its runs are made under; a changed file needs a history note
-        study["design"] = pin(study_dir, raw, str(a.study), a.set)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # the design its runs are made under; a changed file needs a history note
+    study["design"] = pin(study_dir, raw, str(a.study), a.set)
     write_text(study_dir / "study.yaml", a.study.read_text())
     t0 = time.time()
-    try:
-        counts = (
-            _run_stages(a, study, study_dir)
-            if study.get("protocol")
-            else run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
-        )
-    except ConfigError as e:  # the data source (train.prepare)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    counts = (  # a bad data source (train.prepare) is a ConfigError: one line, exit 2
+        _run_stages(a, study, study_dir)
+        if study.get("protocol")
+        else run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
+    )
     if counts is None:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
@@ -249,25 +229,19 @@ def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple
     if not (study_dir / "study.yaml").exists():
         write_text(study_dir / "study.yaml", a.study.read_text())
     index = f"sweep-{k}-of-{n}.json"
-    try:
-        counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)
-        while counts is not None and study.get("protocol"):
-            if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
-                print(
-                    "the protocol's next stage waits until every run so far has finished; run "
-                    "this task again then"
-                )
-                break
-            stage = next_stage(study, study_dir, runs, a.set)
-            if stage is None:
-                break
-            runs = runs + stage[1]
-            counts = run_study(
-                study, stage[1][k::n], study_dir, a.workers, index, a.process_per_run
+    counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)
+    while counts is not None and study.get("protocol"):
+        if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
+            print(
+                "the protocol's next stage waits until every run so far has finished; run this "
+                "task again then"
             )
-    except ConfigError as e:  # the data source (train.prepare)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            break
+        stage = next_stage(study, study_dir, runs, a.set)
+        if stage is None:
+            break
+        runs = runs + stage[1]
+        counts = run_study(study, stage[1][k::n], study_dir, a.workers, index, a.process_per_run)
     if counts is None:
         return 130
     print(f"shard {k}/{n} finished; when every shard has: python -m lab.compare {study_dir}")

@@ -44,10 +44,15 @@ def replacing(path: Path, before_rename=None):
 def write_bytes(path: Path, data: bytes, before_rename=None) -> None:
     """Replace a file atomically and durably: a temporary file beside it, fsynced, renamed."""
     with replacing(path, before_rename) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a failed write() names no file: name the one being written
+            if e.filename is None:
+                raise OSError(e.errno, e.strerror, str(path)) from None
+            raise
 
 
 def write_text(path: Path, text: str) -> None:

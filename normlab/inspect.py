@@ -38,6 +38,13 @@ PANELS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit code 2 (as normlab's trainer and lab tools)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 class Run:
     """A monitored run as this page reads it: config, records, summary, its spikes' steps."""
 
@@ -217,8 +224,10 @@ def draw(runs: list[Run], names: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2]
+    p = Parser(
+        prog="python -m normlab.inspect",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
     )
     p.add_argument(
         "runs", nargs="+", type=Path, help="run folders (runs/<name>, a Trainer's output_dir, ...)"

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint import CheckpointError, save_durably
+from training import errors
+from training.checkpoint import save_durably
 from training.config import ConfigError
-from training.rundir import RunDir, replacing, unwritten, write_text
+from training.rundir import RunDir, replacing, write_text
 
 WINDOWS = 8  # validation windows (seq_len tokens each) the logits are compared on
 
@@ -116,7 +117,19 @@ def convert_hf(model_dir: Path, out: Path) -> list[str]:
 
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # no library noise before the one line of a refusal
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    except OSError as e:  # transformers' own "no file named ..." (no errno): a model folder's fault
+        if errors.storage_fault(e) is not None:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{model_dir} cannot be loaded as a Hugging Face model: {first}"
+        ) from None
     exact = gpt2_to_rmsnorm(copy.deepcopy(model))
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(0, model.config.vocab_size, (WINDOWS, 32), generator=gen)
@@ -131,7 +144,13 @@ def convert_hf(model_dir: Path, out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    """The command: its errors end in one line and their code (training/errors.py)."""
+    return errors.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    p = errors.Parser(
+        prog="python -m scripts.convert_norms",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -140,23 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="the run directory (with --hf: the .pt file) to write")
     p.add_argument("--hf", action="store_true", help="source is a Hugging Face GPT-2 directory")
     a = p.parse_args(argv)
+    if a.out.exists() and (a.hf and a.out.is_dir() or not a.hf and not a.out.is_dir()):
+        want = "a .pt file" if a.hf else "a run directory"
+        raise errors.BadInput(f"{a.out} is in the way: the output is {want}; choose another path")
     try:
         lines = convert_hf(a.source, a.out) if a.hf else convert_run(a.source, a.out)
-    except (ConfigError, CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except ImportError as e:
-        print(
-            f"error: --hf needs transformers ({e}); pip install -r requirements-dev.txt",
-            file=sys.stderr,
-        )
-        return 2
-    # a full disk, a read-only folder: the output appears whole or not at all
-    except Exception as e:
-        if (line := unwritten(a.out, e)) is None:
+        raise errors.BadInput(f"--hf needs transformers ({e}); pip install -r "
+                              "requirements-dev.txt") from None  # fmt: skip
+    except Exception as e:  # a full disk: the output appears whole or not at all
+        code = errors.classify(e, a.out)
+        if code is None or code[0] != errors.EXIT_STORAGE:
             raise
-        print(line, file=sys.stderr)
-        return 4
+        print(code[1], file=sys.stderr)
+        return code[0]
     print("\n".join(lines))
     return 0
 

@@ -9,24 +9,29 @@ anything else is refused with the reason. The directory appears only once it is 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
 
-from data.sources import DataError
 from model.hf import check_expressible
-from training.checkpoint import CheckpointError, load_run
+from training import errors
+from training.checkpoint import load_run
 from training.config import ConfigError, load_config
-from training.rundir import RunDir, unwritten
+from training.rundir import RunDir
 
 
 def export(run_dir: Path, out_dir: Path) -> Path:
     """Write the run's model and tokenizer to out_dir (built beside it, then renamed into place)."""
     from transformers import LlamaTokenizer
+    from transformers.utils import logging as hf_logging
 
     from model.hf import to_hf
 
+    hf_logging.set_verbosity_error()  # its progress bars and notes would come before a refusal
+    hf_logging.disable_progress_bar()
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; the export is a folder: choose another path")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(
             f"{out_dir} already exists and is not empty; choose another output directory"
@@ -55,7 +60,12 @@ def export(run_dir: Path, out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command: its errors end in one line and their code (training/errors.py)."""
+    return errors.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    p = errors.Parser(prog="python -m scripts.export_hf", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "run_dir",
         type=Path,
@@ -66,21 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         out = export(a.run_dir, a.out_dir)
-    except (ConfigError, CheckpointError, DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except ImportError as e:
-        print(
-            f"error: exporting needs transformers ({e}); pip install -r requirements-dev.txt",
-            file=sys.stderr,
-        )
-        return 2
-    # a full disk (safetensors and tokenizers wrap its OSError): the output whole or not at all
-    except Exception as e:
-        if (line := unwritten(a.out_dir, e)) is None:
+        raise errors.BadInput(f"exporting needs transformers ({e}); pip install -r "
+                              "requirements-dev.txt") from None  # fmt: skip
+    except Exception as e:  # a full disk (safetensors wraps its OSError): named by its path
+        code = errors.classify(e, a.out_dir)
+        if code is None or code[0] != errors.EXIT_STORAGE:
             raise
-        print(line, file=sys.stderr)
-        return 4
+        print(code[1], file=sys.stderr)
+        return code[0]
     print(f"exported {a.run_dir} -> {out} (AutoModelForCausalLM / AutoTokenizer.from_pretrained)")
     return 0
 

@@ -150,8 +150,10 @@ def test_sweep_refuses_workers_below_one(tmp_path, capsys, workers):
     with pytest.raises(SystemExit) as e:  # the one rule for every tool's arguments (argparse's)
         sweep([str(path), "--out", str(tmp_path / "out"), "--workers", workers])
     assert e.value.code == 2
-    said = capsys.readouterr().err.strip().splitlines()[-1]
-    assert said.endswith(f"argument --workers: {workers} must be an integer >= 1"), said
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(  # one line, not argparse's usage first
+        f"error: argument --workers: {workers} must be an integer >= 1 (see python -m lab.sweep"
+    ), said
     assert not (tmp_path / "out").exists()
 
 

@@ -271,14 +271,15 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
 def test_a_run_that_could_write_nothing_is_not_told_its_checkpoint_is_intact(
     tmp_path, capsys, data_args
 ):
-    """The run folder cannot be made (its parent is a file): the line names the error and the way
-    on without claiming a checkpoint the run never wrote; the advice it gives then works."""
+    """The run folder cannot be made (its parent is a file): bad input, not a storage fault (code 2,
+    issue 78); the line names the path and the way on without claiming a checkpoint the run never
+    wrote; once the path is free the run starts."""
     (tmp_path / "f").write_text("a file")
     args = ["--config", TINY, *data_args, "--name", "n", "train.steps=2", "train.sample_tokens=0"]
     code = train.main([*args, f"log.out_dir={tmp_path / 'f' / 'runs'}"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == EXIT_STORAGE and err[-1].startswith("error: cannot write the run's files")
-    assert "intact" not in err[-1] and "or starts the run if none was written" in err[-1], err
+    assert code == EXIT_BAD_INPUT and err[-1].startswith("error: cannot write the run's files")
+    assert "intact" not in err[-1] and "choose another log.out_dir" in err[-1], err
     (tmp_path / "f").unlink()
     (tmp_path / "f").mkdir()
     assert train.main([*args, "--resume", f"log.out_dir={tmp_path / 'f' / 'runs'}"]) == 0

@@ -383,6 +383,32 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
     assert [r["step"] for r in read_metrics(metrics)] == list(range(0, 5))
 
 
+def test_one_sigterm_inside_a_long_step_ends_the_run_within_seconds(tmp_path, data_args):
+    """One SIGTERM (what torchrun and SLURM send) during a step of ten minutes: the process ends
+    STEP_GRACE_S later, exit 130, one line; the last whole checkpoint (step 2) stays and resumes."""
+    from training.run import StopRequest
+
+    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
+           "--name", "h", "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000",
+           "train.sample_tokens=0"]  # fmt: skip
+    env = {**os.environ, "NORMLAB_KILL_AT": "step:3:hang"}  # after step 2's checkpoint
+    proc = subprocess.Popen(
+        cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    metrics, deadline = tmp_path / "h" / "metrics.jsonl", time.time() + 120
+    while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1, 2 logged
+        time.sleep(0.1)
+    time.sleep(1.0)  # step 3 inside its hang
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    took = time.time() - t0
+    assert proc.returncode == EXIT_INTERRUPTED and took < 60, (took, err[-2000:])  # of 600 s
+    assert took >= StopRequest.STEP_GRACE_S - 0.5
+    assert err.strip().splitlines()[-1].startswith("interrupted inside a step longer than 5 s")
+    assert load_checkpoint(tmp_path / "h" / "checkpoints" / "latest.pt")["step"] == 2
+
+
 def test_help_answers_before_torch_is_imported():
     """`train.py --help` at once (it took 2-5 s importing torch); it points to docs/usage.md."""
     code = (

@@ -11,8 +11,8 @@ TRAINER = ["train.py", "model", "training", "data", "fused"]
 TRAINER_PACKAGES = {"train", "model", "training", "data", "fused"}
 OUTSIDE = {"lab", "scripts", "bench", "tests", "conftest"}
 # what the lab's pipeline may import of the trainer: train.py (main, prepare, describe), the config
-# loader, and the run directory's files and what their statuses mean
-CONTRACT = {"train", "training.config", "training.rundir", "training.monitor"}
+# loader, the run directory's files and what their statuses mean, and the exit codes
+CONTRACT = {"train", "training.config", "training.rundir", "training.monitor", "training.errors"}
 
 
 def files(*roots: str) -> list[Path]:

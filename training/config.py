@@ -240,10 +240,32 @@ def merge_config(
             OmegaConf.update(exact, key, value)
         layers.append(exact)
         cfg = OmegaConf.to_object(OmegaConf.merge(*layers))
+        given = OmegaConf.to_container(OmegaConf.merge(*layers[1:])) if layers[1:] else {}
     except OmegaConfBaseException as e:
         raise ConfigError(_one_line(e)) from None
     check_numbers(cfg)
+    check_derived(cfg, flat(given))
     return cfg
+
+
+# fields other sections set (validate): one given explicitly must agree, never be overridden
+DERIVED_FROM = {"model.max_seq_len": "train.seq_len", "model.vocab_size": "data.vocab_size"}
+
+
+def check_derived(cfg: Config, given: dict) -> None:
+    """ConfigError where a config gives a derived field (DERIVED_FROM) a value its source does not
+    have: it would be replaced without a word."""
+    for key, source in DERIVED_FROM.items():
+        if key in given:
+            value, want = (
+                reduce(getattr, key.split("."), cfg),
+                reduce(getattr, source.split("."), cfg),
+            )
+            if value != want:
+                raise ConfigError(
+                    f"{key}={value} differs from {source}={want}: {key} is set from {source} "
+                    f"(one source of truth); set {source} instead"
+                )
 
 
 def check_numbers(cfg: Config) -> None:

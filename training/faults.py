@@ -1,7 +1,8 @@
 """Fault injection for the fault tests: with NORMLAB_KILL_AT=<point>:<n> set, the process kills
 itself with SIGKILL the n-th time it reaches point(<point>); <point>:<n>:enospc raises the OSError a
 full disk raises there instead, <point>:<n>:crash a RuntimeError (a bug), and <point>:<n>:stall runs
-one torch op of tens of seconds (a long step: Python's signal handlers wait for it to return). Every
+one torch op of tens of seconds (a long step: Python's signal handlers wait for it to return),
+<point>:<n>:hang a step of ten minutes. Every
 process of a torchrun job reaches the same points unless NORMLAB_FAULT_RANK=<r> names the one rank
 the fault fires on (what happens on one rank alone: its disk, its OOM kill, its bug). Unset (always,
 outside those tests), point() is a dict lookup.
@@ -42,9 +43,15 @@ def point(name: str) -> None:
     _counts[name] += 1
     if _counts[name] == int(nth or 1):
         if action == "enospc":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {name})")
+            # as a full disk's write() raises it: no file named (the writer names its target)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         if action == "crash":
             raise RuntimeError(f"injected crash at {name}")
+        if action == "hang":  # a step of ten minutes
+            import time
+
+            time.sleep(600)
+            return
         if action == "stall":  # 60 squarings of a 3000 x 3000 matrix, in one call
             import torch
 

@@ -15,14 +15,24 @@ from data.sources import DataError
 from training.checkpoint import CheckpointError
 from training.config import ConfigError
 from training.distributed import Dist, exit_now, is_shared, looks_like_lost_contact
+from training.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PEER,
+    EXIT_STORAGE,
+    path_error,
+    path_line,
+    storage_fault,
+)
 from training.rundir import RunDir
 
-EXIT_OK = 0  # finished (any status but diverged), stopped at train.stop_at, or already finished
-EXIT_BAD_INPUT = 2  # config, command line, data, checkpoint, too big a run: nothing written
-EXIT_DIVERGED = 3  # a result: logs and summary complete
-EXIT_STORAGE = 4  # the run's files could not be written: every file is the old or the new one
-EXIT_PEER = 5  # another process of the job failed first, died or hung: --resume
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: checkpoint saved, --resume
+# the codes (training/errors.py, every tool's): 0 finished (any status but diverged), stopped at
+# train.stop_at, or already finished; 2 config, command line, data, checkpoint, a path in the way,
+# too big a run: nothing written; 3 diverged, a result; 4 the OS could not store the run's files
+# (every file is the old or the new one); 5 another process of the job failed first: --resume; 130
+# Ctrl-C / SIGTERM: --resume
 AGENT_WAIT_S = 1.0  # a peer left: how long to wait for torchrun's SIGTERM (see leave)
 
 
@@ -80,8 +90,13 @@ def outcome(e: BaseException, d: Dist) -> tuple[int, str]:
         return EXIT_BAD_INPUT, named(line, e, d)
     if d.world_size > 1 and looks_like_lost_contact(e):  # a peer left first: it (or torchrun) said
         return EXIT_PEER, ""
-    if isinstance(e, OSError):  # disk full, permissions, a vanished file system: writes are atomic
-        return EXIT_STORAGE, named(storage_line(e), e, d)
+    err = storage_fault(e)
+    if err is not None:  # a full disk, a read-only or failing file system: writes are atomic
+        return EXIT_STORAGE, named(storage_line(err), e, d)
+    err = path_error(e)
+    if err is not None:  # a file where the run's folder goes, no permission: the input's fault
+        line = path_line(err).replace("error: ", "error: cannot write the run's files: ", 1)
+        return EXIT_BAD_INPUT, named(f"{line}; choose another log.out_dir", e, d)
     if not is_shared(e) or d.is_master:
         traceback.print_exception(e)
     where = "" if d.world_size == 1 else f", rank {d.rank}"
@@ -113,7 +128,7 @@ def storage_line(e: OSError) -> str:
     """What a failed write means: writes are atomic, so no file is half-written; how to go on."""
     head = f"error: cannot write the run's files: {e}"
     go_on = "--resume continues from the last checkpoint (or starts the run if none was written)"
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if e.errno == errno.EROFS:
         return f"{head}; make the run directory writable, then {go_on}; or use another log.out_dir"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"{head}; free some space, then {go_on}"

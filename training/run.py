@@ -220,9 +220,15 @@ class StopRequest:
     torchrun and its processes, and torchrun sends it on)."""
 
     GRACE_S = 1.0
+    # a request that arrives inside a step which has not ended this much later ends the process:
+    # a long step (a huge window, a slow device) would otherwise keep torchrun's or SLURM's SIGTERM
+    # waiting for minutes; the last checkpoint is whole
+    STEP_GRACE_S = 5.0
 
     def __init__(self, say: bool = True, keep_on_error: bool = False):
         self.requested, self.saved, self.say, self.first = False, None, say, None
+        self.steps = 0  # steps begun; in_step: inside one (the loop says so: step())
+        self.in_step = False
         self.keep_on_error = keep_on_error  # the handler stays when the block raises
         self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
         self._read, self._write = os.pipe()
@@ -240,20 +246,35 @@ class StopRequest:
             self.requested, now = True, time.monotonic()
             if self.first is None:
                 self.first = now
+                if self.in_step:  # if this step does not end soon, end the process
+                    timer = threading.Timer(self.STEP_GRACE_S, self._deadline, [self.steps])
+                    timer.daemon = True
+                    timer.start()
             elif now - self.first >= self.GRACE_S:
-                if self.say:
-                    kept = (
-                        "no checkpoint yet: --resume starts the run over"
-                        if self.saved is None
-                        else f"the last checkpoint (step {self.saved}) is intact: --resume "
-                        "continues from it"
-                    )
-                    # its own line after a progress bar's, and the last: nothing draws the bar again
-                    print(
-                        f"\ninterrupted again: stopped at once; {kept}", file=sys.stderr, flush=True
-                    )
-                exit_now(EXIT_INTERRUPTED)
+                self._stop_now("interrupted again")
         os.close(self._read)
+
+    def _deadline(self, step: int) -> None:
+        if self.in_step and self.steps == step:
+            self._stop_now(f"interrupted inside a step longer than {self.STEP_GRACE_S:g} s")
+
+    def _stop_now(self, why: str) -> None:
+        if self.say:
+            kept = (
+                "no checkpoint yet: --resume starts the run over"
+                if self.saved is None
+                else f"the last checkpoint (step {self.saved}) is intact: --resume continues "
+                "from it"
+            )
+            # its own line after a progress bar's, and the last: nothing draws the bar again
+            print(f"\n{why}: stopped at once; {kept}", file=sys.stderr, flush=True)
+        exit_now(EXIT_INTERRUPTED)
+
+    def step(self, inside: bool) -> None:
+        """The loop enters (True) or leaves (False) a step (its update, evaluation and record)."""
+        if inside:
+            self.steps += 1
+        self.in_step = inside
 
     def __enter__(self) -> StopRequest:
         return self

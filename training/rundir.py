@@ -240,10 +240,13 @@ def replacing(path: Path):
     try:
         try:
             yield tmp
+            faults.point("write")  # the new file complete, not yet in place
+            os.replace(tmp, path)
         except Exception as e:
-            raise storage_error(e) or e from None
-        faults.point("write")  # the new file complete, not yet in place
-        os.replace(tmp, path)
+            err = storage_error(e)
+            if err is not None and err.filename is None:  # a failed write() names no file
+                err = OSError(err.errno, err.strerror, str(path))
+            raise err or e from None
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
@@ -265,11 +268,12 @@ def unwritten(path, e: BaseException) -> str | None:
     """The one line for an output a storage fault left unwritten (a tool that builds its output
     beside it and renames it whole: nothing is left there), or None when e is no storage fault
     (libraries such as safetensors wrap a full disk's error in their own)."""
-    err = storage_error(e)
-    if err is None and "No space left on device" not in str(e):
+    from training.errors import storage_fault
+
+    err = storage_fault(e)
+    if err is None:
         return None
-    why = err.strerror if err is not None and err.strerror else "No space left on device"
-    return f"error: cannot write {path}: {why}; nothing was left there"
+    return f"error: cannot write {path}: {err.strerror or err}; nothing was left there"
 
 
 def read_json(path: Path):

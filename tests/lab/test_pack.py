@@ -8,7 +8,7 @@ from conftest import write_run
 
 from lab import runner
 from lab.pack import main, pack, parts, unpack
-from training import faults
+from training import errors, faults
 
 
 def _study(root):
@@ -51,13 +51,13 @@ def test_unpack_refuses_an_existing_folder_and_a_member_outside_the_study(tmp_pa
     study = _study(tmp_path / "studies")
     write_run(study, "a", "rmsnorm", 1e-3, 0, "ok", 3.0)
     part, _ = pack(study, tmp_path / "pending")
-    with pytest.raises(SystemExit, match="exists: unpack into a study folder"):
+    with pytest.raises(errors.BadInput, match="exists: unpack into a study folder"):
         unpack(part.parent, tmp_path / "studies")
     with tarfile.open(part.parent / "part-002.tar.xz", "w:xz") as tar:
         info = tarfile.TarInfo("elsewhere/x.txt")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(SystemExit, match="holds elsewhere/x.txt: a part holds only files"):
+    with pytest.raises(errors.BadInput, match="holds elsewhere/x.txt: a part holds only files"):
         unpack(part.parent, tmp_path / "next")
     for name in ("demo/../../escape.txt", "demo/link"):
         with tarfile.open(part.parent / "part-002.tar.xz", "w:xz") as tar:
@@ -67,11 +67,11 @@ def test_unpack_refuses_an_existing_folder_and_a_member_outside_the_study(tmp_pa
             else:
                 info.size = 1
             tar.addfile(info, io.BytesIO(b"x") if info.size else None)
-        with pytest.raises(SystemExit, match=f"holds {name}: a part holds only files"):
+        with pytest.raises(errors.BadInput, match=f"holds {name}: a part holds only files"):
             unpack(part.parent, tmp_path / "next")
         assert not (tmp_path / "escape.txt").exists()
     assert not (tmp_path / "next" / "demo").exists()  # refused before anything was written
-    with pytest.raises(SystemExit, match="not a study folder"):
+    with pytest.raises(errors.BadInput, match="not a study folder"):
         pack(tmp_path, tmp_path / "pending")
     assert main([str(study), str(tmp_path / "pending")]) == 0
     assert "no run finished since the last part" in capsys.readouterr().out
