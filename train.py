@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         distributed.agree(error)
         code, line, error = train(cfg, resume, name, d), "", None
+    except SystemExit:  # asked to end now (a scheduler's handler: submitit requeues the run)
+        raise
     except BaseException as e:  # noqa: B036  (Ctrl-C before the loop too: nothing to save)
         (code, line), error = outcome(e, d), e
     return leave(d, code, line, error)

@@ -103,18 +103,9 @@ def run_one(
     """Train (or resume) one run, in `worker` or else in a process of its own; return its index
     entry. Every launch is the same command with --resume, which starts a run that has no checkpoint
     yet and continues one that has."""
-    runs_dir, run_dir = study_dir / "runs", study_dir / "runs" / run["name"]
+    run_dir = study_dir / "runs" / run["name"]
     resumed = state(run_dir) == "resume"
-    argv = [
-        "--config",
-        study["config"],
-        "--name",
-        run["name"],
-        "--resume",
-        *run["overrides"],
-        f"log.out_dir={runs_dir}",
-        f"train.threads={threads}",
-    ]
+    argv = run_argv(run, study, study_dir, threads)
     cmd = [sys.executable, str(REPO / "train.py"), *argv]
     log = study_dir / "logs" / f"{run['name']}.log"
     t0 = time.time()
@@ -132,6 +123,28 @@ def run_one(
                 code = proc.wait()
             finally:
                 _procs.discard(proc)
+    return run_entry(run, study, run_dir, code, time.time() - t0, resumed, log)
+
+
+def run_argv(run: dict, study: dict, study_dir: Path, threads: int) -> list[str]:
+    """train.py's arguments for one run of the study: every launch is the same command with
+    --resume, which starts a run that has no checkpoint yet and continues one that has."""
+    return [
+        "--config",
+        study["config"],
+        "--name",
+        run["name"],
+        "--resume",
+        *run["overrides"],
+        f"log.out_dir={study_dir / 'runs'}",
+        f"train.threads={threads}",
+    ]
+
+
+def run_entry(
+    run: dict, study: dict, run_dir: Path, code: int, wall_s: float, resumed: bool, log: Path
+) -> dict:
+    """A run's sweep.json entry once its process (or task) ended with `code`."""
     status = RunDir(run_dir).status() or "failed"
     if code not in (0, 3, 130):  # 3: diverged (a result), 130: interrupted (resumable)
         status = "failed"
@@ -140,7 +153,7 @@ def run_one(
         "overrides": run["overrides"],
         "status": status,
         "exit_code": code,
-        "wall_time_s": round(time.time() - t0, 1),
+        "wall_time_s": round(wall_s, 1),
         "resumed": resumed,
         **({"design": study["design"]} if study.get("design") else {}),
     }

@@ -54,7 +54,22 @@ STUDY_KEYS = {
     "expected",
     "history",
     "multiples",
+    "slurm",
 }
+
+
+SLURM_KEYS = {"partition", "time_min", "cpus_per_run", "gpus_per_run", "array_parallelism"}
+
+
+def _slurm(section, where: str) -> None:
+    """The study file's `slurm:` (python -m lab.sweep --executor slurm; flags override it)."""
+    if not isinstance(section, dict) or set(section) - SLURM_KEYS:
+        raise ConfigError(f"{where}: slurm is a mapping of {', '.join(sorted(SLURM_KEYS))}")
+    for key in SLURM_KEYS - {"partition"}:
+        if key in section:
+            check_number(f"{where}: slurm.{key}", section[key], int, ">= 1")
+    if "partition" in section and not isinstance(section["partition"], str):
+        raise ConfigError(f"{where}: slurm.partition is a partition's name")
 
 
 def _once(values: list, where: str) -> None:
@@ -125,6 +140,8 @@ def load_study(path: Path) -> dict:
         study["protocol"] = parse_protocol(study["protocol"], str(path))
     else:
         study["protocol"] = None
+    if study.get("slurm") is not None:
+        _slurm(study["slurm"], str(path))
     if study.get("multiples") is not None:  # absent, not None: older studies' designs unchanged
         study["multiples"] = parse_multiples(study["multiples"], grid, str(path))
     study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))

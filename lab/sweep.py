@@ -58,6 +58,8 @@ from training import errors
 from training.config import number
 from training.rundir import write_text
 
+EXECUTORS = ("pool", "local", "slurm")  # --executor: pool here; local, slurm lab/submit.py
+
 
 def sweep(argv: list[str] | None = None) -> int:
     """python -m lab.sweep; every error one line and its code (training/errors.py): a bad study
@@ -114,8 +116,27 @@ def _sweep(argv: list[str] | None) -> int:
     p.add_argument(
         "--gpus-per-run",
         type=number(int, ">= 0"),
-        default=0,
-        help="with --slurm: GPUs per array task",
+        default=None,
+        help="with --executor slurm (or --slurm): GPUs per run (default: the study file's slurm:)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="pool",
+        help="pool: this machine's workers (default); slurm: each stage's runs as one submitit job "
+        "array (preempted or timed-out runs requeued and resumed); local: submitit's local "
+        "executor, the same path on this machine",
+    )
+    p.add_argument("--partition", default=None, help="--executor slurm: the SLURM partition")
+    p.add_argument(
+        "--time", type=number(int, ">= 1"), default=None, help="minutes a run may take (a task)"
+    )
+    p.add_argument("--cpus-per-run", type=number(int, ">= 1"), default=None)
+    p.add_argument(
+        "--array-parallelism",
+        type=number(int, ">= 1"),
+        default=None,
+        help="--executor slurm: at most this many of an array's tasks at once",
     )
     p.add_argument(
         "--set",
@@ -139,10 +160,19 @@ def _sweep(argv: list[str] | None) -> int:
     shard = parse_shard(a.shard) if a.shard else None
     if a.out.exists() and not a.out.is_dir():
         raise errors.BadInput(f"--out {a.out} is a file: give the folder studies go in")
+    flags = {
+        "partition": a.partition,
+        "time_min": a.time,
+        "cpus_per_run": a.cpus_per_run,
+        "gpus_per_run": a.gpus_per_run,
+        "array_parallelism": a.array_parallelism,
+    }  # the flags, over the study file's slurm:
+    a.options = {**(raw.get("slurm") or {}), **{k: v for k, v in flags.items() if v is not None}}
     study_dir = a.out.resolve() / study["name"]
     if a.slurm:
         extra = a.set + (["--quick"] if a.quick else [])
-        script = sbatch_script(study, a.study, a.out.resolve(), len(runs), a.gpus_per_run, extra)
+        gpus = int(a.options.get("gpus_per_run") or 0)
+        script = sbatch_script(study, a.study, a.out.resolve(), len(runs), gpus, extra)
         write_text(a.slurm, script)
         print(f"{a.slurm}: {len(runs)} array tasks; submit with: sbatch {a.slurm}")
         return 0
@@ -165,10 +195,15 @@ def _sweep(argv: list[str] | None) -> int:
     study["design"] = pin(study_dir, raw, str(a.study), a.set)
     write_text(study_dir / "study.yaml", a.study.read_text())
     t0 = time.time()
+    a.ex = None
+    if a.executor != "pool":  # submitit: its files beside the study's runs, on the shared folder
+        from lab.submit import executor
+
+        a.ex = executor(a.executor, study_dir / "submitit", study, a.options)
     counts = (  # a bad data source (train.prepare) is a ConfigError: one line, exit 2
         _run_stages(a, study, study_dir)
         if study.get("protocol")
-        else run_study(study, runs, study_dir, a.workers, process_per_run=a.process_per_run)
+        else _run(a, study, runs, study_dir)
     )
     if counts is None:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
@@ -199,9 +234,7 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
             f"{name}{'' if budget is None else f' at {budget:g} steps'}: {len(more)} more runs "
             f"({', '.join(sorted({_lr_of(r) for r in more}, key=float))})"
         )
-        more_counts = run_study(
-            study, made, study_dir, a.workers, process_per_run=a.process_per_run, running=running
-        )
+        more_counts = _run(a, study, made, study_dir, running)
         if more_counts is None:
             return None
         counts = {k: counts.get(k, 0) + more_counts.get(k, 0) for k in {*counts, *more_counts}}
@@ -212,6 +245,17 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
     else:
         mark_finished(study_dir)
     return counts
+
+
+def _run(a, study: dict, runs: list[dict], study_dir: Path, running: dict | None = None):
+    """The unfinished runs of `runs`: on this machine's workers, or as one submitit job array."""
+    if a.ex is not None:
+        from lab.submit import run_stage
+
+        return run_stage(study, runs, study_dir, a.ex, running=running)
+    return run_study(
+        study, runs, study_dir, a.workers, process_per_run=a.process_per_run, running=running
+    )
 
 
 def _lr_of(run: dict) -> str:

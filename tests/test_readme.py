@@ -64,6 +64,8 @@ SLOW = {
     MULTINODE: (
         "two machines; tests/test_sharded.py runs it as two nodes on loopback with the tiny config"
     ),
+    "python -m lab.sweep lab/studies/norm-placement-lr.yaml --executor slurm --partition gpu "
+    "--time 60": "needs a SLURM cluster; tests/lab/test_submit.py checks its submission",
     "python -m lab.sweep lab/studies/norm-placement-lr.yaml --slurm study.sbatch": (
         "writes a file into the checkout; tests/lab/test_study.py runs such an array's tasks "
         "locally"

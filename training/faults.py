@@ -2,7 +2,9 @@
 itself with SIGKILL the n-th time it reaches point(<point>); <point>:<n>:enospc raises the OSError a
 full disk raises there instead, <point>:<n>:crash a RuntimeError (a bug), and <point>:<n>:stall runs
 one torch op of tens of seconds (a long step: Python's signal handlers wait for it to return),
-<point>:<n>:hang a step of ten minutes. Every
+<point>:<n>:hang a step of ten minutes, <point>:<n>:usr2 the preemption notice a scheduler sends
+(submitit's SIGUSR2); with NORMLAB_FAULT_ONCE=<file> the fault fires in the first process that
+reaches it only (a requeued run goes on). Every
 process of a torchrun job reaches the same points unless NORMLAB_FAULT_RANK=<r> names the one rank
 the fault fires on (what happens on one rank alone: its disk, its OOM kill, its bug). Unset (always,
 outside those tests), point() is a dict lookup.
@@ -42,6 +44,14 @@ def point(name: str) -> None:
         return
     _counts[name] += 1
     if _counts[name] == int(nth or 1):
+        once = os.environ.get("NORMLAB_FAULT_ONCE")  # a file: the fault fires in one process only
+        if once:
+            if os.path.exists(once):
+                return
+            open(once, "w").close()
+        if action == "usr2":  # what a scheduler's preemption notice is (submitit's signal)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            return
         if action == "enospc":
             # as a full disk's write() raises it: no file named (the writer names its target)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
