@@ -211,13 +211,8 @@ CASES = [
         f"{PY} -m lab.redecide {C}/results/critical-lr-control",
         2,
     ),
-    ("lab.readme", "--readme missing", f"{PY} -m lab.readme --readme {C}/nope.md", 2),
-    (
-        "lab.readme",
-        "--results missing",
-        f"{PY} -m lab.readme --readme {C}/readme.md --results {C}/nope",
-        2,
-    ),
+    ("lab.readme", "--results missing", f"{PY} -m lab.readme --results {C}/nope", 2),
+    ("lab.readme", "--results is a file", f"{PY} -m lab.readme --results {C}/file", 2),
     (
         "lab.pack",
         "unpack a truncated part",

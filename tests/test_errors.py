@@ -148,8 +148,8 @@ def test_the_lab_commands(tmp_path, capsys, monkeypatch):
     (folder / "runs.json.gz").write_bytes(gzip.compress(b"[{")[:20])
     assert redecide([str(folder)]) == 2
     assert "runs.json.gz is damaged" in said(capsys)
-    assert readme(["--readme", str(tmp_path / "nope.md")]) == 2
-    assert said(capsys) == f"error: {tmp_path / 'nope.md'} is not a file"
+    assert readme(["--results", str(tmp_path / "nope")]) == 2
+    assert said(capsys) == f"error: {tmp_path / 'nope'} is not a folder"
     (tmp_path / "pending" / "q").mkdir(parents=True)
     (tmp_path / "pending" / "q" / "part-001.tar.xz").write_bytes(b"\xfd7zXZ\x00\x00" + b"0" * 50)
     assert pack(["--unpack", str(tmp_path / "pending" / "q"), "--out", str(tmp_path / "s")]) == 2
