@@ -24,35 +24,51 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def os_error(e: BaseException) -> OSError | None:
+    """The OSError behind an error (torch.save turns a full disk's OSError into a RuntimeError whose
+    context it is), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 @contextmanager
 def replacing(path: Path, before_rename=None):
     """A temporary path beside `path` (same folder, same suffix) for a writer that wants a file
     name (savefig, torch.save): renamed onto `path` when the block ends (after `before_rename()`,
-    a hook for fault injection), removed if it raised."""
+    a hook for fault injection), removed if it raised. A fault at any byte leaves the old file or
+    the new one; a failed write is the OSError behind it, naming `path` where it names no file."""
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     try:
-        yield tmp
-        if before_rename is not None:
-            before_rename()
-        os.replace(tmp, path)
+        try:
+            yield tmp
+            if before_rename is not None:
+                before_rename()
+            os.replace(tmp, path)
+        except Exception as e:
+            err = os_error(e)
+            if err is not None and err.filename is None:  # a failed write() names no file
+                err = OSError(err.errno, err.strerror, str(path))
+            raise (err or e) from None
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def write_bytes(path: Path, data: bytes, before_rename=None) -> None:
-    """Replace a file atomically and durably: a temporary file beside it, fsynced, renamed."""
+    """Replace a file atomically (a reader sees the old or the new content, never half) and
+    durably (fsynced before the rename, the rename fsynced after: a power cut leaves the old file or
+    the new one, never an empty one)."""
     with replacing(path, before_rename) as tmp:
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:  # a failed write() names no file: name the one being written
-            if e.filename is None:
-                raise OSError(e.errno, e.strerror, str(path)) from None
-            raise
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_text(path: Path, text: str) -> None:

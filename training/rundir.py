@@ -10,11 +10,12 @@ import platform
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from normlab import files
+from normlab.files import fsync_dir  # noqa: F401  (the run directory's writers use it)
 from normlab.spikes import series, spike_score, spike_steps
 from training import faults
 from training.monitor import dead_gradients_at
@@ -214,54 +215,29 @@ def summarize(
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace a file atomically (a reader sees the old or the new content, never half) and durably
-    (fsynced before the rename, the rename fsynced after: a power cut leaves the old file or the new
-    one, never an empty one)."""
+    """Replace a file atomically and durably (normlab/files.py's rule, with the fault tests' write
+    point before the rename)."""
     write_bytes(path, text.encode())
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """write_text's rule for bytes: a temporary file beside `path`, fsynced, then renamed."""
-    with replacing(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    """write_text's rule for bytes."""
+    files.write_bytes(path, data, before_rename=_write_point)
 
 
-@contextmanager
 def replacing(path: Path):
-    """A temporary path beside `path` (same folder, same suffix) for a writer that wants a file
-    name (savefig, torch.save): renamed onto `path` when the block ends, removed if it raised. A
-    fault at any byte leaves the old file or the new one; a full disk is the OSError it is
-    (storage_error)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    try:
-        try:
-            yield tmp
-            faults.point("write")  # the new file complete, not yet in place
-            os.replace(tmp, path)
-        except Exception as e:
-            err = storage_error(e)
-            if err is not None and err.filename is None:  # a failed write() names no file
-                err = OSError(err.errno, err.strerror, str(path))
-            raise err or e from None
-        fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """A temporary path beside `path` for a writer that wants a file name (savefig, torch.save),
+    renamed onto it when the block ends (normlab/files.py's rule, with the write fault point)."""
+    return files.replacing(path, before_rename=_write_point)
+
+
+def _write_point() -> None:
+    faults.point("write")  # the new file complete, not yet in place
 
 
 def storage_error(e: BaseException) -> OSError | None:
-    """The OSError behind an error (torch.save turns a full disk's OSError into a RuntimeError whose
-    context it is), or None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, OSError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+    """The OSError behind an error (normlab/files.py os_error), or None."""
+    return files.os_error(e)
 
 
 def unwritten(path, e: BaseException) -> str | None:
@@ -285,15 +261,6 @@ def read_json(path: Path):
         raise ValueError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not valid JSON (not UTF-8 text)") from None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the renames inside directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_json(path: Path, obj: dict) -> None:
