@@ -337,6 +337,22 @@ def test_wandb_offline_writes_run_files_and_disabled_imports_nothing(tmp_path, d
 
 
 @pytest.mark.slow
+def _inside_a_long_step(tmp_path, data_args, name: str, fault: str):
+    """train.py with step 3 made long by a fault (`stall`: one torch op of tens of seconds; `hang`:
+    ten minutes), once steps 0 (L0), 1 and 2 are logged: (the process, its metrics file)."""
+    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
+           "--name", name, "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000",
+           "train.sample_tokens=0"]  # fmt: skip
+    env = {**os.environ, "NORMLAB_KILL_AT": f"step:3:{fault}"}  # after step 2's checkpoint
+    proc = subprocess.Popen(
+        cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    metrics, deadline = tmp_path / name / "metrics.jsonl", time.time() + 120
+    while len(read_metrics(metrics)) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+    return proc, metrics
+
+
 def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(
     tmp_path, data_args
 ):
@@ -344,27 +360,7 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
     to return), then SIGTERM again: the process ends at once (it went on to the end of the step
     before; `timeout` did not stop such a run in 23 minutes, issue 42), exit 130, one line saying
     so; the last checkpoint is intact and resumes."""
-    cmd = [
-        sys.executable,
-        "train.py",
-        "--config",
-        TINY,
-        f"log.out_dir={tmp_path}",
-        *data_args,
-        "--name",
-        "s",
-        "train.steps=50",
-        "train.checkpoint_every=1",
-        "train.eval_every=1000",
-        "train.sample_tokens=0",
-    ]
-    env = {**os.environ, "NORMLAB_KILL_AT": "step:3:stall"}  # after step 2's checkpoint
-    proc = subprocess.Popen(
-        cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    metrics, deadline = tmp_path / "s" / "metrics.jsonl", time.time() + 120
-    while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1, 2 logged
-        time.sleep(0.1)
+    proc, metrics = _inside_a_long_step(tmp_path, data_args, "s", "stall")
     time.sleep(1.0)  # step 2's checkpoint written, step 3 inside its stall
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.5)  # a second signal, not the first one sent again
@@ -388,16 +384,7 @@ def test_one_sigterm_inside_a_long_step_ends_the_run_within_seconds(tmp_path, da
     STEP_GRACE_S later, exit 130, one line; the last whole checkpoint (step 2) stays and resumes."""
     from training.run import StopRequest
 
-    cmd = [sys.executable, "train.py", "--config", TINY, f"log.out_dir={tmp_path}", *data_args,
-           "--name", "h", "train.steps=50", "train.checkpoint_every=1", "train.eval_every=1000",
-           "train.sample_tokens=0"]  # fmt: skip
-    env = {**os.environ, "NORMLAB_KILL_AT": "step:3:hang"}  # after step 2's checkpoint
-    proc = subprocess.Popen(
-        cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    metrics, deadline = tmp_path / "h" / "metrics.jsonl", time.time() + 120
-    while len(read_metrics(metrics)) < 3 and time.time() < deadline:  # steps 0 (L0), 1, 2 logged
-        time.sleep(0.1)
+    proc, metrics = _inside_a_long_step(tmp_path, data_args, "h", "hang")
     time.sleep(1.0)  # step 3 inside its hang
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
