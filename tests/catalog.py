@@ -216,7 +216,7 @@ CASES = [
     (
         "lab.pack",
         "unpack a truncated part",
-        f"{PY} -m lab.pack --unpack {C}/pending/quick --out {C}/studies",
+        f"{PY} -m lab.pack --unpack {C}/pending/quick --out {C}/unpacked",
         2,
     ),
     (
