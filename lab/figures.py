@@ -143,7 +143,9 @@ def figures(res, out: Path) -> list[tuple[str, str]]:
     loss_vs_lr(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
     sensitivity_by_axis(plt, res, out, made)
-    return sorted(made, key=lambda m: m[0] != "stability_map.png")
+    multiples_figure(plt, res, out, made)
+    first = "multiples.png" if res.file.multiples else "stability_map.png"
+    return sorted(made, key=lambda m: m[0] != first)
 
 
 def result_figures(res, out: Path) -> list[tuple[str, str]]:
@@ -160,7 +162,49 @@ def result_figures(res, out: Path) -> list[tuple[str, str]]:
         draw(plt, res, colors, out, made)
     trend_figure(plt, res, out, made)
     sensitivity_by_axis(plt, res, out, made)
+    multiples_figure(plt, res, out, made)
     return made
+
+
+def multiples_figure(plt, res, out: Path, made: list) -> None:
+    """A multiples study (lab/multiples.py): per test pair a panel of every seed's final loss
+    against the multiple of its arm's best LR, both arms side by side and the yardstick's pair in
+    grey; an unstable run drawn as an x at the top, the arms' medians joined."""
+    from lab.multiples import _of, factor
+
+    spec = res.file.multiples
+    tests = [p for p in spec.compare if p.role == "test"] if spec else []
+    if not tests:
+        return
+    pairs = {p.name: p for p in spec.compare}
+    fig, axes = plt.subplots(1, len(tests), figsize=(5.5 * len(tests), 4.2), squeeze=False)
+    top = max(r.final for r in res.runs if r.final is not None and math.isfinite(r.final))
+    for ax, test in zip(axes[0], tests, strict=True):
+        sides = [(test.a, "#1f77b4", -0.06), (test.b, "#d62728", 0.06)]
+        yard = pairs.get(test.yardstick)
+        if yard is not None:
+            sides += [(yard.a, "#7f7f7f", -0.02), (yard.b, "#bdbdbd", 0.02)]
+        differ = [k for k, _ in sides[0][0] if len({dict(a)[k] for a, _, _ in sides}) > 1]
+        for arm, color, shift in sides:
+            runs = [r for r in _of(res.runs, arm) if r.finished]
+            label = ", ".join(f"{k.split('.')[-1]}={dict(arm)[k]}" for k in differ)
+            medians = []
+            for f in spec.factors:
+                at = [r for r in runs if factor(r, spec) == f]
+                ok = [r.final for r in at if r.why is None]
+                bad = [r for r in at if r.why is not None]
+                x = f * 10**shift
+                ax.plot([x] * len(ok), ok, "o", color=color, ms=3, alpha=0.5)
+                ax.plot([x] * len(bad), [top + 0.05] * len(bad), "x", color=color, ms=5)
+                medians.append(sorted(ok)[len(ok) // 2] if ok else None)
+            xs = [f * 10**shift for f, m in zip(spec.factors, medians, strict=True) if m]
+            ax.plot(xs, [m for m in medians if m], "-", color=color, lw=1.2, label=label)
+        _axes(ax, "x its arm's best LR", "final val loss (x: unstable)", test.name, logx=True)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{res.file.name}: every seed at each multiple of its arm's best LR")
+    _save(
+        fig, out / "multiples.png", made, "Final loss of every seed at each multiple of the best LR"
+    )
 
 
 MAX_PANELS = 8

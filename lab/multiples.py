@@ -12,8 +12,8 @@ LR"): a study file's `multiples:` runs each arm at its best LR times each factor
       sds of their per-seed differences, its 95% interval from the F distribution; below SD_MARGIN
       "no more than identical", above 1 "more than identical", else "cannot tell";
   and the smallest mean difference the yardstick's spread lets n seeds resolve (80% power).
-One Holm family: every test pair's (a) and (b) at every factor, each p the smaller of its two
-one-sided decisions doubled."""
+One Holm family: every test pair's (a) and (b) at every factor (a test the runs cannot make is in it
+with p = 1), each p the smaller of its two one-sided decisions doubled."""
 
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def outcomes(runs: list[Run], spec: Multiples, keys: list[str]) -> list[dict]:
             k = kind_of(r)
             kinds[k] = kinds.get(k, 0) + 1
         finals = [r.final for r in rs if r.final is not None and math.isfinite(r.final)]
+        energy = [e for e in map(mean_energy, rs) if e is not None]
+        dim = rs[0].config.get("model.dim")
         out.append(
             {
                 "arm": dict(arm),
@@ -89,9 +91,31 @@ def outcomes(runs: list[Run], spec: Multiples, keys: list[str]) -> list[dict]:
                 "kinds": dict(sorted(kinds.items())),
                 "unstable": sum(1 for r in rs if r.why is not None),
                 "median_final": statistics.median(finals) if finals else None,
+                # what the norms receive at the end: the share of its energy in the mean direction
+                # (1 / dim by chance), each run's last logged value over its blocks, 95% t CI
+                "mean_energy": _mean_ci(energy),
+                "chance": 1 / dim if dim else None,
             }
         )
     return out
+
+
+def mean_energy(run: Run) -> float | None:
+    """The run's last logged norm_in/mean_energy/layer_{i}, averaged over its blocks."""
+    for r in reversed(run.records):
+        values = [v for k, v in r.items() if k.startswith("norm_in/mean_energy/layer_")
+                  and k.count("/") == 2 and v is not None]  # fmt: skip
+        if values:
+            return statistics.fmean(values)
+    return None
+
+
+def _mean_ci(values: list[float]) -> dict | None:
+    if len(values) < 2:
+        return None
+    m, se = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+    t = float(st.t.ppf(0.975, len(values) - 1))
+    return {"mean": m, "ci": [m - t * se, m + t * se], "n": len(values)}
 
 
 def _losses(runs: list[Run], f: float, spec: Multiples) -> dict:
@@ -181,15 +205,15 @@ def _sd(d: dict) -> float | None:
 
 def _decide(rows: list[dict], margin: float) -> None:
     """Holm over every test pair's mean and spread decisions; each row's verdicts."""
-    family = []
-    for row in rows:
-        if row["role"] != "test":
-            continue
-        if row.get("p_mean") is not None:
-            family.append((row, "mean"))
-        if (row.get("spread") or {}).get("p") is not None:
-            family.append((row, "spread"))
-    adjusted = holm([r["p_mean"] if what == "mean" else r["spread"]["p"] for r, what in family])
+    # the pre-registered family: every test pair's mean and spread at every factor; a test the runs
+    # cannot make (unstable runs in its yardstick, no spread) is in it with p = 1
+    family = [(row, what) for row in rows if row["role"] == "test" for what in ("mean", "spread")]
+    adjusted = holm(
+        [
+            (row.get("p_mean") if what == "mean" else (row.get("spread") or {}).get("p")) or 1.0
+            for row, what in family
+        ]
+    )
     for (row, what), p in zip(family, adjusted, strict=True):
         row[f"holm_{what}"] = p
     for row in rows:
@@ -220,16 +244,21 @@ def table(rows: list[dict], outcome_rows: list[dict], spec: Multiples) -> list[s
         f"{', '.join(f'{f:g}' for f in spec.factors)}; a slow run (still falling at its end) is "
         "not a failure (lab/multiples.py).",
         "",
-        "| arm | x best LR | LR | runs | trained | slow | unstable (kinds) | median final |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | x best LR | LR | runs | trained | slow | unstable (kinds) | median final | "
+        "norm inputs' mean-energy share (95% CI; chance) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in outcome_rows:
         arm = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in r["arm"].items())
         kinds = {k: v for k, v in r["kinds"].items() if k not in ("trained", "slow")}
         shown = ", ".join(f"{v} {k}" for k, v in kinds.items()) or "0"
+        e = r.get("mean_energy")
+        energy = f"{e['mean']:.3g} ({e['ci'][0]:.3g}-{e['ci'][1]:.3g})" if e else "-"
+        energy += f"; {r['chance']:.3g}" if r.get("chance") else ""
         out.append(
             f"| {arm} | {r['factor']:g} | {r['lr']:.3g} | {r['n']} | {r['kinds'].get('trained', 0)}"
-            f" | {r['kinds'].get('slow', 0)} | {shown} | {_fmt(r['median_final'], '.3f')} |"
+            f" | {r['kinds'].get('slow', 0)} | {shown} | {_fmt(r['median_final'], '.3f')} | "
+            f"{energy} |"
         )
     if rows:
         out += [
