@@ -18,6 +18,7 @@ from training.rundir import read_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "lab" / "results"
+AGAIN = "decided-again.yaml"  # in the results folder: an older claim a later study decides again
 
 
 def fields(label: str, keys: list[str]) -> dict[str, str]:
@@ -148,11 +149,68 @@ def index(results: Path) -> str:
                     f"| {c['says']} ({c['paper']}) | {versus(c, read['arm_keys'])} | "
                     f"**{c['agreement']}** | {effect(c)} | {n_of(c)} | {p} |"
                 )
+        lines += again_lines(name, read.get("claims", []), results)
         lines += critical_rows(r)
         lines += multiples_rows(r)
         for w in r.get("withdrawn", []):
             lines.append(f"\n- withdrawn: {w['says']} ({w['paper']}): {w['why']}")
     return "\n".join(lines) + "\n"
+
+
+def decided_again(results: Path) -> list[dict]:
+    """The results folder's decided-again.yaml: entries {old, new, says, why}, each an older
+    study's claim (by its words) that a later study file decides again; [] where there is none."""
+    path = results / AGAIN
+    if not path.is_file():
+        return []
+    import yaml
+
+    entries = yaml.safe_load(path.read_text()) or []
+    for e in entries:
+        missing = {"old", "new", "says", "why"} - set(e)
+        if missing:
+            raise errors.BadInput(f"{path}: an entry lacks {sorted(missing)}: {e}")
+    return entries
+
+
+def claim_of(results: Path, study: str, says: str) -> dict | None:
+    """A study's reported claim with these words, read at its longest budget; None before its
+    report exists."""
+    path = results / study / "report.json"
+    if not path.is_file():
+        return None
+    found = [c for c in at_longest(read_json(path)).get("claims", []) if c["says"] == says]
+    if not found:
+        raise errors.BadInput(f"{results / AGAIN}: {study} reports no claim '{says}'")
+    return found[0]
+
+
+def again_lines(name: str, claims: list[dict], results: Path) -> list[str]:
+    """Under a study's claims: which of them a later study decided again, and which verdict
+    stands (the later one, its LR chosen so that the choice cannot decide it); under the later
+    study, what the older one said."""
+    out = []
+    for e in decided_again(results):
+        if e["old"] == name:
+            new = claim_of(results, e["new"], e["says"])
+            if new is None:
+                out.append(
+                    f"- '{e['says']}' is being decided again in {e['new']} ({e['why']}); its runs "
+                    "have not finished, and until they do this verdict is not to be relied on."
+                )
+            else:
+                out.append(
+                    f"- '{e['says']}' was decided again in [{e['new']}]({e['new']}/report.md) "
+                    f"({e['why']}): **{new['agreement']}**, {effect(new)}, {n_of(new)}. That "
+                    "verdict stands; this one does not."
+                )
+        elif e["new"] == name and any(c["says"] == e["says"] for c in claims):
+            old = claim_of(results, e["old"], e["says"])
+            out.append(
+                f"- '{e['says']}' decides again [{e['old']}]({e['old']}/report.md)'s claim, "
+                f"which said **{old['agreement']}** ({effect(old)}): this verdict stands."
+            )
+    return [""] + out if out else []
 
 
 def critical_rows(report: dict) -> list[str]:

@@ -231,3 +231,50 @@ def test_the_index_lists_each_paired_critical_lr_finding():
         "| lr_factor; known x1.3 | **differs** | 1.30 (1.13-1.49) | 12 |"
         in critical_rows({"critical": [known]})[-1]
     )
+
+
+def test_a_claim_decided_again_shows_which_verdict_stands(tmp_path):
+    """decided-again.yaml names an older claim a later study decides again: before the later
+    report the older verdict is marked not to be relied on; after it, both studies show both
+    verdicts and the later one stands."""
+    import yaml
+
+    def study(name, agreement, mean):
+        (tmp_path / name).mkdir()
+        c = _claim("best_loss", "hybrid", "pre", agreement, expect="lower", mean=mean)
+        r = {"name": name, "about": f"{name}?", "runs": 8, "arm_keys": ["model.placement"]}
+        (tmp_path / name / "report.json").write_text(json.dumps(r | {"claims": [c]}))
+
+    study("old", "agrees", -0.02)
+    entry = {"old": "old", "new": "new", "says": "S", "why": "a seed was left out"}
+    (tmp_path / "decided-again.yaml").write_text(yaml.safe_dump([entry]))
+    text = index(tmp_path)
+    assert "- 'S' is being decided again in new (a seed was left out)" in text
+    assert "not to be relied on" in text
+    study("new", "cannot tell", 0.001)
+    text = index(tmp_path)
+    new_part, old_part = text.split("## [old]")  # sorted by name: new first
+    assert "was decided again in [new](new/report.md)" in old_part
+    assert (
+        "**cannot tell**, +0.001 (-0.010..+0.030) nats, 12 seeds. That verdict stands" in old_part
+    )
+    assert "decides again [old](old/report.md)'s claim, which said **agrees**" in new_part
+    (tmp_path / "decided-again.yaml").write_text(yaml.safe_dump([entry | {"says": "T"}]))
+    r = _run(tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "decided-again.yaml: new reports no claim 'T'" in r.stderr
+
+
+def test_the_committed_decided_again_entries_name_real_claims():
+    """Every committed entry names an older study's reported claim and a later study file that
+    asks the same claim in the same words."""
+    import yaml
+
+    results = REPO / "lab" / "results"
+    entries = yaml.safe_load((results / "decided-again.yaml").read_text())
+    assert len(entries) == 4
+    for e in entries:
+        old = json.loads((results / e["old"] / "report.json").read_text())
+        assert e["says"] in [c["says"] for c in old["claims"]]
+        new = yaml.safe_load((REPO / "lab" / "studies" / f"{e['new']}.yaml").read_text())
+        assert e["says"] in [c["says"] for c in new["claims"]]
