@@ -142,3 +142,29 @@ def test_the_answer_is_three_short_sentences_in_a_practitioners_words():
 @pytest.mark.parametrize("word", ["RMSNorm", "LayerNorm", "post-norm", "pre-norm"])
 def test_the_answer_names_what_it_compares(word):
     assert word in " ".join(FOUND.split("\n\n")[:3])
+
+
+def test_the_edges_sentence_is_the_speed_free_rejudging():
+    """Pre-norm's old edges were slow runs, post-norm's collapses; post-norm's LR50 ratio judged
+    speed-free: the numbers of lab/results/speed-free.json."""
+    (crit,) = [s for s in json.loads((RESULTS / "speed-free.json").read_text())
+               if s["study"] == "critical-lr"]  # fmt: skip
+    pre, post = crit["placements"]["pre"], crit["placements"]["post"]
+    assert f"{pre['new']['slow']} of its {pre['edge_runs']} edge runs were slow" in TEXT
+    assert f"collapses ({post['new']['collapsed']} of {post['edge_runs']})" in TEXT
+    z = "zero_mean_writers=False"
+    (r,) = [r for r in crit["ratios"] if r["a"] == f"rmsnorm/post/{z}"]
+    free = r["speed-free"]
+    assert free["identified"]
+    lo, hi = free["ci"]
+    assert f"LR50 over LayerNorm's is x{free['ratio']:.2f} ({lo:.2f}-{hi:.2f})" in TEXT
+
+
+def test_the_spread_above_the_best_lr_is_the_reports():
+    """Pre-norm's RMSNorm - LayerNorm at 3.2x and 5.6x: its sd against 1x's, undecided; at 10x
+    its difference, neither different nor equivalent."""
+    at = {f: pair("pre-norm: RMSNorm - LayerNorm", f) for f in (1.0, 3.1623, 5.6234, 10.0)}
+    assert all(at[f]["verdict"] == "cannot tell" for f in (3.1623, 5.6234, 10.0))
+    sds = f"sd {at[3.1623]['sd']:.2f} and {at[5.6234]['sd']:.2f} nats, against {at[1.0]['sd']:.2f}"
+    assert sds in TEXT
+    assert f"at 10x it is {nats(at[10.0])}" in TEXT
