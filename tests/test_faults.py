@@ -73,7 +73,9 @@ POINTS = ["start", "config", "step", "log", "eval", "checkpoint", "checkpoint_sw
 
 
 @pytest.mark.slow
-def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, corpus_file):
+def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(
+    tmp_path, corpus_file, prepared
+):
     """SIGKILL at 12 moments: random times in start-up (imports, data preparation, kernel loading)
     and every named point of a run (config written, steps, metrics records, evals, mid-checkpoint,
     between the checkpoint renames, before the summary), each followed by the same command, as a
@@ -96,7 +98,8 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(tmp_path, c
     ]
     env = {k: v for k, v in os.environ.items() if k != "NORMLAB_KILL_AT"} | {"OMP_NUM_THREADS": "1"}
     ref = subprocess.run(
-        [*common, "--name", "ref", f"log.out_dir={tmp_path}", f"data.root={tmp_path / 'd0'}"],
+        # the reference on the session's copy of the same data (preparing is deterministic)
+        [*common, "--name", "ref", f"log.out_dir={tmp_path}", f"data.root={prepared.parent}"],
         cwd=train.REPO,
         env=env,
         capture_output=True,
@@ -366,7 +369,8 @@ SWEEP_STEPS = (
 )
 
 
-def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
+def _sweep_cmd(tmp_path, data_args, steps=SWEEP_STEPS):
+    """A two-run sweep on the session's prepared corpus (its preparation is not under test)."""
     study = tmp_path / "s.yaml"
     study.write_text(
         f"name: s\nconfig: {TINY}\n"
@@ -382,10 +386,7 @@ def _sweep_cmd(tmp_path, corpus_file, steps=SWEEP_STEPS):
         str(tmp_path / "out"),
         "--no-report",
         "--set",
-        f"data.source=text:{corpus_file}",
-        f"data.root={tmp_path / 'd'}",
-        "data.vocab_size=320",
-        "data.val_fraction=0.1",
+        *(a for a in data_args if a.startswith("data.")),
     ]
 
 
@@ -406,8 +407,8 @@ def _wait_for(predicate, seconds=120):
 
 
 @pytest.mark.slow
-def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_file):
-    cmd = _sweep_cmd(tmp_path, corpus_file)
+def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, data_args):
+    cmd = _sweep_cmd(tmp_path, data_args)
     study_dir = tmp_path / "out" / "s"
     # started as a background job of a script is (SIGINT ignored, inherited): the sweep must still
     # stop on kill -INT
@@ -438,10 +439,10 @@ def test_sweep_interrupt_stops_its_runs_and_a_rerun_continues(tmp_path, corpus_f
 
 
 @pytest.mark.slow
-def test_a_second_interrupt_stops_a_sweep_at_once_in_one_line(tmp_path, corpus_file):
+def test_a_second_interrupt_stops_a_sweep_at_once_in_one_line(tmp_path, data_args):
     """Ctrl-C twice: the first asks the runs to stop at a checkpoint, the second ends the sweep at
     once with exit 130 and one line, no traceback; its files are whole and a rerun finishes."""
-    cmd = _sweep_cmd(tmp_path, corpus_file)
+    cmd = _sweep_cmd(tmp_path, data_args)
     study_dir = tmp_path / "out" / "s"
     sweep = subprocess.Popen(
         cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -460,8 +461,8 @@ def test_a_second_interrupt_stops_a_sweep_at_once_in_one_line(tmp_path, corpus_f
 
 
 @pytest.mark.slow
-def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, corpus_file):
-    cmd = _sweep_cmd(tmp_path, corpus_file)
+def test_sweep_worker_killed_mid_run_is_resumed_by_the_rerun(tmp_path, data_args):
+    cmd = _sweep_cmd(tmp_path, data_args)
     study_dir = tmp_path / "out" / "s"
     sweep = subprocess.Popen(
         cmd, cwd=train.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
