@@ -7,6 +7,7 @@ changed after any of its results says so."""
 from __future__ import annotations
 
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -74,13 +75,21 @@ def _changed(before: dict, after: dict) -> list[str]:
 def edits(name: str, repo: Path = REPO) -> list[str]:
     """One line per commit that changed the study file after its first committed result; [] without
     git."""
+    head = _git("rev-parse", "HEAD", repo=repo)
+    return [] if head is None else list(_edits(name, repo, head.strip()))
+
+
+@lru_cache(maxsize=256)
+def _edits(name: str, repo: Path, head: str) -> tuple[str, ...]:
+    """edits() at commit `head`: read once per process (six `git log --follow` over the whole
+    history, ~0.1 s each; a lab command or a test session asks for the same study many times)."""
     results = [
         r
         for f in ("report.md", "runs.json", "runs.json.gz", "report.json", "decision.md")
         for r in _follow(f"lab/results/{name}/{f}", repo)
     ]
     if not results:
-        return []
+        return ()
     first = min(results, key=lambda r: r[1])
     rows = _follow(f"lab/studies/{name}.yaml", repo)
     lines = []
@@ -100,7 +109,7 @@ def edits(name: str, repo: Path = REPO) -> list[str]:
             f"first results committed in {first[0][:7]} ({first[2]}); "
             "the study file changed since:",
         )
-    return lines
+    return tuple(lines)
 
 
 def history(name: str, notes: list | None, repo: Path = REPO) -> list[str]:
