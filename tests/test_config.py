@@ -44,6 +44,14 @@ def test_a_file_parsed_once_still_reads_its_edits_and_no_result_leaks_into_the_n
     assert again.model.dim == 48 and again.model.norm_options == {"dyt": {"alpha_attn": 0.5}}
     path.write_text(base + "model: {dim: 64, norm_options: {dyt: {alpha_attn: 0.5}}}\n")
     assert load_config(path).model.dim == 64
+    # the same file and overrides again (merged once a process): a fresh, unchanged result
+    same = load_config(path, ["model.norm_options.dyt.alpha_attn=0.25"])
+    same.model.norm_options["dyt"]["alpha_attn"], same.optim.lr = 9.0, 1.0
+    again = load_config(path, ["model.norm_options.dyt.alpha_attn=0.25"])
+    assert again.model.norm_options == {"dyt": {"alpha_attn": 0.25}} and again.optim.lr == 3e-3
+    assert load_config(path, values={"train.steps": 1}).train.steps == 1
+    with pytest.raises(ConfigError, match="train.steps"):  # True == 1, but not a step count
+        load_config(path, values={"train.steps": True})
 
 
 @pytest.mark.parametrize(

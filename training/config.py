@@ -8,6 +8,7 @@ allowed."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import io
@@ -173,7 +174,8 @@ def _load_yaml(path: Path, seen: tuple = ()):
     if path.resolve() in seen:
         raise ConfigError(f"config {str(path)!r} includes itself through 'base'")
     try:
-        node, base = _parse(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        node, base = _parse(text)
     except yaml.MarkedYAMLError as e:  # file:line:column of the fault, then what it is
         mark, ctx = e.problem_mark or e.context_mark, e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -202,8 +204,8 @@ def _load_yaml(path: Path, seen: tuple = ()):
                 f"{key}: {{...}}, got {value!r}"
             )
     if base is None:
-        return [node]
-    return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [node]
+        return [text]
+    return _load_yaml(path.parent / base, seen + (path.resolve(),)) + [text]
 
 
 def load_config(
@@ -226,13 +228,27 @@ def merge_config(
     path: str | Path | None = None, overrides: list[str] | tuple = (), values: dict | None = None
 ) -> Config:
     """load_config's layers merged, not yet validated: its errors (a missing file, bad YAML, an
-    unknown key, a wrong type) come before torch is imported."""
-    layers = [_schema()]
-    if path:
-        layers += _load_yaml(Path(path))
+    unknown key, a wrong type) come before torch is imported. The texts of the file and its bases
+    are read on every call; the merge of the same texts and overrides is made once a process (a
+    study loads a config for each of its runs: most of the cost is OmegaConf's merge)."""
+    texts = tuple(_load_yaml(Path(path))) if path else ()
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"expected key=value overrides (e.g. optim.lr=3e-3), got {bad[0]!r}")
+    # repr: 1, 1.0 and True are equal keys but different values
+    key = (texts, tuple(overrides), tuple((k, repr(v)) for k, v in (values or {}).items()))
+    if key not in _MERGED:
+        if len(_MERGED) >= 4096:
+            _MERGED.clear()
+        _MERGED[key] = _merge(texts, overrides, values)
+    return copy.deepcopy(_MERGED[key])  # validate() and callers change their copy
+
+
+_MERGED: dict[tuple, Config] = {}
+
+
+def _merge(texts: tuple[str, ...], overrides, values: dict | None) -> Config:
+    layers = [_schema(), *(_parse(text)[0] for text in texts)]
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         exact = OmegaConf.create()
