@@ -11,6 +11,7 @@ config field the code gained since, at its default, is no change: the runs it ma
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -30,13 +31,27 @@ def design_of(study: dict) -> dict:
     # pinned worktree, a moved clone) is not the design
     body["config"] = Path(study["config"]).name
     config = flat(to_dict(load_config(study["config"], flatten(study.get("overrides") or {}))))
-    text = json.dumps({"study": body, "config": config}, sort_keys=True, default=str)
+    text = json.dumps({"study": body, "config": config}, sort_keys=True, default=_written)
     return {
         "hash": hashlib.sha256(text.encode()).hexdigest()[:12],
-        "study": json.loads(json.dumps(body, default=str)),
+        "study": json.loads(json.dumps(body, default=_written)),
         "config": json.loads(json.dumps(config, default=str)),
         "notes": len(study.get("history") or []),
     }
+
+
+def _written(value) -> str:
+    """A parsed section of the study file (Multiples, Rule, ...) as its repr, less the fields marked
+    `added` in their metadata while they hold their defaults: a field the engine gained since, at
+    its default, changes no run (as a training config field does not)."""
+    if not dataclasses.is_dataclass(value):
+        return str(value)
+    shown = [
+        f"{f.name}={getattr(value, f.name)!r}"
+        for f in dataclasses.fields(value)
+        if f.repr and not (f.metadata.get("added") and getattr(value, f.name) == f.default)
+    ]
+    return f"{type(value).__qualname__}({', '.join(shown)})"
 
 
 def _defaults() -> dict:

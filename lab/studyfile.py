@@ -10,7 +10,6 @@ results still reads)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -212,8 +211,9 @@ class Multiples:
     factors: tuple
     best_lr: tuple  # ((fields, lr), ...): the arms whose grid values include all the fields
     chosen: str
-    # the pre-registered pairs, compared at each factor (lab/multiples.py): Pair, ...
-    compare: tuple = ()
+    # the pre-registered pairs, compared at each factor (lab/multiples.py): Pair, ...; added after
+    # the first multiples study's runs (lab/design.py leaves it out of a design while it is empty)
+    compare: tuple = field(default=(), metadata={"added": "issue 76"})
 
     def lr(self, combination: dict) -> float:
         """The best LR of the arm a grid combination belongs to (exactly one entry matches)."""
@@ -445,25 +445,13 @@ class Protocol:
     critical: Critical | None = None  # per-seed critical LRs by bisection; None: none
     # the common LR: "bound" (P(fail)'s upper 95% bound < 5%) or "fitted" (both point estimates
     # < 5% and each arm's loss within common_within nats of its best; lab/protocol.py common_lr)
-    common_rule: str = "bound"
-    common_within: float = 0.1
+    # (these three were added after designs were first recorded: lab/design.py leaves each out of
+    # a design while it holds its default)
+    common_rule: str = field(default="bound", metadata={"added": "issue 76"})
+    common_within: float = field(default=0.1, metadata={"added": "issue 76"})
     # a loss claim's failed runs: "dropped" from the pairs, or "worst" (kept as the worst outcome,
     # decided by a rank test where any failed)
-    failed_runs: str = "dropped"
-
-    def __repr__(self) -> str:
-        """The dataclass's repr without the fields added since designs were first recorded, where
-        they are at their defaults (a study file's design, lab/design.py, hashes this text: a
-        field the code gained, at its default, changes no run)."""
-        shown = [
-            f"{f.name}={getattr(self, f.name)!r}"
-            for f in dataclasses.fields(self)
-            if f.name not in LATER_FIELDS or getattr(self, f.name) != f.default
-        ]
-        return f"Protocol({', '.join(shown)})"
-
-
-LATER_FIELDS = {"common_rule", "common_within", "failed_runs"}
+    failed_runs: str = field(default="dropped", metadata={"added": "issue 76"})
 
 
 @dataclass(frozen=True)

@@ -168,3 +168,59 @@ def test_the_spread_above_the_best_lr_is_the_reports():
     sds = f"sd {at[3.1623]['sd']:.2f} and {at[5.6234]['sd']:.2f} nats, against {at[1.0]['sd']:.2f}"
     assert sds in TEXT
     assert f"at 10x it is {nats(at[10.0])}" in TEXT
+
+
+def test_where_pre_norm_becomes_unstable_is_the_reports():
+    """pre-edge-length's numbers in the statistics: counts from report.json, the paired test from
+    the committed runs judged by the study's rule, Fisher's test from the counts."""
+    from scipy.stats import binomtest, fisher_exact
+
+    from lab.archive import archived_runs
+    from lab.multiples import kind_of
+    from lab.read import judge
+    from lab.studyfile import load_study
+
+    rows = report("pre-edge-length")["multiples"]["outcomes"]
+
+    def cells(factor, steps=(300, 1000), norm=None):
+        return [
+            o
+            for o in rows
+            if o["factor"] == factor and o["arm"]["train.steps"] in steps
+            and norm in (None, o["arm"]["model.norm"])
+        ]  # fmt: skip
+
+    calm = cells(10.0) + cells(17.783)
+    n = sum(c["n"] for c in calm)
+    assert sum(c["unstable"] for c in calm) == 0
+    high = 100 * beta.ppf(0.975, 1, n)
+    assert f"none of {n} runs was unstable in 300 or 1000 steps (95% CI 0-{high:.1f}%)" in TEXT
+    study = RESULTS.parent / "studies" / "pre-edge-length.yaml"
+    runs = judge(archived_runs(RESULTS / "pre-edge-length", study), load_study(study)["rule"])
+    (unigram,) = {round(r.summary["unigram_entropy"], 2) for r in runs}
+    finals = sorted(c["median_final"] for c in cells(10.0, (1000,)))
+    assert (
+        f"(median {finals[0]:.2f}-{finals[-1]:.2f} nats, word frequencies alone {unigram:.2f})"
+        in TEXT
+    )
+    assert finals[-1] > unigram - 0.25  # not learned past them: within the study's learn margin
+    short, long = (sum(c["unstable"] for c in cells(31.623, (s,))) for s in (300, 1000))
+    assert f"{short} of 32 in 300 steps and {long} of 32 in 1000" in TEXT
+    unstable = {}
+    for r in runs:
+        if r.config["optim.lr"] == 0.999:
+            seed = (r.config["model.norm"], r.config["train.seed"])
+            unstable.setdefault(seed, {})[r.config["train.steps"]] = kind_of(r) not in (
+                "slow",
+                "trained",
+            )
+    both = sum(v[300] and v[1000] for v in unstable.values())
+    only_long = sum(v[1000] and not v[300] for v in unstable.values())
+    only_short = sum(v[300] and not v[1000] for v in unstable.values())
+    assert (only_long + both, only_short + both) == (long, short)  # the report's counts, paired
+    p = binomtest(only_long, only_long + only_short, 0.5).pvalue  # McNemar's exact test
+    assert f"{only_long} only in the longer run, {only_short} only in the shorter" in TEXT
+    assert f"exact paired p = {p:.3f}, not decided" in TEXT and p >= 0.05
+    rms, ln = (cells(31.623, (1000,), norm)[0]["unstable"] for norm in ("rmsnorm", "layernorm"))
+    fisher = fisher_exact([[rms, 16 - rms], [ln, 16 - ln]]).pvalue
+    assert f"({rms} and {ln} of 16 in 1000 steps, Fisher's exact p = {fisher:.2f})" in TEXT

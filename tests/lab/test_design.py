@@ -2,6 +2,7 @@
 with a changed study file refuses in one line naming what changed, unless the file's `history:`
 says why; then the report says which runs were made under which design."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -193,3 +194,17 @@ def test_every_committed_studys_design_is_its_study_file_today():
         last = json.loads(path.read_text())["designs"][-1]
         now = design_of(load_study(repo / "lab" / "studies" / f"{path.parent.name}.yaml"))
         assert not changes(last, now), (path.parent.name, changes(last, now))
+
+
+def test_a_field_the_engine_gained_is_left_out_of_a_design_while_at_its_default():
+    """pre-edge-length's runs were made before `multiples.compare` existed: its design then and
+    now is the same text, and a study that sets the field has it in its design."""
+    from lab.design import _written
+    from lab.studyfile import Multiples, Pair
+
+    before = "Multiples(factors=(10.0,), best_lr=(({'model.norm': 'rmsnorm'}, 0.03),), chosen='x')"
+    m = Multiples(factors=(10.0,), best_lr=(({"model.norm": "rmsnorm"}, 0.03),), chosen="x")
+    assert _written(m) == before and repr(m).startswith(before[:-1])
+    pair = Pair(name="t", a=(("model.norm", "rmsnorm"),), b=(("model.norm", "layernorm"),))
+    with_pairs = dataclasses.replace(m, compare=(pair,))
+    assert _written(with_pairs) == before[:-1] + f", compare=({pair!r},))"
