@@ -7,22 +7,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def ranged(default, spec: str):
+    """A numeric config field with the range it must lie in ('>= 1', '> 0', '[0, 1)', '(0, 1)',
+    'any'), declared beside it; training/config.py holds every number a config sets to it."""
+    return field(default=default, metadata={"range": spec})
+
+
 @dataclass
 class ModelArgs:
-    dim: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int | None = 2  # None -> n_heads (plain multi-head attention)
-    vocab_size: int = 4096
-    hidden_dim: int | None = None  # SwiGLU width; None -> LLaMA rule from dim and multiple_of
-    multiple_of: int = 32
-    ffn_dim_multiplier: float | None = None
+    dim: int = ranged(128, ">= 1")
+    n_layers: int = ranged(4, ">= 1")
+    n_heads: int = ranged(4, ">= 1")
+    n_kv_heads: int | None = ranged(2, ">= 1")  # None -> n_heads (plain multi-head attention)
+    vocab_size: int = ranged(4096, ">= 1")
+    # SwiGLU width; None -> LLaMA rule from dim and multiple_of
+    hidden_dim: int | None = ranged(None, ">= 1")
+    multiple_of: int = ranged(32, ">= 1")
+    ffn_dim_multiplier: float | None = ranged(None, "> 0")
     norm: str = "rmsnorm"  # a name in model/norm_config.py NORMS
     # each norm's own options by norm name, e.g. {dyt: {alpha_attn: 0.8}} (the norm class's Options)
     norm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     norm_impl: str = "reference"  # reference | fused: the fused classes (model/fused_norms.py)
     ops_impl: str = "reference"  # reference | fused: cross-entropy and SwiGLU (see model/ops.py)
-    norm_eps: float = 1e-5
+    norm_eps: float = ranged(1e-5, "> 0")
     norm_precision: str = (
         "float32"  # float32 | autocast: the dtype of the norms' statistics (model/norms.py)
     )
@@ -37,32 +44,28 @@ class ModelArgs:
     # (QK_NORMS), its class's defaults
     qk_norm: str = "none"
     attn_gate: str = "none"  # none | elementwise | headwise: sigmoid gate on attention (ATTN_GATES)
-    mix_ln_alpha: float = 0.25  # placement mixln: the share of layers (first) that are post-norm
-    qk_norm_eps: float | None = None  # the qk-norms' eps; None -> norm_eps
+    # placement mixln: the share of layers (first) that are post-norm
+    mix_ln_alpha: float = ranged(0.25, "[0, 1]")
+    qk_norm_eps: float | None = ranged(None, "> 0")  # the qk-norms' eps; None -> norm_eps
     # none | sqrt_dim: a learnable scalar times the embedding, init sqrt(dim) (DyT's LLaMA)
     embed_scale: str = "none"
-    rope_theta: float = 10000.0
-    max_seq_len: int = 256
+    rope_theta: float = ranged(10000.0, "> 0")
+    max_seq_len: int = ranged(256, ">= 1")
     tie_embeddings: bool = False
-    init_std: float = 0.02
+    init_std: float = ranged(0.02, ">= 0")
     init_residual: str = (
         "scaled"  # scaled: wo, w2 ~ init_std / sqrt(2 n_layers) (GPT-2) | plain: init_std
     )
-    init_embedding_std: float | None = (
-        None  # None -> init_std (Takase et al. 2023 study larger embeddings)
-    )
-    init_embedding_mean: float = (
-        0.0  # != 0: every token's features start shifted by this (a mean shift)
-    )
-    attn_softcap: float = (
-        0.0  # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
-    )
-    logit_softcap: float = (
-        0.0  # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
-    )
-    init_head_std: float | None = (
-        None  # the output head's std; None -> init_std (an untied head only)
-    )
+    # None -> init_std (Takase et al. 2023 study larger embeddings)
+    init_embedding_std: float | None = ranged(None, ">= 0")
+    # != 0: every token's features start shifted by this (a mean shift)
+    init_embedding_mean: float = ranged(0.0, "any")
+    # > 0: attention logits -> c tanh(logits / c) (Gemma 2; explicit attention); 0 = off
+    attn_softcap: float = ranged(0.0, ">= 0")
+    # > 0: output logits -> c tanh(logits / c) before the loss (Gemma 2); 0 = off
+    logit_softcap: float = ranged(0.0, ">= 0")
+    # the output head's std; None -> init_std (an untied head only)
+    init_head_std: float | None = ranged(None, ">= 0")
     # absolute | width: init_std is the std at d = 4096, x sqrt(4096 / dim) (INIT_SCALES)
     init_scale: str = "absolute"
     # keep every writer of the residual stream zero-mean over its features (the token embedding

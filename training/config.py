@@ -21,7 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model.args import ModelArgs
+from model.args import ModelArgs, ranged
 
 
 class ConfigError(ValueError):
@@ -33,106 +33,103 @@ class DataConfig:
     source: str = (
         "pydocs"  # pydocs | pystdlib | text:PATH_OR_GLOB | hf:NAME[:CONFIG][@SPLIT][#REVISION]
     )
-    vocab_size: int = 4096  # SentencePiece vocabulary; also sets model.vocab_size
-    val_fraction: float = 0.05  # share of documents held out for validation
-    seed: int = 1337  # train/val document split
+    vocab_size: int = ranged(4096, ">= 1")  # SentencePiece vocabulary; also sets model.vocab_size
+    val_fraction: float = ranged(0.05, "(0, 1)")  # share of documents held out for validation
+    seed: int = ranged(1337, ">= 0")  # train/val document split
     text_field: str = "text"
     root: str = "data/prepared"
-    max_tokens: int = (
-        0  # cap the training split at this many tokens (a hub source is streamed); 0 = all
-    )
+    # cap the training split at this many tokens (a hub source is streamed); 0 = all
+    max_tokens: int = ranged(0, ">= 0")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3  # peak learning rate
-    lr_factor: float = (
-        1.0  # every LR x this, optim.lr kept as named (the lab's known-effect control)
-    )
+    lr: float = ranged(3e-3, "> 0")  # peak learning rate
+    # every LR x this, optim.lr kept as named (the lab's known-effect control)
+    lr_factor: float = ranged(1.0, "> 0")
     schedule: str = "cosine"  # cosine | linear | constant (after warmup)
-    warmup_steps: int = 30
-    warmup_fraction: float = 0.0  # > 0: warmup_steps = this x the schedule's steps (rounded)
-    schedule_steps: int = (
-        0  # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
-    )
-    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1  # on matrices only, never on norm gains or biases
+    warmup_steps: int = ranged(30, ">= 0")
+    # > 0: warmup_steps = this x the schedule's steps (rounded)
+    warmup_fraction: float = ranged(0.0, "[0, 1)")
+    # the schedule's horizon; 0 = train.steps. Kept when a resumed run is extended
+    schedule_steps: int = ranged(0, ">= 0")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # final lr = lr * min_lr_ratio
+    beta1: float = ranged(0.9, "[0, 1)")
+    beta2: float = ranged(0.95, "[0, 1)")
+    eps: float = ranged(1e-8, ">= 0")
+    weight_decay: float = ranged(0.1, ">= 0")  # on matrices only, never on norm gains or biases
     weight_decay_mode: str = (
         "coupled"  # coupled: decay wd * lr(t) (torch's AdamW) | independent: wd * lr(t) / lr
     )
     parametrization: str = (
         "sp"  # sp | mup_simple: every matrix's LR x mup_base_width / model.dim (training/optim.py)
     )
-    mup_base_width: int = 64  # mup_simple's base width: the width whose LRs are the configured ones
+    # mup_simple's base width: the width whose LRs are the configured ones
+    mup_base_width: int = ranged(64, ">= 1")
     decay_embeddings: bool = False  # also decay the token embedding (and a tied output head)
-    grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping (the norm is still logged)
+    # max global L2 norm; 0 disables clipping (the norm is still logged)
+    grad_clip: float = ranged(1.0, ">= 0")
     # stability controls (training/controls.py), all off by default
     update_clip: bool = False  # StableAdamW: each tensor's step / max(1, RMS_t)
-    skip_step_sigma: float = 0.0  # > 0: skip an update whose loss or grad norm z-score exceeds it
-    skip_step_window: int = 128  # ... over the last this many steps (OLMo-core: 6 sigma, 128)
-    qk_clip_tau: float = 0.0  # > 0: QK-Clip, a head's logits scaled back to this max (Kimi K2: 100)
+    # > 0: skip an update whose loss or grad norm z-score exceeds it
+    skip_step_sigma: float = ranged(0.0, ">= 0")
+    # ... over the last this many steps (OLMo-core: 6 sigma, 128)
+    skip_step_window: int = ranged(128, ">= 2")
+    # > 0: QK-Clip, a head's logits scaled back to this max (Kimi K2: 100)
+    qk_clip_tau: float = ranged(0.0, ">= 0")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 300  # optimizer steps
-    batch_size: int = 32  # sequences per optimizer step, summed over all processes
-    micro_batch_size: int = (
-        0  # sequences per forward pass and process; 0 = no gradient accumulation
-    )
-    seq_len: int = 128  # tokens per sequence; also sets model.max_seq_len
-    seed: int = 0  # model init and batch order (separate generators)
+    steps: int = ranged(300, ">= 1")  # optimizer steps
+    batch_size: int = ranged(32, ">= 1")  # sequences per optimizer step, summed over all processes
+    # sequences per forward pass and process; 0 = no gradient accumulation
+    micro_batch_size: int = ranged(0, ">= 0")
+    seq_len: int = ranged(128, ">= 1")  # tokens per sequence; also sets model.max_seq_len
+    seed: int = ranged(0, ">= 0")  # model init and batch order (separate generators)
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16 (autocast; float16 with a GradScaler)
     compile: bool = False  # torch.compile the model
     # over torchrun processes: ddp | fsdp (FSDP2) | tp (tensor parallel x FSDP2 over data)
     parallel: str = "ddp"
-    tp_size: int = (
-        2  # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
-    )
-    z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
-    eval_every: int = 50  # steps between validation evals (and always at the end)
-    eval_tokens: int = (
-        16384  # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
-    )
-    checkpoint_every: int = (
-        100  # steps between checkpoints (and always at the end); 0 = only at the end
-    )
-    stop_at: int = 0  # end this session after this step, resumable (for time-sliced jobs); 0 = off
-    threads: int = 0  # torch CPU threads per process; 0 = torch's default, capped at free cores
+    # train.parallel=tp: ranks per tensor-parallel group (must divide the process count)
+    tp_size: int = ranged(2, ">= 1")
+    # coefficient of mean(logsumexp(logits)^2) (PaLM); 0 disables
+    z_loss: float = ranged(0.0, ">= 0")
+    eval_every: int = ranged(50, ">= 1")  # steps between validation evals (and always at the end)
+    # fixed validation budget: the first eval_tokens tokens of val.bin; 0 = all of it
+    eval_tokens: int = ranged(16384, ">= 0")
+    # steps between checkpoints (and always at the end); 0 = only at the end
+    checkpoint_every: int = ranged(100, ">= 0")
+    # end this session after this step, resumable (for time-sliced jobs); 0 = off
+    stop_at: int = ranged(0, ">= 0")
+    # torch CPU threads per process; 0 = torch's default, capped at free cores
+    threads: int = ranged(0, ">= 0")
     malloc_tuning: bool = True  # CPU: keep freed memory in glibc's heap (see training/cpu.py)
     memory_check: bool = (
         True  # refuse a run whose memory estimate exceeds what the machine has (training/memory.py)
     )
-    sample_tokens: int = 48  # tokens of text generated at the end (0 = none)
+    sample_tokens: int = ranged(48, ">= 0")  # tokens of text generated at the end (0 = none)
 
 
 @dataclass
 class LogConfig:
     out_dir: str = "runs"  # runs/<name>/
     name: str = ""  # run name; empty = <config>-<norm>-<placement>
-    stats_every: int = 25  # steps between per-layer stability metrics (0 = never)
+    stats_every: int = ranged(25, ">= 0")  # steps between per-layer stability metrics (0 = never)
     wandb: str = "disabled"  # disabled | offline | online
     wandb_project: str = "normlab"
     tensorboard: bool = True  # TensorBoard event files in the run directory (tensorboard --logdir)
-    spike_window: int = (
-        5  # spike detector: a value is compared with the median of the previous spike_window
-    )
-    spike_k: float = (
-        5.0  # ...and is a spike >= spike_k robust std above it (normlab/spikes.py; OLMo 2: 7)
-    )
-    plateau_margin: float = (
-        0.25  # nats: a run whose evals never got this far below the unigram entropy is a plateau
-    )
-    flat_horizon: float = (
-        1.0  # x the run's steps: a plateau whose last evals would not cross that soon collapsed
-    )
-    blowup_margin: float = (
-        0.5  # nats: a run that learned and ended this far above its best val loss is unstable
-    )
+    # spike detector: a value is compared with the median of the previous spike_window
+    spike_window: int = ranged(5, ">= 2")
+    # ...and is a spike >= spike_k robust std above it (normlab/spikes.py; OLMo 2: 7)
+    spike_k: float = ranged(5.0, "> 0")
+    # nats: a run whose evals never got this far below the unigram entropy is a plateau
+    plateau_margin: float = ranged(0.25, ">= 0")
+    # x the run's steps: a plateau whose last evals would not cross that soon collapsed
+    flat_horizon: float = ranged(1.0, "> 0")
+    # nats: a run that learned and ended this far above its best val loss is unstable
+    blowup_margin: float = ranged(0.5, "> 0")
 
 
 @dataclass
@@ -285,10 +282,10 @@ def check_derived(cfg: Config, given: dict) -> None:
 
 
 def check_numbers(cfg: Config) -> None:
-    """Every number of the config under check_number's rule, its range from RANGES."""
-    for key, value, kind in _numbers(cfg):
+    """Every number of the config under check_number's rule, in the range its field declares."""
+    for key, value, kind, spec in _numbers(cfg):
         if value is not None:  # an optional field left unset
-            check_number(key, value, kind, RANGES[key])
+            check_number(key, value, kind, spec)
 
 
 def _one_line(e: OmegaConfBaseException) -> str:
@@ -303,69 +300,6 @@ def _one_line(e: OmegaConfBaseException) -> str:
         where = f" in {section}" if section else ""
         return f"unknown config key {key!r}; {hint}valid keys{where}: {', '.join(keys)}"
     return f"bad value for {key}: {msg}" if key else msg
-
-
-# The range of every number a config can set: one rule, checked first (tests/test_config.py walks
-# the dataclasses and finds each numeric field here). ">= 1" ints count things, "> 0" floats scale.
-RANGES = {
-    "model.dim": ">= 1",
-    "model.n_layers": ">= 1",
-    "model.n_heads": ">= 1",
-    "model.n_kv_heads": ">= 1",
-    "model.vocab_size": ">= 1",
-    "model.hidden_dim": ">= 1",
-    "model.multiple_of": ">= 1",
-    "model.ffn_dim_multiplier": "> 0",
-    "model.norm_eps": "> 0",
-    "model.mix_ln_alpha": "[0, 1]",
-    "model.qk_norm_eps": "> 0",
-    "model.rope_theta": "> 0",
-    "model.max_seq_len": ">= 1",
-    "model.init_std": ">= 0",
-    "model.init_embedding_std": ">= 0",
-    "model.init_embedding_mean": "any",
-    "model.attn_softcap": ">= 0",
-    "model.logit_softcap": ">= 0",
-    "model.init_head_std": ">= 0",
-    "data.vocab_size": ">= 1",
-    "data.val_fraction": "(0, 1)",
-    "data.seed": ">= 0",
-    "data.max_tokens": ">= 0",
-    "optim.lr": "> 0",
-    "optim.lr_factor": "> 0",
-    "optim.warmup_steps": ">= 0",
-    "optim.warmup_fraction": "[0, 1)",
-    "optim.schedule_steps": ">= 0",
-    "optim.min_lr_ratio": "[0, 1]",
-    "optim.beta1": "[0, 1)",
-    "optim.beta2": "[0, 1)",
-    "optim.eps": ">= 0",
-    "optim.weight_decay": ">= 0",
-    "optim.mup_base_width": ">= 1",
-    "optim.grad_clip": ">= 0",
-    "optim.skip_step_sigma": ">= 0",
-    "optim.skip_step_window": ">= 2",
-    "optim.qk_clip_tau": ">= 0",
-    "train.steps": ">= 1",
-    "train.batch_size": ">= 1",
-    "train.micro_batch_size": ">= 0",
-    "train.seq_len": ">= 1",
-    "train.seed": ">= 0",
-    "train.tp_size": ">= 1",
-    "train.z_loss": ">= 0",
-    "train.eval_every": ">= 1",
-    "train.eval_tokens": ">= 0",
-    "train.checkpoint_every": ">= 0",
-    "train.stop_at": ">= 0",
-    "train.threads": ">= 0",
-    "train.sample_tokens": ">= 0",
-    "log.stats_every": ">= 0",
-    "log.spike_window": ">= 2",
-    "log.spike_k": "> 0",
-    "log.plateau_margin": ">= 0",
-    "log.flat_horizon": "> 0",
-    "log.blowup_margin": "> 0",
-}
 
 
 def in_range(value: float, spec: str) -> bool:
@@ -411,7 +345,8 @@ def number(kind: type, spec: str, name: str = "the value"):
 
 
 def _numbers(cfg, cls=None, prefix: str = ""):
-    """(dotted key, value, declared kind) of every int or float field of a config section."""
+    """(dotted key, value, declared kind, declared range or None) of every int or float field of a
+    config section."""
     cls = cls or type(cfg)
     for f in dataclasses.fields(cls):
         value = getattr(cfg, f.name)
@@ -421,7 +356,8 @@ def _numbers(cfg, cls=None, prefix: str = ""):
         kind = str(f.type).replace(" ", "")
         base = kind.split("|")[0]
         if base in ("int", "float"):
-            yield f"{prefix}{f.name}", value, int if base == "int" else float
+            kind = int if base == "int" else float
+            yield f"{prefix}{f.name}", value, kind, f.metadata.get("range")
 
 
 def validate(cfg: Config) -> Config:
