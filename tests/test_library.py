@@ -73,6 +73,7 @@ def test_installing_normlab_adds_one_top_level_name():
     assert project["project"]["dependencies"] == ["torch>=2.4"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_a_project_with_its_own_model_and_data_uses_the_monitor(tmp_path):
     """A user's project with its own model.py and data/ package imports normlab's monitor; its own
     modules stay its own, and normlab brings none of the checkout's."""

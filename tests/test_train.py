@@ -353,6 +353,7 @@ def _inside_a_long_step(tmp_path, data_args, name: str, fault: str):
     return proc, metrics
 
 
+@pytest.mark.slow  # a process in a step that waits out the 5 s grace
 def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_resumes(
     tmp_path, data_args
 ):
@@ -379,6 +380,7 @@ def test_a_second_signal_during_a_long_step_stops_at_once_and_the_checkpoint_res
     assert [r["step"] for r in read_metrics(metrics)] == list(range(0, 5))
 
 
+@pytest.mark.slow  # a process in a step that waits out the 5 s grace
 def test_one_sigterm_inside_a_long_step_ends_the_run_within_seconds(tmp_path, data_args):
     """One SIGTERM (what torchrun and SLURM send) during a step of ten minutes: the process ends
     STEP_GRACE_S later, exit 130, one line; the last whole checkpoint (step 2) stays and resumes."""

@@ -1577,6 +1577,7 @@ def test_the_2025_studies_are_designed_as_their_files_say():
     assert sum(len(protocol.arm_pairs(controls, c)) for c in controls["claims"]) == 14
 
 
+@pytest.mark.slow  # expands and validates every run of seven study files
 def test_the_2025_claims_are_asked_in_their_papers_configurations():
     """Issue 61: each paper's arms, recipe and claim pairs as its file states them, at one 1000-step
     budget with a warmup of 10% of it (update-clip: the default recipe at beta2 0.95 and 0.99)."""
