@@ -121,11 +121,11 @@ def _run(*argv, cwd=ROOT):
 
 
 @pytest.mark.slow
-def test_the_command_converts_a_run_that_samples_and_exports(tmp_path):
+def test_the_command_converts_a_run_that_samples_and_exports(tmp_path, data_args):
     """A trained pre-LN run -> a pre-RMSNorm run directory: the command reports its logit
     differences and the naive swap's val loss; the result loads (sample.py) with the same logits,
     and a post-norm run is refused in one line."""
-    common = [f"--config={TINY}", f"log.out_dir={tmp_path}", "train.sample_tokens=0"]
+    common = [f"--config={TINY}", f"log.out_dir={tmp_path}", "train.sample_tokens=0", *data_args]
     for placement in ("pre", "post"):
         done = _run(
             ROOT / "train.py",
@@ -224,7 +224,9 @@ def test_zero_mean_writers_are_refused_where_norms_do_not_read_the_stream():
 
 
 @pytest.mark.slow
-def test_pre_ln_and_pre_rmsnorm_with_zero_mean_writers_train_alike_for_50_steps(tmp_path):
+def test_pre_ln_and_pre_rmsnorm_with_zero_mean_writers_train_alike_for_50_steps(
+    tmp_path, data_args
+):
     """The control as users run it: two train.py runs from the same seed, 50 steps; their loss
     curves agree to float32 error (bound 1e-4 nats at every step), the mean-energy fraction of the
     zero-mean run is ~0 while Pre-LN's is not."""
@@ -235,6 +237,7 @@ def test_pre_ln_and_pre_rmsnorm_with_zero_mean_writers_train_alike_for_50_steps(
         "train.steps=50",
         "train.threads=1",
         "model.init_embedding_mean=0.2",
+        *(a for a in data_args if a.startswith("data.")),  # the session's prepared corpus
     ]
     curves, energy = {}, {}
     for name, extra in (
