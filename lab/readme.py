@@ -242,7 +242,7 @@ def multiples_rows(report: dict) -> list[str]:
     and factor: the verdict, the difference (or, with unstable runs, its median) and its n."""
     rows = [p for p in (report.get("multiples") or {}).get("pairs", []) if p["role"] != "check"]
     if not rows:
-        return []
+        return outcome_rows(report)
     out = [
         "",
         "At multiples of each arm's best LR (a - b in nats, paired by seed; Holm over the tests):",
@@ -264,6 +264,32 @@ def multiples_rows(report: dict) -> list[str]:
         out.append(
             f"| {p['pair']} | {p['role']} | {p['factor']:g} | **{p['verdict']}** | {est} | "
             f"{spread} | {p['n']} |"
+        )
+    return out
+
+
+def outcome_rows(report: dict) -> list[str]:
+    """A multiples study without pairs: each arm's runs at each factor by kind (unstable, slow,
+    trained) and their median final loss."""
+    rows = (report.get("multiples") or {}).get("outcomes", [])
+    if not rows:
+        return []
+    out = [
+        "",
+        "At multiples of each arm's best LR (runs by kind; slow: still falling at the end, never "
+        "failed):",
+        "",
+        "| arm | x best LR | LR | runs | unstable | slow | trained | median final |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for o in rows:
+        arm = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in o["arm"].items())
+        kinds = {k: v for k, v in o["kinds"].items() if k not in ("slow", "trained")}
+        unstable = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "0"
+        out.append(
+            f"| {arm} | {o['factor']:g} | {o['lr']:.3g} | {o['n']} | {unstable} | "
+            f"{o['kinds'].get('slow', 0)} | {o['kinds'].get('trained', 0)} | "
+            f"{o['median_final']:.3f} |"
         )
     return out
 

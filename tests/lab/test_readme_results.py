@@ -278,3 +278,25 @@ def test_the_committed_decided_again_entries_name_real_claims():
         assert e["says"] in [c["says"] for c in old["claims"]]
         new = yaml.safe_load((REPO / "lab" / "studies" / f"{e['new']}.yaml").read_text())
         assert e["says"] in [c["says"] for c in new["claims"]]
+
+
+def test_a_multiples_study_without_pairs_lists_its_runs_by_kind():
+    from lab.readme import multiples_rows
+
+    def outcome(factor, kinds):
+        n = sum(kinds.values())
+        arm = {"model.norm": "rmsnorm", "train.steps": 300}
+        return {"arm": arm, "factor": factor, "lr": 0.0316 * factor, "n": n, "kinds": kinds,
+                "unstable": n - kinds.get("slow", 0) - kinds.get("trained", 0),
+                "median_final": 5.8}  # fmt: skip
+
+    report = {"multiples": {"pairs": [], "outcomes": [
+        outcome(10.0, {"slow": 16}), outcome(31.623, {"blew up": 4, "collapsed": 1, "slow": 11})
+    ]}}  # fmt: skip
+    rows = [r for r in multiples_rows(report) if r.startswith("| norm=")]
+    assert rows == [
+        "| norm=rmsnorm, steps=300 | 10 | 0.316 | 16 | 0 | 16 | 0 | 5.800 |",
+        "| norm=rmsnorm, steps=300 | 31.623 | 0.999 | 16 | 4 blew up, 1 collapsed | 11 | 0 "
+        "| 5.800 |",
+    ]
+    assert multiples_rows({}) == [] and multiples_rows({"multiples": {"pairs": []}}) == []
