@@ -234,11 +234,13 @@ def merge_config(
         raise ConfigError(f"expected key=value overrides (e.g. optim.lr=3e-3), got {bad[0]!r}")
     # repr: 1, 1.0 and True are equal keys but different values
     key = (texts, tuple(overrides), tuple((k, repr(v)) for k, v in (values or {}).items()))
-    if key not in _MERGED:
+    cfg = _MERGED.get(key)  # one lookup: the sweep's threads may clear it in between
+    if cfg is None:
+        cfg = _merge(texts, overrides, values)
         if len(_MERGED) >= 4096:
             _MERGED.clear()
-        _MERGED[key] = _merge(texts, overrides, values)
-    return copy.deepcopy(_MERGED[key])  # validate() and callers change their copy
+        _MERGED[key] = cfg
+    return copy.deepcopy(cfg)  # validate() and callers change their copy
 
 
 _MERGED: dict[tuple, Config] = {}
