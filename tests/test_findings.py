@@ -62,9 +62,14 @@ def test_the_sentences_numbers_are_the_reports():
     assert n == bad and {k for c in cells for k in c["kinds"]} == {"collapsed"}
     low = 100 * beta.ppf(0.025, n, 1)
     assert f"all {n} runs at 5.6x its best learning rate (95% CI {low:.0f}-100%)" in TEXT
-    for norm in ("rmsnorm", "layernorm"):  # pre-norm up to 10x: slow, never unstable
+    for norm in ("rmsnorm", "layernorm"):  # pre-norm never unstable up to 10x (lr-multiples)
         for f in (1.0, 3.1623, 5.6234, 10.0):
             assert outcome(norm, "pre", f)["unstable"] == 0
+    edge = report("pre-edge-length")["multiples"]["outcomes"]  # ... and 17.8x, in 300 steps
+    short = [o for o in edge if o["arm"]["train.steps"] == 300]
+    calm = max(f for f in {o["factor"] for o in short} if not any(
+        o["unstable"] for o in short if o["factor"] <= f))  # fmt: skip
+    assert calm == 17.783 and "never becomes unstable up to 17.8x in 300 steps" in TEXT
     e = outcome("rmsnorm", "pre", 1.0)
     energy = e["mean_energy"]
     assert (
