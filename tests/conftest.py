@@ -10,10 +10,12 @@ run set (train.threads changes the process-wide setting)."""
 import json
 import os
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+import zygote
 
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests never reach the network
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +38,11 @@ THREADS = int(os.environ.get("NORMLAB_TEST_THREADS", "0")) or (
 DEFAULT_THREADS = torch.get_num_threads()
 if THREADS:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+# `python train.py ...` and `python -m ...` started by a test are forked from a process that has
+# imported torch once (tests/zygote.py: ~2.5 s of imports saved per launch); a test about a
+# process's own start-up starts its processes as usual inside `with zygote.real():`
+subprocess.Popen = zygote.Popen
 
 WORDS = (
     "the a norm layer model train loss grad step rate mean scale root square token batch stable "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zygote
 from conftest import TINY
 
 import train
@@ -142,9 +143,14 @@ def test_kill_9_anywhere_then_relaunch_gives_the_uninterrupted_curve(
                 timeout=300,
             ).returncode
         else:
-            p = subprocess.Popen(
-                cmd, cwd=train.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+            with zygote.real():  # a process started as usual: the kill can land in its imports
+                p = subprocess.Popen(
+                    cmd,
+                    cwd=train.REPO,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             time.sleep(arg)
             p.send_signal(signal.SIGKILL)
             code = p.wait(timeout=60)
