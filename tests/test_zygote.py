@@ -11,6 +11,8 @@ import time
 import pytest
 import zygote
 
+pytestmark = pytest.mark.slow  # processes
+
 SCRIPT = """
 import json, os, sys
 print(json.dumps({
