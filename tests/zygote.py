@@ -215,8 +215,11 @@ def _stop(proc) -> None:
 
 
 def serve(path: str) -> None:
+    startup, before = _startup_env(os.environ), dict(os.environ)
     for name in PRELOAD:
         __import__(name)
+    # what the imports set (torch's TORCHINDUCTOR_CACHE_DIR): a started process sets it too
+    imported = {k: v for k, v in os.environ.items() if before.get(k) != v}
     import torch
 
     threads = torch.get_num_threads()  # the default of a process started without OMP_NUM_THREADS
@@ -225,13 +228,14 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the monitors reap themselves
-    server = {"path": path, "startup": _startup_env(os.environ), "sid": os.getsid(0)}
+    server = {"path": path, "startup": startup, "sid": os.getsid(0), "imported": imported}
     sys.stdout.write("ready\n" + json.dumps(server) + "\n")
     sys.stdout.flush()
     while True:
         ready = select.select([listener, sys.stdin], [], [])[0]
         if sys.stdin in ready:  # the test process ended
             os.unlink(path)
+            os.rmdir(os.path.dirname(path))
             return
         conn, _ = listener.accept()
         header, fds, _, _ = socket.recv_fds(conn, 8, 3)
@@ -286,6 +290,8 @@ def _child(fds, request, threads, base_path, server) -> None:
     env = request["env"]
     os.environ.clear()
     os.environ.update(env)
+    for key, value in server["imported"].items():
+        os.environ.setdefault(key, value)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _set_title(request["argv"])
     unbuffered = request["unbuffered"] or bool(env.get("PYTHONUNBUFFERED"))
