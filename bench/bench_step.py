@@ -134,8 +134,8 @@ def study_config(path: str, threads: int, extra: list[str]):
     """The study file's training config (its overrides, then `extra`)."""
     study = load_study(Path(path))
     return load_config(
-        study["config"],
-        [*flatten(study.get("overrides") or {}), f"train.threads={threads}", *extra],
+        study.config,
+        [*flatten(study.overrides or {}), f"train.threads={threads}", *extra],
     )
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.benchlib import SavedOutput
 from lab.protocol import first_runs
 from lab.runner import run_study
-from lab.studyfile import load_study
+from lab.studyfile import Study, load_study
 from training.config import load_config, number
 from training.rundir import RunDir
 
@@ -41,7 +41,7 @@ PHASES = ("start-up and exit", "steps", "the rest of the run (data, model, evals
 
 
 def one_round(
-    study: dict, runs: list[dict], folder: Path, workers: int, process_per_run: bool
+    study: Study, runs: list[dict], folder: Path, workers: int, process_per_run: bool
 ) -> tuple[float, list]:
     """(seconds for all runs, per-run phase seconds)."""
     t0 = time.perf_counter()
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     phases: dict[str, list[dict]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp, SavedOutput(a.save, command):
         print(
-            f"## Study throughput: {study['name']}, {len(runs)} runs per mode and round, "
+            f"## Study throughput: {study.name}, {len(runs)} runs per mode and round, "
             f"{a.workers} workers\n"
         )
         print(

@@ -11,6 +11,7 @@ what the committed data show."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import json
@@ -18,7 +19,7 @@ import re
 from pathlib import Path
 
 from lab.read import Run, judged
-from lab.studyfile import expand, flatten, load_study
+from lab.studyfile import Study, expand, flatten, load_study
 from training.config import Config, flat, load_config, to_dict
 from training.rundir import read_json
 
@@ -79,9 +80,9 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
         return out
     study = load_study(study_file)
     unigram = _unigram(study)
-    grid = {**study["grid"], "train.seed": list(seeds)}
+    grid = {**study.grid, "train.seed": list(seeds)}
     names = {}
-    for spec in expand({**study, "grid": grid}):
+    for spec in expand(dataclasses.replace(study, grid=grid)):
         cfg = dict(o.split("=", 1) for o in spec["overrides"] if "=" in o)
         names[spec["name"]] = {k: _parse(cfg[k]) for k in grid}
     text = (folder / "report.md").read_text()
@@ -112,12 +113,12 @@ def archived_runs(folder: Path, study_file: Path, seeds=range(10)) -> list[Run]:
     return runs
 
 
-def _unigram(study: dict) -> float | None:
+def _unigram(study: Study) -> float | None:
     """The unigram entropy of the study's training data (its prepared data's meta.json; prepared if
     need be, by train.prepare)."""
     import train
 
-    cfg = load_config(study["config"], flatten(study.get("overrides") or {}))
+    cfg = load_config(study.config, flatten(study.overrides or {}))
     return json.loads((train.prepare(cfg) / "meta.json").read_text()).get("unigram_entropy")
 
 

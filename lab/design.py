@@ -17,26 +17,24 @@ import json
 import time
 from pathlib import Path
 
-from lab.studyfile import flatten
+from lab.studyfile import Study, flatten
 from training.config import ConfigError, flat, load_config, to_dict
 from training.rundir import read_json, write_text
 
 
-def design_of(study: dict) -> dict:
+def design_of(study: Study) -> dict:
     """{hash, study, config, notes}: what the runs of a loaded study file are made from."""
-    body = {
-        k: v for k, v in study.items() if k not in ("history", "dir", "design")
-    }  # not what runs
+    body = study.design_body()  # its history notes and folder are not what runs
     # the config file by name: its resolved content is hashed below, and the checkout's path (a
     # pinned worktree, a moved clone) is not the design
-    body["config"] = Path(study["config"]).name
-    config = flat(to_dict(load_config(study["config"], flatten(study.get("overrides") or {}))))
+    body["config"] = Path(study.config).name
+    config = flat(to_dict(load_config(study.config, flatten(study.overrides or {}))))
     text = json.dumps({"study": body, "config": config}, sort_keys=True, default=_written)
     return {
         "hash": hashlib.sha256(text.encode()).hexdigest()[:12],
         "study": json.loads(json.dumps(body, default=_written)),
         "config": json.loads(json.dumps(config, default=str)),
-        "notes": len(study.get("history") or []),
+        "notes": len(study.history),
     }
 
 
@@ -87,7 +85,7 @@ def changes(old: dict, new: dict) -> list[str]:
     return out
 
 
-def pin(study_dir: Path, study: dict, where: str, sets: list[str] = ()) -> str:
+def pin(study_dir: Path, study: Study, where: str, sets: list[str] = ()) -> str:
     """The design the folder's runs are made under from now on, recorded in design.json: the study
     file's current one (as its study.yaml keeps it, before --quick) and the sweep's --set
     overrides, where the folder has none yet, or where it is the folder's last one, or where the
@@ -114,13 +112,13 @@ def pin(study_dir: Path, study: dict, where: str, sets: list[str] = ()) -> str:
                 "another --out"
             )
         design["changed"] = changed
-        design["why"] = str((study.get("history") or [""])[-1])
+        design["why"] = str((study.history or [""])[-1])
     design["since"] = time.strftime("%Y-%m-%d %H:%M")
     write_text(path, json.dumps({"designs": [*recorded, design]}, indent=1) + "\n")
     return design["hash"]
 
 
-def check(study_dir: Path, study: dict, where: str) -> list[dict]:
+def check(study_dir: Path, study: Study, where: str) -> list[dict]:
     """A report's check: the folder's designs, the last of which must be the study file's (its
     copy beside the runs, edited by hand, is refused with what changed); [] without design.json
     (folders made before designs were recorded)."""

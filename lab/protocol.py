@@ -27,6 +27,7 @@ any order, and a study stopped early has its short budgets complete."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -36,7 +37,7 @@ from lab.adaptive import decided, round_plan
 from lab.critical import bracket, grid_offset, next_lr
 from lab.lr50 import p_fail_at, p_fail_upper
 from lab.read import Run, find_runs, same
-from lab.studyfile import Adaptive, Protocol, excluded, expand
+from lab.studyfile import Adaptive, Protocol, Study, excluded, expand
 from lab.text import BUDGET
 
 SAFE = 0.05  # the common LR: both arms' P(fail) below this at its upper one-sided 95% bound
@@ -244,10 +245,10 @@ def edge_lrs(runs: list[Run], seeds) -> list[float]:
 # ------------------------------------------------------------------------------------------------
 
 
-def arms_of(study: dict) -> list[dict]:
+def arms_of(study: Study) -> list[dict]:
     """Every combination of the grid's values other than the LR and the seed that the study does not
     exclude: {field: value}."""
-    axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
+    axes = {k: v for k, v in study.grid.items() if k not in ("optim.lr", "train.seed")}
     arms = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
     return [arm for arm in arms if not excluded(study, arm)]
 
@@ -256,12 +257,12 @@ def runs_of(arm: dict, runs: list[Run]) -> list[Run]:
     return [r for r in runs if all(same(r.config.get(k), v) for k, v in arm.items())]
 
 
-def specs(study: dict, arm: dict, lrs, seeds, extra=()) -> list[dict]:
+def specs(study: Study, arm: dict, lrs, seeds, extra=()) -> list[dict]:
     """The run specs ({'name', 'overrides'}) of one arm at these LRs and seeds, named as the grid
     names them."""
-    grid = {k: ([arm[k]] if k in arm else v) for k, v in study["grid"].items()}
+    grid = {k: ([arm[k]] if k in arm else v) for k, v in study.grid.items()}
     grid["optim.lr"], grid["train.seed"] = list(lrs), list(seeds)
-    return expand({**study, "grid": grid}, extra) if lrs and seeds else []
+    return expand(dataclasses.replace(study, grid=grid), extra) if lrs and seeds else []
 
 
 STAGES = ("grid", "bracket", "refine", "edge", "critical", "adaptive", "test", "common")
@@ -289,7 +290,7 @@ def critical_lrs(runs: list[Run], seed: int, p: Protocol) -> list[float]:
     return [] if lr is None else [_round(lr)]
 
 
-def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
+def arm_pairs(study: Study, claim: dict) -> list[tuple[dict, dict]]:
     """The arm pairs (as {field: value}) a claim compares: A has claim.a's values, B claim.b's; a
     field named on one side only takes the same value on the other; the fields named on neither side
     are equal in A and B."""
@@ -306,19 +307,19 @@ def arm_pairs(study: dict, claim: dict) -> list[tuple[dict, dict]]:
     ]
 
 
-def common_runs(study: dict, runs: list[Run], extra=()) -> list[dict]:
+def common_runs(study: Study, runs: list[Run], extra=()) -> list[dict]:
     """The common stage's run specs: each common_loss claim's pair at its common LR, on the common
     seeds."""
-    p: Protocol = study["protocol"]
+    p: Protocol = study.protocol
     out = []
-    for claim in study.get("claims", []):
+    for claim in study.claims:
         if claim["metric"] != "common_loss":
             continue
         for A, B in arm_pairs(study, claim):
             lr, _ = common_lr(
                 runs_of(A, runs),
                 runs_of(B, runs),
-                study["grid"]["optim.lr"],
+                study.grid["optim.lr"],
                 p.selection_seeds,
                 p.common_seeds,
                 p.common_rule,
@@ -378,14 +379,14 @@ def round_runs(arm_a: list, arm_b: list, a: Adaptive) -> int:
     return sum(x.seed in seeds and x.finished for x in arm_a + arm_b)
 
 
-def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:
+def adaptive_runs(study: Study, runs: list, extra=(), budget=None) -> list[dict]:
     """The adaptive stage's run specs given the finished runs: the first round some of whose runs
     are not finished yet, for the LR50 claims undecided before it (lab/adaptive.py); [] when every
     claim is decided or spent, or the study has no such stage. With a budget, only the claims'
     pairs at that budget (their rounds are their own; the Holm family stays the whole study's)."""
-    p = study["protocol"]
+    p = study.protocol
     a: Adaptive | None = p.adaptive
-    claims = study.get("claims", [])
+    claims = study.claims
     arms = {}  # the arms by a hashable key
     pairs = []
     for c in claims:
@@ -398,7 +399,7 @@ def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:
     if a is None or not pairs:
         return []
     family = sum(max(1, len(arm_pairs(study, c))) for c in claims)
-    margin = float(study.get("ratio_margin") or 2.0)
+    margin = float(study.ratio_margin or 2.0)
     done = {x.name for x in runs if x.finished}
     for r in range(a.rounds):
         before = {k: _curve(_before(runs_of(arm, runs), r, p)) for k, arm in arms.items()}
@@ -415,9 +416,9 @@ def adaptive_runs(study: dict, runs: list, extra=(), budget=None) -> list[dict]:
     return []
 
 
-def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
-    p: Protocol = study["protocol"]
-    sel, grid = p.selection_seeds, study["grid"]["optim.lr"]
+def wanted(study: Study, stage: str, arm: dict, runs: list[Run], extra=()) -> list[dict]:
+    p: Protocol = study.protocol
+    sel, grid = p.selection_seeds, study.grid["optim.lr"]
     if stage == "grid":
         return specs(study, arm, grid, sel, extra)
     if stage == "bracket":
@@ -439,9 +440,9 @@ def wanted(study: dict, stage: str, arm: dict, runs: list[Run], extra=()) -> lis
     return []  # adaptive, common: for pairs of arms (adaptive_runs, common_runs)
 
 
-def budgets(study: dict) -> list:
+def budgets(study: Study) -> list:
     """The study's budgets, shortest first; [None] for a study without a budget axis."""
-    values = study["grid"].get(BUDGET, [])
+    values = study.grid.get(BUDGET, [])
     return sorted(values) if len(values) > 1 else [None]
 
 
@@ -452,7 +453,7 @@ def budget_of(spec: dict) -> float | None:
     return None if value is None else float(value)
 
 
-def stage_runs(study: dict, stage: str, runs: list[Run], extra=(), budget=None) -> list[dict]:
+def stage_runs(study: Study, stage: str, runs: list[Run], extra=(), budget=None) -> list[dict]:
     """Every run spec a stage wants, given the finished runs (all arms; with a budget, that
     budget's arms)."""
     if stage == "adaptive":
@@ -469,13 +470,13 @@ def stage_runs(study: dict, stage: str, runs: list[Run], extra=(), budget=None) 
 
 
 def next_stage(
-    study: dict, study_dir: Path, made: list[dict], extra=(), up_to: int | None = None
+    study: Study, study_dir: Path, made: list[dict], extra=(), up_to: int | None = None
 ) -> tuple[str, list[dict]] | None:
     """(the stage, its runs not yet made) for the first stage that still wants runs, budget by
     budget (shortest first), given the finished runs in study_dir; None when the study is complete.
     `made`: the run specs launched so far (none is asked for twice); `up_to`: no budget above
     these steps."""
-    runs = find_runs([study_dir], study["rule"]) if (study_dir / "runs").is_dir() else []
+    runs = find_runs([study_dir], study.rule) if (study_dir / "runs").is_dir() else []
     names = {r["name"] for r in made}
     for budget in budgets(study):
         if None not in (up_to, budget) and budget > up_to:
@@ -490,8 +491,8 @@ def next_stage(
     return None
 
 
-def first_runs(study: dict, extra=()) -> list[dict]:
+def first_runs(study: Study, extra=()) -> list[dict]:
     """The runs a sweep starts with: the grid (on the selection seeds, with a protocol)."""
-    if study.get("protocol") is None:
+    if study.protocol is None:
         return expand(study, extra)
     return stage_runs(study, "grid", [], extra)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from lab.studyfile import Study
 from training import errors
 from training.config import load_config
 from training.monitor import FINISHED
@@ -94,7 +95,7 @@ class Worker:
 
 def run_one(
     run: dict,
-    study: dict,
+    study: Study,
     study_dir: Path,
     threads: int,
     gpu: str | None,
@@ -126,12 +127,12 @@ def run_one(
     return run_entry(run, study, run_dir, code, time.time() - t0, resumed, log)
 
 
-def run_argv(run: dict, study: dict, study_dir: Path, threads: int) -> list[str]:
+def run_argv(run: dict, study: Study, study_dir: Path, threads: int) -> list[str]:
     """train.py's arguments for one run of the study: every launch is the same command with
     --resume, which starts a run that has no checkpoint yet and continues one that has."""
     return [
         "--config",
-        study["config"],
+        study.config,
         "--name",
         run["name"],
         "--resume",
@@ -142,7 +143,7 @@ def run_argv(run: dict, study: dict, study_dir: Path, threads: int) -> list[str]
 
 
 def run_entry(
-    run: dict, study: dict, run_dir: Path, code: int, wall_s: float, resumed: bool, log: Path
+    run: dict, study: Study, run_dir: Path, code: int, wall_s: float, resumed: bool, log: Path
 ) -> dict:
     """A run's sweep.json entry once its process (or task) ended with `code`."""
     status = RunDir(run_dir).status() or "failed"
@@ -155,7 +156,7 @@ def run_entry(
         "exit_code": code,
         "wall_time_s": round(wall_s, 1),
         "resumed": resumed,
-        **({"design": study["design"]} if study.get("design") else {}),
+        **({"design": study.design} if study.design else {}),
     }
     if status == "failed":
         errors = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
@@ -182,27 +183,27 @@ def stop_runs(timeout: float = 120.0) -> None:
             p.wait()
 
 
-def workers_for(study: dict, requested: int | None) -> tuple[int, int, list[str | None]]:
+def workers_for(study: Study, requested: int | None) -> tuple[int, int, list[str | None]]:
     """(workers, threads per worker, gpu per worker slot)."""
     import torch
 
-    threads = int(study.get("threads_per_worker", 1))
+    threads = study.threads
     if torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # respect a restriction made by the caller
         ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         n = requested or len(ids)
         return n, threads, [ids[i % len(ids)] for i in range(n)]
-    n = requested or study.get("workers") or max(1, (os.cpu_count() or 1) // threads)
+    n = requested or study.workers or max(1, (os.cpu_count() or 1) // threads)
     return n, threads, [None] * n
 
 
-def prepare_once(study: dict, runs: list[dict]) -> None:
+def prepare_once(study: Study, runs: list[dict]) -> None:
     """Prepare the data and build the CPU kernels before the workers start, instead of in each of
     them (train.prepare)."""
     import train
 
     done = set()
-    for cfg in (load_config(study["config"], r["overrides"]) for r in runs):
+    for cfg in (load_config(study.config, r["overrides"]) for r in runs):
         key = (tuple(sorted(vars(cfg.data).items())), cfg.model.norm_impl, cfg.model.ops_impl)
         if key not in done:
             done.add(key)
@@ -210,7 +211,7 @@ def prepare_once(study: dict, runs: list[dict]) -> None:
 
 
 def _write_index(
-    path: Path, study: dict, runs: list[dict], index: dict, running: dict | None = None
+    path: Path, study: Study, runs: list[dict], index: dict, running: dict | None = None
 ) -> None:
     """sweep.json: the runs' entries in their order, then those the file had of runs not asked
     for yet (a resumed sweep reaches a stage's runs later than a first one did); with a protocol,
@@ -218,7 +219,7 @@ def _write_index(
     sweep has finished (a report of the runs is interim until then)."""
     names = [r["name"] for r in runs]
     entries = [index[n] for n in dict.fromkeys(names + list(index)) if n in index]
-    out = {"study": study, "runs": entries}
+    out = {"study": study.as_dict(), "runs": entries}
     if running is not None:
         out["running"] = _running(running)
     _write_json(path, out)
@@ -298,7 +299,7 @@ cd {repo}
 
 
 def sbatch_script(
-    study: dict,
+    study: Study,
     study_file: Path,
     out_parent: Path,
     n_runs: int,
@@ -308,12 +309,12 @@ def sbatch_script(
     """An sbatch job-array script: one array task per run, each a `sweep.py --shard i/N` on the
     shared folder."""
     return SBATCH.format(
-        name=study["name"],
+        name=study.name,
         n=n_runs,
         last=n_runs - 1,
-        threads=study.get("threads_per_worker", 1),
+        threads=study.threads,
         gpu=f"#SBATCH --gpus-per-task={gpus_per_run}\n" if gpus_per_run else "",
-        out=out_parent / study["name"],
+        out=out_parent / study.name,
         repo=REPO,
         python=sys.executable,
         study_file=study_file.resolve(),
@@ -339,7 +340,7 @@ def finished_runs(study_dir: Path, runs: list[dict], todo: list[dict]) -> set[st
 
 
 def run_study(
-    study: dict,
+    study: Study,
     runs: list[dict],
     study_dir: Path,
     workers: int | None = None,
@@ -359,7 +360,7 @@ def run_study(
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
     done = finished_runs(study_dir, runs, todo)
     print(
-        f"study {study['name']}: {len(done) + len(todo)} runs, {len(done)} already finished, "
+        f"study {study.name}: {len(done) + len(todo)} runs, {len(done)} already finished, "
         f"{len(todo)} to run "
         f"on {n_workers} workers x {threads} threads -> {shown(study_dir)}"
     )
@@ -375,7 +376,7 @@ def run_study(
         total=len(done) + len(todo),
         initial=len(done),
         unit="run",
-        desc=study["name"],
+        desc=study.name,
         dynamic_ncols=True,
         file=sys.stdout,
         disable=not sys.stdout.isatty(),

@@ -10,6 +10,7 @@ results still reads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from training.config import ConfigError, check_number, load_config
+from training.config import ConfigError, check_number, load_config, ranged
 
 DEFAULT_MARGIN = 0.02  # nats: the equivalence margin when the study file does not set one
 
@@ -82,6 +83,26 @@ def _once(values: list, where: str) -> None:
         seen.add(key)
 
 
+def in_range(cls, name: str, value, prefix: str) -> None:
+    """ConfigError unless `value` (a number, or each number of a list) lies in the range declared
+    beside field `name` of `cls`; the message names `prefix` + the key."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    kind = int if f.type.startswith(("int", "tuple[int")) else float
+    if isinstance(value, list | tuple):
+        for v in value:
+            check_number(f"{prefix}{name}[]", v, kind, f.metadata["range"])
+    else:
+        check_number(f"{prefix}{name}", value, kind, f.metadata["range"])
+
+
+def check_ranges(cls, section: dict, prefix: str) -> None:
+    """Every number `section` sets for a field of `cls` with a declared range, in that range (null:
+    unset, or a criterion turned off)."""
+    for f in dataclasses.fields(cls):
+        if "range" in f.metadata and section.get(f.name) is not None:
+            in_range(cls, f.name, section[f.name], prefix)
+
+
 def train_config(study_path: Path, name: str) -> str:
     """The training config a study file names: relative to the study file, else in
     configs/train/."""
@@ -93,59 +114,49 @@ def train_config(study_path: Path, name: str) -> str:
     )
 
 
-def load_study(path: Path) -> dict:
-    """The study file as a dict, with the grid's keys resolved to dotted config fields."""
+def load_study(path: Path) -> Study:
+    """The study file parsed and checked into a Study (the grid's keys resolved to dotted config
+    fields); ConfigError in one line naming the key."""
     if not path.is_file():
         raise ConfigError(f"study file {str(path)!r} does not exist")
     try:
-        study = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as e:
         raise ConfigError(f"cannot parse {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
-    if not isinstance(study, dict) or not isinstance(study.get("grid"), dict):
+    if not isinstance(raw, dict) or not isinstance(raw.get("grid"), dict):
         raise ConfigError(
             f"{path}: a study is a mapping with a 'grid' mapping of config fields to value lists"
         )
-    unknown = set(study) - STUDY_KEYS
+    unknown = set(raw) - STUDY_KEYS
     if unknown:
         raise ConfigError(
             f"unknown study key(s) {', '.join(sorted(unknown))}; valid: "
             f"{', '.join(sorted(STUDY_KEYS))}"
         )
-    if not study.get("grid"):
+    if not raw.get("grid"):
         raise ConfigError(f"{path}: a study needs a non-empty 'grid'")
     grid = {}
-    for key, values in study["grid"].items():
+    for key, values in raw["grid"].items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid.{key} must be a non-empty list of values")
         _once(values, f"{path}: grid.{key}")
         grid[ALIASES.get(key, key)] = values
-    study["grid"] = grid
-    study["exclude"] = _exclude(path, study.get("exclude"), grid)
-    for key, kind, spec in (
-        ("equivalence_margin", float, "> 0"),  # nats
-        ("sensitivity_margin", float, "> 0"),
-        ("ratio_margin", float, "> 1"),  # a ratio within [1/m, m]
-        ("threads_per_worker", int, ">= 1"),
-        ("workers", int, ">= 1"),
-    ):
-        if study.get(key) is not None:
-            check_number(f"{path}: {key}", study[key], kind, spec)
-    if "protocol" in study:
+    check_ranges(Study, raw, f"{path}: ")
+    protocol = None
+    if "protocol" in raw:
         if "optim.lr" not in grid or "train.seed" in grid:
             raise ConfigError(
                 f"{path}: a study with a protocol has an lr axis and no seed axis in its grid (the "
                 f"protocol's seeds replace it)"
             )
-        study["protocol"] = parse_protocol(study["protocol"], str(path))
-    else:
-        study["protocol"] = None
-    if study.get("slurm") is not None:
-        _slurm(study["slurm"], str(path))
-    if study.get("multiples") is not None:  # absent, not None: older studies' designs unchanged
-        study["multiples"] = parse_multiples(study["multiples"], grid, str(path))
-    study["rule"], study["alternatives"] = parse_failure(study.get("failure"), str(path))
-    study["claims"] = [_claim(path, i, c, grid) for i, c in enumerate(study.get("claims") or [])]
-    withdrawn = study.get("withdrawn") or []
+        protocol = parse_protocol(raw["protocol"], str(path))
+    if raw.get("slurm") is not None:
+        _slurm(raw["slurm"], str(path))
+    multiples = raw.get("multiples")
+    if multiples is not None:
+        multiples = parse_multiples(multiples, grid, str(path))
+    rule, alternatives = parse_failure(raw.get("failure"), str(path))
+    withdrawn = raw.get("withdrawn") or []
     if not isinstance(withdrawn, list) or any(
         not isinstance(w, dict) or set(w) != {"paper", "says", "why"} for w in withdrawn
     ):
@@ -154,12 +165,11 @@ def load_study(path: Path) -> dict:
             "as "
             f"the paper states it, and why"
         )
-    study["withdrawn"] = withdrawn
-    if not isinstance(study.get("history") or [], list):
+    if not isinstance(raw.get("history") or [], list):
         raise ConfigError(
             f"{path}: history is a list of notes (what changed after results, and when)"
         )
-    quick = study.pop("quick", None)
+    quick = raw.get("quick")
     if quick is not None and (
         not isinstance(quick, dict) or set(quick) - {"config", "overrides", "grid"}
     ):
@@ -167,12 +177,25 @@ def load_study(path: Path) -> dict:
             f"{path}: quick must be a mapping with config, overrides and/or grid (what --quick "
             "replaces)"
         )
-    study["quick"] = quick
-    study["name"] = study.get("name") or path.stem
-    study["about"] = str(study.get("about") or "")
-    study["config"] = train_config(path, study.get("config", "default.yaml"))
-    study["dir"] = str(path.parent.resolve())
-    return study
+    given = {k: v for k, v in raw.items() if k in GIVEN_AS_WRITTEN}
+    return Study(
+        name=raw.get("name") or path.stem,
+        config=train_config(path, raw.get("config", "default.yaml")),
+        dir=str(path.parent.resolve()),
+        grid=grid,
+        about=str(raw.get("about") or ""),
+        exclude=_exclude(path, raw.get("exclude"), grid),
+        protocol=protocol,
+        rule=rule,
+        alternatives=alternatives,
+        claims=[_claim(path, i, c, grid) for i, c in enumerate(raw.get("claims") or [])],
+        withdrawn=withdrawn,
+        quick=quick,
+        multiples=multiples,
+        **given,
+        history=list(raw.get("history") or []),
+        written=frozenset(raw) - {"quick"},
+    )
 
 
 def _exclude(path: Path, section, grid: dict) -> list[dict]:
@@ -208,7 +231,7 @@ class Multiples:
     at its best LR (`best_lr`, chosen before this study on other seeds: `chosen` says where) times
     each of `factors`, on the grid's seeds; arms are paired by seed at each factor."""
 
-    factors: tuple
+    factors: tuple[float, ...] = field(metadata={"range": "> 0"})
     best_lr: tuple  # ((fields, lr), ...): the arms whose grid values include all the fields
     chosen: str
     # the pre-registered pairs, compared at each factor (lab/multiples.py): Pair, ...; added after
@@ -276,8 +299,7 @@ def parse_multiples(section, grid: dict, where: str) -> Multiples | None:
     factors = section["factors"]
     if not isinstance(factors, list) or not factors:
         raise ConfigError(f"{where}: multiples.factors must be a non-empty list of numbers > 0")
-    for f in factors:
-        check_number(f"{where}: multiples.factors[]", f, float, "> 0")
+    in_range(Multiples, "factors", factors, f"{where}: multiples.")
     if len(set(factors)) != len(factors):
         raise ConfigError(f"{where}: multiples.factors lists a factor twice")
     entries = section["best_lr"]
@@ -346,11 +368,11 @@ def _pair(section, i: int, grid: dict, where: str) -> Pair:
     )
 
 
-def excluded(study: dict, combination: dict) -> bool:
+def excluded(study: Study, combination: dict) -> bool:
     """Whether a grid combination ({field: value}) is one the study file's `exclude:` drops."""
     return any(
         all(k in combination and combination[k] == v for k, v in e.items())
-        for e in study.get("exclude") or []
+        for e in study.exclude or []
     )
 
 
@@ -361,12 +383,12 @@ class Adaptive:
     `max_runs` runs per claim are spent; `alpha` is spent equally over the looks (a look after the
     earlier stages and after each round): a claim's p is its raw p x looks."""
 
-    seeds_per_round: int
-    max_runs: int
-    first_seed: int
-    lrs: int = 3
-    step: float = 10**0.25  # x1.78: the grid the rounds' LRs are snapped to
-    alpha: float = 0.05
+    seeds_per_round: int = field(metadata={"range": ">= 1"})
+    max_runs: int = field(metadata={"range": ">= 2"})
+    first_seed: int = field(metadata={"range": ">= 0"})
+    lrs: int = ranged(3, ">= 1")
+    step: float = ranged(10**0.25, "> 1")  # x1.78: the grid the rounds' LRs are snapped to
+    alpha: float = ranged(0.05, "(0, 1)")
     # an arm with failures but no all-failed LR (or no all-trained one) is centred on its highest
     # (lowest) LR, so its round tries one step beyond, where the edge identification asks for lies;
     # False: on Firth's penalised LR50 (the studies run before this option)
@@ -399,16 +421,7 @@ def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
     if missing:
         raise ConfigError(f"{where}: protocol.adaptive needs {', '.join(sorted(missing))}")
     ints = ("seeds_per_round", "max_runs", "first_seed", "lrs")
-    for key, kind, spec in (
-        ("seeds_per_round", int, ">= 1"),
-        ("max_runs", int, ">= 2"),
-        ("first_seed", int, ">= 0"),
-        ("lrs", int, ">= 1"),
-        ("step", float, "> 1"),
-        ("alpha", float, "(0, 1)"),
-    ):
-        if key in section:
-            check_number(f"{where}: protocol.adaptive.{key}", section[key], kind, spec)
+    check_ranges(Adaptive, section, f"{where}: protocol.adaptive.")
     if not isinstance(section.get("seek_edge", False), bool):
         raise ConfigError(f"{where}: protocol.adaptive.seek_edge is true or false")
     a = Adaptive(**{k: (v if k in (*ints, "seek_edge") else float(v)) for k, v in section.items()})
@@ -429,18 +442,17 @@ def parse_adaptive(section, seeds: set, where: str) -> Adaptive:
 
 @dataclass(frozen=True)
 class Protocol:
-    selection_seeds: tuple
-    test_seeds: tuple
-    failure_seeds: tuple
-    factor: float = math.sqrt(10)  # the bracket's step (x the LR)
-    min_lr: float = 1e-5
-    max_lr: float = 10.0
-    steps: int = 3  # at most this many LRs beyond each end of the grid
-    refine: float = (
-        2.0  # the largest spacing left next to the best LR and the failure edge (0: no refinement)
-    )
+    selection_seeds: tuple[int, ...] = field(metadata={"range": ">= 0"})
+    test_seeds: tuple[int, ...] = field(metadata={"range": ">= 0"})
+    failure_seeds: tuple[int, ...] = field(metadata={"range": ">= 0"})
+    factor: float = ranged(math.sqrt(10), "> 1")  # the bracket's step (x the LR)
+    min_lr: float = ranged(1e-5, "> 0")
+    max_lr: float = ranged(10.0, "> 0")
+    steps: int = ranged(3, ">= 0")  # at most this many LRs beyond each end of the grid
+    # the largest spacing left next to the best LR and the failure edge (0: no refinement)
+    refine: float = ranged(2.0, ">= 0")
     # the seeds that compare a common_loss claim's arms at their common safe LR
-    common_seeds: tuple = ()
+    common_seeds: tuple[int, ...] = field(default=(), metadata={"range": ">= 0"})
     adaptive: Adaptive | None = None  # the adaptive edge stage; None: the study has none
     critical: Critical | None = None  # per-seed critical LRs by bisection; None: none
     # the common LR: "bound" (P(fail)'s upper 95% bound < 5%) or "fitted" (both point estimates
@@ -448,7 +460,7 @@ class Protocol:
     # (these three were added after designs were first recorded: lab/design.py leaves each out of
     # a design while it holds its default)
     common_rule: str = field(default="bound", metadata={"added": "issue 76"})
-    common_within: float = field(default=0.1, metadata={"added": "issue 76"})
+    common_within: float = ranged(0.1, "> 0", added="issue 76")
     # a loss claim's failed runs: "dropped" from the pairs, or "worst" (kept as the worst outcome,
     # decided by a rank test where any failed)
     failed_runs: str = field(default="dropped", metadata={"added": "issue 76"})
@@ -459,9 +471,9 @@ class Critical:
     """protocol.critical: the seeds whose critical LR each arm bisects (lab/critical.py), to which
     resolution (hi / lo), and the equivalence margin of the paired comparison (a ratio)."""
 
-    seeds: tuple
-    resolution: float = 1.19
-    margin: float = 1.1
+    seeds: tuple[int, ...] = field(metadata={"range": ">= 0"})
+    resolution: float = ranged(1.19, "> 1")
+    margin: float = ranged(1.1, "> 1")
 
 
 CRITICAL_KEYS = {"seeds", "resolution", "margin"}
@@ -476,12 +488,9 @@ def parse_critical(section, where: str) -> Critical:
     seeds = section["seeds"]
     if not isinstance(seeds, list) or len(seeds) < 2:
         raise ConfigError(f"{where}: protocol.critical.seeds must list 2 or more integer seeds")
-    for seed in seeds:
-        check_number(f"{where}: protocol.critical.seeds[]", seed, int, ">= 0")
+    in_range(Critical, "seeds", seeds, f"{where}: protocol.critical.")
     _once(seeds, f"{where}: protocol.critical.seeds")
-    for key in ("resolution", "margin"):
-        if key in section:
-            check_number(f"{where}: protocol.critical.{key}", section[key], float, "> 1")
+    check_ranges(Critical, section, f"{where}: protocol.critical.")
     return Critical(
         tuple(seeds), **{k: float(section[k]) for k in ("resolution", "margin") if k in section}
     )
@@ -524,8 +533,7 @@ def parse_protocol(section, where: str) -> Protocol:
             continue
         if not isinstance(value, list) or not value:
             raise ConfigError(f"{where}: protocol.{key} must be a non-empty list of integer seeds")
-        for s in value:
-            check_number(f"{where}: protocol.{key}[]", s, int, ">= 0")
+        in_range(Protocol, key, value, f"{where}: protocol.")
         _once(value, f"{where}: protocol.{key}")
         seeds[key] = tuple(value)
     if set(seeds["selection_seeds"]) & (
@@ -538,13 +546,9 @@ def parse_protocol(section, where: str) -> Protocol:
     bracket = section.get("bracket") or {}
     if not isinstance(bracket, dict) or set(bracket) - BRACKET_KEYS:
         raise ConfigError(f"{where}: protocol.bracket takes {', '.join(sorted(BRACKET_KEYS))}")
-    for key, value in bracket.items():
-        kind, spec = (
-            (int, ">= 0") if key == "steps" else (float, "> 1" if key == "factor" else "> 0")
-        )
-        check_number(f"{where}: protocol.bracket.{key}", value, kind, spec)
+    check_ranges(Protocol, bracket, f"{where}: protocol.bracket.")
     if "refine" in section:
-        check_number(f"{where}: protocol.refine", section["refine"], float, ">= 0")
+        in_range(Protocol, "refine", section["refine"], f"{where}: protocol.")
     adaptive = section.get("adaptive")
     choices = {}
     common = section.get("common_lr", {"rule": "bound"})
@@ -558,7 +562,7 @@ def parse_protocol(section, where: str) -> Protocol:
             "(nats > 0)"
         )
     if "within" in common:
-        check_number(f"{where}: protocol.common_lr.within", common["within"], float, "> 0")
+        in_range(Protocol, "common_within", common["within"], f"{where}: protocol.common_lr.")
         choices["common_within"] = float(common["within"])
     choices["common_rule"] = common.get("rule", "bound")
     if section.get("failed_runs", "dropped") not in ("dropped", "worst"):
@@ -609,11 +613,11 @@ class Rule:
     which a run is still falling."""
 
     name: str = "main"
-    learn_margin: float | None = 0.25
-    blowup_margin: float | None = 0.5
+    learn_margin: float | None = ranged(0.25, ">= 0")  # null: the criterion is off
+    blowup_margin: float | None = ranged(0.5, ">= 0")
     above_l0: bool = True
-    arm_gap: float | None = None
-    slow_slope: float = 0.01
+    arm_gap: float | None = ranged(None, ">= 0")
+    slow_slope: float = ranged(0.01, ">= 0")
     # learn_margin judged speed-free: only a collapse that persists to the end fails (the final
     # eval within learn_margin of the unigram entropy and the last half not falling faster than
     # slow_slope); a run still falling there is slow, not unstable (issue 60's primary rule)
@@ -670,10 +674,7 @@ def parse_rule(section, where: str, name: str) -> Rule:
     if not isinstance(section, dict) or set(section) - RULE_KEYS:
         raise ConfigError(f"{where}: a failure rule is a mapping of {', '.join(sorted(RULE_KEYS))}")
     out = Rule(**{"name": name, **{k: section[k] for k in section}})
-    for key in ("learn_margin", "blowup_margin", "arm_gap", "slow_slope"):
-        value = getattr(out, key)
-        if value is not None:  # null: the criterion is off
-            check_number(f"{where}: {key}", value, float, ">= 0")
+    check_ranges(Rule, section, f"{where}: ")
     for key in ("above_l0", "speed_free", "above_unigram"):
         if not isinstance(getattr(out, key), bool):
             raise ConfigError(f"{where}: {key} is true or false")
@@ -753,20 +754,20 @@ def _claim(path: Path, i: int, claim, grid: dict) -> dict:
     return {**claim, **sides}
 
 
-def expected_time(study: dict, runs: list[dict]) -> str | None:
+def expected_time(study: Study, runs: list[dict]) -> str | None:
     """The study file's `expected: {device, mfu, gpus}` turned into an estimate from the model's
     FLOPs: training FLOPs of every run (training/flops.py, 6N + 12LdT per token x batch x seq_len x
     steps; evals not counted) over `gpus` devices at `mfu` of the device's dense peak. None without
     an `expected` section."""
     import train
 
-    exp = study.get("expected")
+    exp = study.expected
     if not exp:
         return None
     total, peak = 0.0, None
     device, dtype = str(exp["device"]), str(exp.get("dtype", "bfloat16"))
     for r in runs:
-        cfg = load_config(study["config"], r["overrides"])
+        cfg = load_config(study.config, r["overrides"])
         about, t = train.describe(cfg, device, dtype), cfg.train
         total += about["flops_per_token"] * t.batch_size * t.seq_len * t.steps
         peak = about["peak_flops"]
@@ -783,26 +784,27 @@ def expected_time(study: dict, runs: list[dict]) -> str | None:
     )
 
 
-def quick_study(study: dict) -> dict:
+def quick_study(study: Study) -> Study:
     """The study's `quick` version (its grid, overrides and config replace the study's), named
     <name>-quick: a seconds-long smoke run of the same axes. Claims are kept (their values must be
     in the quick grid)."""
-    quick = study["quick"]
+    quick = study.quick
     if quick is None:
-        raise ConfigError(f"study {study['name']!r} has no quick section")
-    out = {**study, "name": f"{study['name']}-quick", "protocol": None}
+        raise ConfigError(f"study {study.name!r} has no quick section")
+    out = dataclasses.replace(study, name=f"{study.name}-quick", protocol=None)
     if "config" in quick:
-        out["config"] = train_config(Path(study["dir"]) / "study.yaml", quick["config"])
+        out.config = train_config(Path(study.dir) / "study.yaml", quick["config"])
     if "overrides" in quick:
-        out["overrides"] = OmegaConf.to_container(
-            OmegaConf.merge(study.get("overrides") or {}, quick["overrides"])
+        out.overrides = OmegaConf.to_container(
+            OmegaConf.merge(study.overrides or {}, quick["overrides"])
         )
+        out.written = out.written | {"overrides"}
     if "grid" in quick:
-        out["grid"] = {ALIASES.get(k, k): v for k, v in quick["grid"].items()}
-    out["claims"] = [
+        out.grid = {ALIASES.get(k, k): v for k, v in quick["grid"].items()}
+    out.claims = [
         c
-        for c in study["claims"]
-        if all(v in out["grid"].get(k, []) for side in ("a", "b") for k, v in c[side].items())
+        for c in study.claims
+        if all(v in out.grid.get(k, []) for side in ("a", "b") for k, v in c[side].items())
     ]
     return out
 
@@ -830,33 +832,33 @@ def _validate(config: str, overrides: tuple) -> None:
     load_config(config, list(overrides))
 
 
-def expand(study: dict, extra: list[str] = ()) -> list[dict]:
+def expand(study: Study, extra: list[str] = ()) -> list[dict]:
     """One {'name', 'overrides'} per grid combination not excluded, in grid order; every config
     validated up front."""
-    base = flatten(study.get("overrides") or {}) + list(extra)
+    base = flatten(study.overrides or {}) + list(extra)
     runs = []
     for combination in _combinations(study):
         name = "-".join(_slug(k, v) for k, v in combination.items())
         overrides = base + [f"{k}={v}" for k, v in combination.items()]
-        _validate(str(study["config"]), tuple(overrides))  # raises ConfigError on a bad value
+        _validate(str(study.config), tuple(overrides))  # raises ConfigError on a bad value
         runs.append({"name": name, "overrides": overrides})
     return runs
 
 
-def _combinations(study: dict):
+def _combinations(study: Study):
     """The grid's combinations not excluded, in grid order; with `multiples`, each arm's at each
     factor x its best LR (the LR after the arm's fields, before the seed)."""
-    keys = list(study["grid"])
-    multiples = study.get("multiples")
+    keys = list(study.grid)
+    multiples = study.multiples
     if multiples is None:
-        for values in itertools.product(*study["grid"].values()):
+        for values in itertools.product(*study.grid.values()):
             combination = dict(zip(keys, values, strict=True))
             if not excluded(study, combination):
                 yield combination
         return
-    seeds = study["grid"]["train.seed"]
+    seeds = study.grid["train.seed"]
     out = []
-    for values in itertools.product(*study["grid"].values()):
+    for values in itertools.product(*study.grid.values()):
         combination = dict(zip(keys, values, strict=True))
         if excluded(study, combination):
             continue
@@ -868,10 +870,73 @@ def _combinations(study: dict):
     yield from sorted(out, key=lambda c: seeds.index(c["train.seed"]))
 
 
+# kept as the file writes them (and hashed into the design only where the file has them)
+GIVEN_AS_WRITTEN = (
+    *("overrides", "failure", "margin_reason", "slurm", "expected", "equivalence_margin"),
+    *("sensitivity_margin", "ratio_margin", "threads_per_worker", "workers"),
+)
+# in every design (a design hashes the parsed study file less its history notes and its folder)
+IN_EVERY_DESIGN = (
+    *("name", "about", "config", "grid", "exclude", "protocol", "rule", "alternatives"),
+    *("claims", "withdrawn", "quick"),
+)
+
+
+@dataclass
+class Study:
+    """A study file, parsed and checked by load_study: the grid's keys resolved to dotted config
+    fields, each section its type, each number in the range beside its field."""
+
+    name: str
+    config: str  # the training config its runs start from (a path: train_config)
+    dir: str  # the study file's folder
+    grid: dict  # {dotted field: [values]}
+    about: str = ""
+    overrides: dict = field(default_factory=dict)  # nested, as the file writes them
+    exclude: list = field(default_factory=list)  # [{field: value}]: combinations not run
+    protocol: Protocol | None = None
+    rule: Rule = field(default_factory=Rule)
+    alternatives: tuple = DEFAULT_ALTERNATIVES
+    claims: list = field(default_factory=list)  # [{paper, says, a, b, metric, expect}]
+    withdrawn: list = field(default_factory=list)  # [{paper, says, why}]
+    history: list = field(default_factory=list)  # notes on changes made after results
+    quick: dict | None = None  # what --quick replaces: config, overrides, grid
+    multiples: Multiples | None = None
+    failure: dict | None = None  # the failure section as written (rule, alternatives parse it)
+    slurm: dict | None = None
+    expected: dict | None = None  # {device, mfu, gpus}: expected_time
+    margin_reason: str | None = None
+    equivalence_margin: float | None = ranged(None, "> 0")  # nats
+    sensitivity_margin: float | None = ranged(None, "> 0")  # nats
+    ratio_margin: float | None = ranged(None, "> 1")  # a ratio within [1/m, m]
+    threads_per_worker: int | None = ranged(None, ">= 1")
+    workers: int | None = ranged(None, ">= 1")
+    design: str | None = None  # the design its runs are made under (the sweep sets it)
+    written: frozenset = frozenset()  # the keys the file has
+
+    def design_body(self) -> dict:
+        """What a design hashes of the study file: every parsed section, and the optional keys
+        where the file has them (as written), less its history notes and its folder."""
+        optional = [k for k in (*GIVEN_AS_WRITTEN, "multiples") if k in self.written]
+        return {k: getattr(self, k) for k in (*IN_EVERY_DESIGN, *optional)}
+
+    def as_dict(self) -> dict:
+        """The study as sweep.json records it: the design's body, its folder, notes and design."""
+        notes = {"history": self.history} if "history" in self.written else {}
+        design = {"design": self.design} if self.design else {}
+        return {**self.design_body(), "dir": self.dir, **notes, **design}
+
+    @property
+    def threads(self) -> int:
+        """Threads per run (threads_per_worker, default 1)."""
+        return int(self.threads_per_worker or 1)
+
+
 @dataclass
 class StudyFile:
-    """What a report needs of the study file, read once: what it asks, its margin and why, its
-    claims, its protocol. Runs compared without a study file get the defaults."""
+    """What a report reads of a Study (read_study_file), its defaults resolved: what it asks, its
+    margin and why, its claims, its protocol. Runs compared without a study file get the
+    defaults."""
 
     name: str
     about: str = ""
@@ -909,32 +974,32 @@ def study_file(paths: list[Path]) -> StudyFile:
 def read_study_file(path: Path) -> StudyFile:
     study = load_study(path)
     return StudyFile(
-        study["name"],
-        study["about"],
-        float(study.get("equivalence_margin") or DEFAULT_MARGIN),
-        study.get("margin_reason"),
-        study["claims"],
-        study["protocol"],
-        study["withdrawn"],
-        study["rule"],
-        study["alternatives"],
-        float(study.get("sensitivity_margin") or 0.1),
-        float(study.get("ratio_margin") or 2.0),
-        tuple(study["grid"].get("optim.lr", ())),
-        list(study.get("history") or []),
+        study.name,
+        study.about,
+        float(study.equivalence_margin or DEFAULT_MARGIN),
+        study.margin_reason,
+        study.claims,
+        study.protocol,
+        study.withdrawn,
+        study.rule,
+        study.alternatives,
+        float(study.sensitivity_margin or 0.1),
+        float(study.ratio_margin or 2.0),
+        tuple(study.grid.get("optim.lr", ())),
+        list(study.history),
         path=path,
-        multiples=study.get("multiples"),
+        multiples=study.multiples,
     )
 
 
-def arm_configs(study: dict) -> list:
+def arm_configs(study: Study) -> list:
     """One training config per arm (every grid field but the LR and the seed, exclusions dropped):
     what its model and budget are."""
-    axes = {k: v for k, v in study["grid"].items() if k not in ("optim.lr", "train.seed")}
-    base = flatten(study.get("overrides") or {})
+    axes = {k: v for k, v in study.grid.items() if k not in ("optim.lr", "train.seed")}
+    base = flatten(study.overrides or {})
     out = []
     for values in itertools.product(*axes.values()):
         arm = dict(zip(axes, values, strict=True))
         if not excluded(study, arm):
-            out.append(load_config(study["config"], base + [f"{k}={v}" for k, v in arm.items()]))
+            out.append(load_config(study.config, base + [f"{k}={v}" for k, v in arm.items()]))
     return out

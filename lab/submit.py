@@ -16,6 +16,7 @@ from pathlib import Path
 import submitit
 
 from lab.runner import REPO, _write_index, prepare_once, run_argv, run_entry, shown, state
+from lab.studyfile import Study
 from training.rundir import read_json
 
 
@@ -40,19 +41,19 @@ class RunTask(submitit.helpers.Checkpointable):
             return train.main(self.argv)  # a SystemExit (submitit's requeue) goes on up
 
 
-def executor(kind: str, folder: Path, study: dict, options: dict):
+def executor(kind: str, folder: Path, study: Study, options: dict):
     """A submitit executor of `kind` (local | slurm) writing its files in `folder`; options:
     partition, time_min, cpus_per_run, gpus_per_run, array_parallelism (from the flags, else the
     study file's `slurm:`)."""
     time_min = int(options.get("time_min") or 60)
-    cpus = int(options.get("cpus_per_run") or study.get("threads_per_worker") or 1)
+    cpus = int(options.get("cpus_per_run") or study.threads_per_worker or 1)
     if kind == "local":
         ex = submitit.LocalExecutor(folder, max_num_timeout=3)
         ex.update_parameters(timeout_min=time_min, cpus_per_task=cpus)
         return ex
     ex = submitit.SlurmExecutor(folder, max_num_timeout=3)
     params = {
-        "job_name": study["name"],
+        "job_name": study.name,
         "time": time_min,
         "cpus_per_task": cpus,
         "setup": [f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"],
@@ -68,7 +69,7 @@ def executor(kind: str, folder: Path, study: dict, options: dict):
 
 
 def run_stage(
-    study: dict,
+    study: Study,
     runs: list[dict],
     study_dir: Path,
     ex,
@@ -83,9 +84,9 @@ def run_stage(
     index_path = study_dir / index_name
     index = {e["name"]: e for e in read_json(index_path)["runs"]} if index_path.exists() else {}
     todo = [r for r in runs if state(study_dir / "runs" / r["name"]) != "finished"]
-    threads = int(study.get("threads_per_worker") or 1)
+    threads = study.threads
     print(
-        f"study {study['name']}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
+        f"study {study.name}: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
         f"{len(todo)} submitted as one job array -> {shown(study_dir)}"
     )
     prepare_once(study, runs)

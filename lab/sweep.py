@@ -53,7 +53,7 @@ from lab.runner import (
     shown,
     state,
 )
-from lab.studyfile import expected_time, load_study, quick_study
+from lab.studyfile import Study, expected_time, load_study, quick_study
 from training import errors
 from training.config import number
 from training.rundir import write_text
@@ -167,8 +167,8 @@ def _sweep(argv: list[str] | None) -> int:
         "gpus_per_run": a.gpus_per_run,
         "array_parallelism": a.array_parallelism,
     }  # the flags, over the study file's slurm:
-    a.options = {**(raw.get("slurm") or {}), **{k: v for k, v in flags.items() if v is not None}}
-    study_dir = a.out.resolve() / study["name"]
+    a.options = {**(raw.slurm or {}), **{k: v for k, v in flags.items() if v is not None}}
+    study_dir = a.out.resolve() / study.name
     if a.slurm:
         extra = a.set + (["--quick"] if a.quick else [])
         gpus = int(a.options.get("gpus_per_run") or 0)
@@ -182,17 +182,17 @@ def _sweep(argv: list[str] | None) -> int:
         for r in runs:
             print(r["name"], " ".join(r["overrides"]))
         print(f"{len(runs)} runs -> {study_dir}")
-        if study.get("protocol"):
+        if study.protocol:
             print(
                 "then the protocol's stages (bracket, refine, edge, critical, test) add runs "
                 "chosen from their results"
             )
-        if study.get("expected"):
+        if study.expected:
             print(expected_time(study, runs))
         return 0
     study_dir.mkdir(parents=True, exist_ok=True)
     # the design its runs are made under; a changed file needs a history note
-    study["design"] = pin(study_dir, raw, str(a.study), a.set)
+    study.design = pin(study_dir, raw, str(a.study), a.set)
     write_text(study_dir / "study.yaml", a.study.read_text())
     t0 = time.time()
     a.ex = None
@@ -201,9 +201,7 @@ def _sweep(argv: list[str] | None) -> int:
 
         a.ex = executor(a.executor, study_dir / "submitit", study, a.options)
     counts = (  # a bad data source (train.prepare) is a ConfigError: one line, exit 2
-        _run_stages(a, study, study_dir)
-        if study.get("protocol")
-        else _run(a, study, runs, study_dir)
+        _run_stages(a, study, study_dir) if study.protocol else _run(a, study, runs, study_dir)
     )
     if counts is None:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
@@ -217,7 +215,7 @@ def _sweep(argv: list[str] | None) -> int:
     return 0
 
 
-def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
+def _run_stages(a, study: Study, study_dir: Path) -> dict[str, int] | None:
     """The protocol's stages in order (budget by budget, shortest first), each chosen from the
     finished runs: the outcome counts, or None when interrupted."""
     made: list[dict] = []
@@ -247,7 +245,7 @@ def _run_stages(a, study: dict, study_dir: Path) -> dict[str, int] | None:
     return counts
 
 
-def _run(a, study: dict, runs: list[dict], study_dir: Path, running: dict | None = None):
+def _run(a, study: Study, runs: list[dict], study_dir: Path, running: dict | None = None):
     """The unfinished runs of `runs`: on this machine's workers, or as one submitit job array."""
     if a.ex is not None:
         from lab.submit import run_stage
@@ -262,19 +260,19 @@ def _lr_of(run: dict) -> str:
     return next(o.split("=", 1)[1] for o in reversed(run["overrides"]) if o.startswith("optim.lr="))
 
 
-def _sweep_shard(a, study: dict, runs: list[dict], study_dir: Path, shard: tuple[int, int]) -> int:
+def _sweep_shard(a, study: Study, runs: list[dict], study_dir: Path, shard: tuple[int, int]) -> int:
     """One task of a job array: this shard's grid runs; once every grid run of the study is finished
     (by all tasks), this shard's share of the second stage too. No report: compare.py reads the
     shared folder after."""
     k, n = shard
     study_dir.mkdir(parents=True, exist_ok=True)
     # a ConfigError: sweep() says it
-    study["design"] = pin(study_dir, load_study(a.study), str(a.study), a.set)
+    study.design = pin(study_dir, load_study(a.study), str(a.study), a.set)
     if not (study_dir / "study.yaml").exists():
         write_text(study_dir / "study.yaml", a.study.read_text())
     index = f"sweep-{k}-of-{n}.json"
     counts = run_study(study, runs[k::n], study_dir, a.workers, index, a.process_per_run)
-    while counts is not None and study.get("protocol"):
+    while counts is not None and study.protocol:
         if not all(state(study_dir / "runs" / r["name"]) == "finished" for r in runs):
             print(
                 "the protocol's next stage waits until every run so far has finished; run this "

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def ranged(default, spec: str):
+def ranged(default, spec: str, **metadata):
     """A numeric config field with the range it must lie in ('>= 1', '> 0', '[0, 1)', '(0, 1)',
-    'any'), declared beside it; training/config.py holds every number a config sets to it."""
-    return field(default=default, metadata={"range": spec})
+    'any'), declared beside it; training/config.py holds every number a config sets to it (and
+    lab/studyfile.py every number a study file sets)."""
+    return field(default=default, metadata={"range": spec, **metadata})
 
 
 @dataclass

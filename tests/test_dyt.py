@@ -37,10 +37,10 @@ def test_dyt_at_the_papers_scale_trains_and_at_its_absolute_constants_its_gradie
     study = load_study(STUDY)
     common = [
         "--config",
-        study["config"],
+        study.config,
         f"log.out_dir={tmp_path}",
         f"data.root={pydocs_1024.parent}",
-        *flatten(study["overrides"]),
+        *flatten(study.overrides),
         "model.norm=dyt",
         "model.embed_scale=sqrt_dim",
         "optim.lr=3e-3",

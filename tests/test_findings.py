@@ -201,7 +201,7 @@ def test_where_pre_norm_becomes_unstable_is_the_reports():
     high = 100 * beta.ppf(0.975, 1, n)
     assert f"none of {n} runs was unstable in 300 or 1000 steps (95% CI 0-{high:.1f}%)" in TEXT
     study = RESULTS.parent / "studies" / "pre-edge-length.yaml"
-    runs = judge(archived_runs(RESULTS / "pre-edge-length", study), load_study(study)["rule"])
+    runs = judge(archived_runs(RESULTS / "pre-edge-length", study), load_study(study).rule)
     (unigram,) = {round(r.summary["unigram_entropy"], 2) for r in runs}
     finals = sorted(c["median_final"] for c in cells(10.0, (1000,)))
     assert (

@@ -48,8 +48,8 @@ def test_default_yaml_states_exactly_the_dataclass_defaults():
 )
 def test_a_study_file_is_named_as_its_study_and_says_what_it_asks(path):
     s = load_study(path)
-    assert s["name"] == path.stem
-    assert s["about"] and "\n" not in s["about"]
+    assert s.name == path.stem
+    assert s.about and "\n" not in s.about
 
 
 # Study files redesigned since their committed results were made: the copy beside the results is the

@@ -49,7 +49,7 @@ class GradProbe(StabilityProbe):
 
 def study_overrides() -> list[str]:
     """The DyT study's model / data / optim / train overrides, as key=value."""
-    return flatten(load_study(STUDY)["overrides"])
+    return flatten(load_study(STUDY).overrides)
 
 
 def run(

@@ -56,17 +56,17 @@ class Design:
 
 def design_of(path: Path) -> Design:
     study = load_study(path)
-    p = study["protocol"]
+    p = study.protocol
     if p is None or p.adaptive is None:
         sys.exit(f"error: {path} has no protocol.adaptive section to simulate")
-    family = sum(max(1, len(arm_pairs(study, c))) for c in study["claims"])
+    family = sum(max(1, len(arm_pairs(study, c))) for c in study.claims)
     return Design(
-        tuple(study["grid"]["optim.lr"]),
+        tuple(study.grid["optim.lr"]),
         p.selection_seeds,
         p.failure_seeds,
         p.adaptive,
         family,
-        float(study.get("ratio_margin") or 2.0),
+        float(study.ratio_margin or 2.0),
     )
 
 

@@ -109,17 +109,17 @@ def test_a_round_is_three_lrs_x178_apart_around_each_arms_estimate_on_shared_new
     }
     assert first == want
     # separated arms are never decided: rounds until max_runs (24 = 2 rounds of 2 x 3 x 2) is spent
-    assert len(rounds) == study["protocol"].adaptive.rounds == 2
+    assert len(rounds) == study.protocol.adaptive.rounds == 2
     assert {int(_value(s, "train.seed")) for s in rounds[1]} == {102, 103}
     assert sum(len(r) for r in rounds) == 24
     arm = {n: [r for r in runs if r.config["model.norm"] == n] for n in ("rmsnorm", "layernorm")}
     outcome = protocol.adaptive_outcome(
-        arm["rmsnorm"], arm["layernorm"], "same", study["protocol"], 2.0, 1
+        arm["rmsnorm"], arm["layernorm"], "same", study.protocol, 2.0, 1
     )
     assert outcome == ("maximum spent (2 rounds)", 24)  # what the report says of it
     half = [r for r in arm["rmsnorm"] if r.seed < 102]  # as if round 2 had not run yet
     assert protocol.adaptive_outcome(
-        half, [r for r in arm["layernorm"] if r.seed < 102], "same", study["protocol"], 2.0, 1
+        half, [r for r in arm["layernorm"] if r.seed < 102], "same", study.protocol, 2.0, 1
     ) == ("not finished (round 2 not run yet)", 12)
 
 
@@ -137,7 +137,7 @@ def test_a_decided_claim_stops_and_a_resume_asks_for_nothing_new(tmp_path):
 
     runs, log = drive(study, curve, upto="common")
     rounds = [specs for stage, specs in log if stage == "adaptive"]
-    assert 1 <= len(rounds) < study["protocol"].adaptive.rounds
+    assert 1 <= len(rounds) < study.protocol.adaptive.rounds
     assert protocol.adaptive_runs(study, runs) == [] or all(
         s["name"] in {r.name for r in runs} for s in protocol.adaptive_runs(study, runs)
     )
@@ -147,8 +147,8 @@ def test_a_decided_claim_stops_and_a_resume_asks_for_nothing_new(tmp_path):
         [r.lr for r in ra], [r.failed for r in ra], [r.lr for r in rb], [r.failed for r in rb]
     )
     p, direction, _ = lr50_test(fit, "same", 2.0)
-    assert direction == "different" and p * study["protocol"].adaptive.looks < 0.05
-    ended, used = protocol.adaptive_outcome(ra, rb, "same", study["protocol"], 2.0, 1)
+    assert direction == "different" and p * study.protocol.adaptive.looks < 0.05
+    ended, used = protocol.adaptive_outcome(ra, rb, "same", study.protocol, 2.0, 1)
     assert ended == f"decided after round {len(rounds)}"
     assert used == sum(len(r) for r in rounds)  # every run of its rounds, none of the later stages
 
@@ -257,12 +257,12 @@ def test_the_committed_simulation_meets_the_bounds_and_describes_the_default_stu
     study file states now."""
     sim = json.loads(SIM.read_text())
     study = load_study(REPO / sim["study"])
-    a = study["protocol"].adaptive
+    a = study.protocol.adaptive
     assert sim["design"]["adaptive"] == {
         k: getattr(a, k)
         for k in ("seeds_per_round", "max_runs", "first_seed", "lrs", "step", "alpha")
     }
-    assert sim["design"]["grid"] == list(study["grid"]["optim.lr"])
+    assert sim["design"]["grid"] == list(study.grid["optim.lr"])
     assert {row["ratio"] for row in sim["rows"]} >= {1.0, 2.0, 4.0}
     for row in sim["rows"]:
         outcomes = row["studies"]

@@ -219,7 +219,7 @@ def test_a_seeds_first_critical_lrs_stay_within_the_studys_lr_range(tmp_path):
     from lab.protocol import critical_lrs
 
     study = _critical_study(tmp_path)
-    p = dataclasses.replace(study["protocol"], max_lr=0.05)
+    p = dataclasses.replace(study.protocol, max_lr=0.05)
     runs = [
         FakeRun(f"s{s}-{lr}", lr, s, lr >= (0.1 if s else 0.00316))
         for s in (0, 1)
@@ -228,5 +228,5 @@ def test_a_seeds_first_critical_lrs_stay_within_the_studys_lr_range(tmp_path):
     starts = {seed: critical_lrs(runs, seed, p) for seed in range(10, 16)}
     assert all(0.001 <= lr <= 0.05 for lrs in starts.values() for lr in lrs)
     assert len({tuple(lrs) for lrs in starts.values()}) > 1
-    unclamped = {seed: critical_lrs(runs, seed, study["protocol"]) for seed in range(10, 16)}
+    unclamped = {seed: critical_lrs(runs, seed, study.protocol) for seed in range(10, 16)}
     assert max(lr for lrs in unclamped.values() for lr in lrs) > 0.05  # the case is real

@@ -82,7 +82,7 @@ def test_a_sweep_over_a_changed_file_refuses_and_a_report_says_which_runs_which_
                 index[spec["name"]] = {
                     "name": spec["name"],
                     "status": "ok",
-                    "design": study["design"],
+                    "design": study.design,
                 }
         old = study_dir / "sweep.json"
         if old.is_file():
@@ -157,7 +157,7 @@ def test_a_design_does_not_depend_on_where_the_checkout_is(tmp_path):
     for name in ("tiny.yaml", "default.yaml"):  # tiny.yaml is a diff on default.yaml
         shutil.copy(TINY.parent / name, other / name)
     here = load_study(_study(tmp_path))
-    there = dict(here, config=str(other / "tiny.yaml"))
+    there = dataclasses.replace(here, config=str(other / "tiny.yaml"))
     assert design_of(here)["hash"] == design_of(there)["hash"]
 
 

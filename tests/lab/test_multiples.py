@@ -31,8 +31,8 @@ def test_lr_multiples_runs_each_arm_at_its_best_lr_times_each_factor():
     assert ("layernorm", "pre", False, "fused", 1.3) in arms  # the control
     assert ("layernorm", "post", False, "reference", 1.0) in arms  # post-norm's yardstick
     for c in first.values():
-        overrides = studyfile.flatten(study["overrides"]) + [f"{k}={v}" for k, v in c.items()]
-        cfg = load_config(study["config"], overrides)
+        overrides = studyfile.flatten(study.overrides) + [f"{k}={v}" for k, v in c.items()]
+        cfg = load_config(study.config, overrides)
         assert cfg.optim.lr == c["optim.lr"] and cfg.model.dim == 32
 
 

@@ -51,7 +51,7 @@ def outcome(lr: float, seed: int, best: float, edge: float) -> FakeRun:
 def drive(study, best: float, edge: float):
     """Run the stages for one arm until the protocol asks for nothing more: [(stage, lrs,
     seeds)]."""
-    p = study["protocol"]
+    p = study.protocol
     runs, made = [], []
     arm = protocol.arms_of(study)[0]
     for stage in protocol.STAGES:

@@ -2,6 +2,7 @@
 numbers."""
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -36,7 +37,7 @@ def test_default_study_grid_expands_as_specified():
     runs = protocol.first_runs(study)
     combos = set()
     for r in runs:
-        cfg = load_config(study["config"], r["overrides"])
+        cfg = load_config(study.config, r["overrides"])
         combos.add(
             (cfg.model.norm, cfg.model.placement, cfg.train.steps, cfg.optim.lr, cfg.train.seed)
         )
@@ -50,21 +51,21 @@ def test_default_study_grid_expands_as_specified():
     assert {c[2] for c in combos} == {300, 1000, 3000}  # >= 3 budgets spanning >= 10x
     assert len(lrs) == 5 and min(lrs) == 3.16e-3 and max(lrs) == 0.316
     assert {c[4] for c in combos} == {0, 1, 2}
-    p = study["protocol"]
+    p = study.protocol
     assert p.selection_seeds == (0, 1, 2) and set(p.test_seeds).isdisjoint(p.selection_seeds)
     assert len(p.common_seeds) == 16 and set(p.common_seeds).isdisjoint(p.selection_seeds)
     assert p.adaptive is not None and p.adaptive.max_runs == 120
-    assert {c["metric"] for c in study["claims"]} == {"lr50", "lr_sensitivity", "common_loss"}
+    assert {c["metric"] for c in study.claims} == {"lr50", "lr_sensitivity", "common_loss"}
     # 4 claims x 2 pairs x 3 budgets: the family the adaptive stop rule and the file's text use
-    assert sum(max(1, len(protocol.arm_pairs(study, c))) for c in study["claims"]) == 24
+    assert sum(max(1, len(protocol.arm_pairs(study, c))) for c in study.claims) == 24
     assert "0.05 / 24" in (STUDIES / "norm-placement-lr.yaml").read_text()
-    assert study["rule"].learn_margin == 0.25 and len(study["alternatives"]) == 2
-    assert study["equivalence_margin"] == 0.02 and study["margin_reason"]
+    assert study.rule.learn_margin == 0.25 and len(study.alternatives) == 2
+    assert study.equivalence_margin == 0.02 and study.margin_reason
     assert runs[0]["name"].startswith("rmsnorm-pre-")
     other = studyfile.load_study(STUDIES / "norm-placement-lr-pystdlib.yaml")
     for key in ("grid", "protocol", "claims", "rule", "equivalence_margin"):
-        assert other[key] == study[key], key
-    assert other["overrides"]["data"] == {**study["overrides"]["data"], "source": "pystdlib"}
+        assert getattr(other, key) == getattr(study, key), key
+    assert other.overrides["data"] == {**study.overrides["data"], "source": "pystdlib"}
 
 
 def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(tmp_path):
@@ -85,9 +86,8 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
         "a: {norm: dyt}, b: {norm: rmsnorm}, metric: best_loss, expect: same}]\n"
     )
     study = studyfile.load_study(path)
-    assert [
-        r["name"] for r in studyfile.expand({**study, "grid": {**study["grid"], "train.seed": [0]}})
-    ] == [
+    one_seed = dataclasses.replace(study, grid={**study.grid, "train.seed": [0]})
+    assert [r["name"] for r in studyfile.expand(one_seed)] == [
         "rmsnorm-embed_scalenone-lr0.001-s0",
         "rmsnorm-embed_scalenone-lr0.01-s0",
         "dyt-embed_scalesqrt_dim-lr0.001-s0",
@@ -99,12 +99,12 @@ def test_exclude_drops_grid_combinations_from_the_runs_the_arms_and_the_claims(t
     ]
     assert protocol.arms_of(study) == arms
     assert len(protocol.first_runs(study)) == 4  # the grid on the selection seed, the two arms only
-    assert protocol.arm_pairs(study, study["claims"][0]) == [
+    assert protocol.arm_pairs(study, study.claims[0]) == [
         (arms[1], arms[0])
     ]  # dyt/sqrt_dim vs rmsnorm/none
     # a claim's unnamed fields are equal in its two arms: one that leaves out a field the exclusions
     # tie pairs none
-    assert protocol.arm_pairs(study, study["claims"][1]) == []
+    assert protocol.arm_pairs(study, study.claims[1]) == []
     for bad, says in [
         ("exclude: [{norm: layernorm}]\n", "model.norm='layernorm' is not a value of the grid"),
         ("exclude: [{lr: 0.01}]\n", "optim.lr=0.01 is not a value of the grid"),
@@ -131,7 +131,7 @@ def test_the_dyt_study_separates_the_norm_from_the_embedding_scalar():
     runs = protocol.first_runs(study)
     assert len(runs) == 60  # 6 arms x 5 LRs x 2 selection seeds: --dry-run's count
     cfg = load_config(
-        study["config"], next(r["overrides"] for r in runs if r["name"].startswith("dyt-"))
+        study.config, next(r["overrides"] for r in runs if r["name"].startswith("dyt-"))
     )
     assert (
         cfg.model.dim == 64
@@ -142,16 +142,16 @@ def test_the_dyt_study_separates_the_norm_from_the_embedding_scalar():
     assert (cfg.model.norm_impl, cfg.model.ops_impl) == ("fused", "fused")
     # 0.02 x sqrt(4096 / 64)
     assert cfg.model.matrix_std == cfg.model.head_std == pytest.approx(0.16)
-    lrs = study["grid"]["optim.lr"]
-    assert {3.16e-2, 1.0e-1} <= set(lrs) and study["protocol"].max_lr >= 0.1
-    assert len(study["protocol"].common_seeds) == 10
-    assert {c["metric"] for c in study["claims"]} == {"common_loss", "best_loss"}
-    for c in study["claims"]:
+    lrs = study.grid["optim.lr"]
+    assert {3.16e-2, 1.0e-1} <= set(lrs) and study.protocol.max_lr >= 0.1
+    assert len(study.protocol.common_seeds) == 10
+    assert {c["metric"] for c in study.claims} == {"common_loss", "best_loss"}
+    for c in study.claims:
         pairs = protocol.arm_pairs(study, c)
         assert pairs and c["expect"] == "same"
         for a, b in pairs:  # the same scalar and budget on both sides: only the norm differs
             assert {k for k in a if a[k] != b[k]} == {"model.norm"}
-    assert study["withdrawn"] and "absorbing" in study["withdrawn"][0]["why"]
+    assert study.withdrawn and "absorbing" in study.withdrawn[0]["why"]
     assert "stream's scale does too" in (STUDIES / "dyt.yaml").read_text()
     assert len(studyfile.expand(studyfile.quick_study(study))) == 8
 
@@ -634,11 +634,11 @@ RUN_QUICK = ("norm-placement-lr", "dyt")
 @pytest.mark.parametrize("path", sorted(STUDIES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_study_configs_quick_version_expands_and_lists(tmp_path, path, capsys):
     study = studyfile.load_study(path)
-    if study["quick"] is None:
+    if study.quick is None:
         assert path.stem == "quick"  # the smoke study is already quick
         return
     quick = studyfile.quick_study(study)
-    assert studyfile.expand(quick) and all(c.get("metric") for c in quick["claims"])
+    assert studyfile.expand(quick) and all(c.get("metric") for c in quick.claims)
     assert sweep([str(path), "--quick", "--dry-run", "--out", str(tmp_path)]) == 0
     assert f"{len(studyfile.expand(quick))} runs -> " in capsys.readouterr().out
 
@@ -653,14 +653,14 @@ def test_representative_study_configs_run_their_quick_version(tmp_path, data_set
     path = STUDIES / f"{name}.yaml"
     study = studyfile.load_study(path)
     assert sweep([str(path), "--quick", "--out", str(tmp_path), *data_set]) == 0
-    out = tmp_path / f"{study['name']}-quick"
+    out = tmp_path / f"{study.name}-quick"
     report = json.loads((out / "report.json").read_text())
     assert report["runs"] == len(studyfile.expand(studyfile.quick_study(study)))
     assert all(
         r["agreement"] in ("agrees", "disagrees", "cannot tell", "not run")
         for r in report["claims"]
     )
-    assert len(report["claims"]) >= len(studyfile.quick_study(study)["claims"])
+    assert len(report["claims"]) >= len(studyfile.quick_study(study).claims)
     assert "## What the numbers show" in (out / "report.md").read_text()
 
 
@@ -1554,14 +1554,14 @@ def test_the_2025_studies_are_designed_as_their_files_say():
     norms = studyfile.load_study(STUDIES / "norms-2025.yaml")
     arms = protocol.arms_of(norms)
     assert len(arms) == 12 and {a["train.steps"] for a in arms} == {300, 1000}
-    for c in norms["claims"]:
+    for c in norms.claims:
         pairs = protocol.arm_pairs(norms, c)
         assert len(pairs) == 2 and {a["train.steps"] for a, _ in pairs} == {300, 1000}
         for a, b in pairs:
             assert (
                 b["model.placement"] == "pre" and a["model.embed_scale"] == b["model.embed_scale"]
             )
-    cfg = load_config(norms["config"], protocol.first_runs(norms)[0]["overrides"])
+    cfg = load_config(norms.config, protocol.first_runs(norms)[0]["overrides"])
     assert cfg.model.n_layers == 12 and cfg.model.init_scale == "width" and cfg.model.dim == 32
     controls = studyfile.load_study(STUDIES / "controls-2025.yaml")
     default = {
@@ -1574,7 +1574,7 @@ def test_the_2025_studies_are_designed_as_their_files_say():
     arms = protocol.arms_of(controls)
     assert len(arms) == 14
     assert all(sum(a[k] != v for k, v in default.items()) <= 1 for a in arms)
-    assert sum(len(protocol.arm_pairs(controls, c)) for c in controls["claims"]) == 14
+    assert sum(len(protocol.arm_pairs(controls, c)) for c in controls.claims) == 14
 
 
 @pytest.mark.slow  # expands and validates every run of seven study files
@@ -1590,7 +1590,7 @@ def test_the_2025_claims_are_asked_in_their_papers_configurations():
         study = studyfile.load_study(STUDIES / f"{name}.yaml")
         arms = protocol.arms_of(study)
         assert len(arms) == n, name
-        cfg = load_config(study["config"], protocol.first_runs(study)[0]["overrides"])
+        cfg = load_config(study.config, protocol.first_runs(study)[0]["overrides"])
         assert cfg.train.steps == 1000 and cfg.optim.warmup_steps == 100, name
         assert (cfg.model.n_layers, cfg.model.init_scale, cfg.model.init_std) == (
             12,
@@ -1600,17 +1600,17 @@ def test_the_2025_claims_are_asked_in_their_papers_configurations():
         assert (cfg.model.init_residual, cfg.optim.beta2) == (residual, beta2), name
         assert (cfg.optim.weight_decay, cfg.optim.grad_clip) == (wd, clip), name
         seen = set()
-        for c in study["claims"]:
+        for c in study.claims:
             ((a, b),) = protocol.arm_pairs(study, c)
             seen.add(b["model.norm"] if name == "derf-parity" else b["model.placement"])
         assert against <= seen, name
     lns = studyfile.load_study(STUDIES / "lns-mixln.yaml")
-    assert {c["metric"] for c in lns["claims"]} == {"common_loss"}  # one shared LR, as its scripts
+    assert {c["metric"] for c in lns.claims} == {"common_loss"}  # one shared LR, as its scripts
     clip = studyfile.load_study(STUDIES / "update-clip.yaml")
     assert {(a["optim.update_clip"], a["optim.beta2"]) for a in protocol.arms_of(clip)} == {
         (u, b) for u in (False, True) for b in (0.95, 0.99)
     }
-    assert clip["withdrawn"] and "skip-step" in clip["withdrawn"][0]["says"]
+    assert clip.withdrawn and "skip-step" in clip.withdrawn[0]["says"]
 
 
 def test_a_runs_spike_scores_are_read_from_its_records_by_todays_detector(tmp_path):

@@ -15,6 +15,7 @@ from conftest import TINY
 
 import train
 from lab.runner import run_argv
+from lab.studyfile import Study
 from lab.submit import RunTask, executor
 from lab.sweep import sweep
 from training.rundir import read_metrics
@@ -60,7 +61,7 @@ def test_a_preempted_run_is_requeued_and_resumes_bit_for_bit(tmp_path, data_args
     checkpoint, and its metrics are an uninterrupted run's."""
     run = {"name": "r", "overrides": [*data_args, "train.steps=50", "train.checkpoint_every=10",
                                       "train.eval_every=25", "train.sample_tokens=0"]}  # fmt: skip
-    study = {"config": TINY, "name": "s"}
+    study = Study(name="s", config=TINY, dir=str(tmp_path), grid={})
 
     def task(folder: Path) -> RunTask:
         (folder / "logs").mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ def test_the_slurm_executor_submits_one_array_per_stage(tmp_path, monkeypatch):
     for tool in (sbatch, bin_dir / "srun"):
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    study = {"config": TINY, "name": "two-stage", "threads_per_worker": 2}
+    study = Study(name="two-stage", config=TINY, dir=str(tmp_path), grid={}, threads_per_worker=2)
     options = {"partition": "gpu", "time_min": 30, "gpus_per_run": 1, "array_parallelism": 4}
     ex = executor("slurm", tmp_path / "submitit", study, options)
     runs = [{"name": f"run{i}", "overrides": [f"optim.lr={0.001 * (i + 1)}"]} for i in range(6)]
