@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -54,6 +55,15 @@ WORDS = (
 @pytest.fixture(autouse=True)
 def _threads():
     torch.set_num_threads(THREADS or DEFAULT_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _environment():
+    """Each test starts with the session's environment, whatever an earlier one set or a library
+    it ran in this process did (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK, a submitit task its
+    threads)."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 def imported(importtime_log: str, module: str) -> bool:
