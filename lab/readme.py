@@ -86,13 +86,25 @@ def effect(c: dict) -> str:
         level = c["lr50_ratio"].get("level", 0.95)
         wider = "" if level == 0.95 or not c["lr50_ratio"].get("ci") else f", {100 * level:.3g}% CI"
         return "LR50 ratio " + ci(c["lr50_ratio"], "ratio") + wider
-    return (nats(c.get("loss")) + " nats") if c.get("loss") else "-"
+    return (nats(c.get("loss")) + " nats") if _paired(c) else "-"
 
 
 def n_of(c: dict) -> str:
     if "lr50_ratio" in c:
         return f"{c['lr50_ratio'].get('n', '-')} runs"
-    return f"{c['loss']['n']} seeds" if c.get("loss") else "-"
+    return f"{c['loss']['n']} seeds" if _paired(c) else "-"
+
+
+def _paired(c: dict) -> bool:
+    """Whether a loss claim compared any pair (not one left undecided by its LR rule)."""
+    return bool(c.get("loss") and c["loss"].get("n"))
+
+
+def estimate(c: dict) -> str:
+    """A claim's estimate and n, or, where it compared nothing, why (e.g. no common LR)."""
+    if "lr50_ratio" in c or _paired(c):
+        return f"{effect(c)}, {n_of(c)}"
+    return c.get("how") or "nothing compared"
 
 
 def versus(c: dict, keys: list[str]) -> str:
@@ -201,7 +213,7 @@ def again_lines(name: str, claims: list[dict], results: Path) -> list[str]:
             else:
                 out.append(
                     f"- '{e['says']}' was decided again in [{e['new']}]({e['new']}/report.md) "
-                    f"({e['why']}): **{new['agreement']}**, {effect(new)}, {n_of(new)}. That "
+                    f"({e['why']}): **{new['agreement']}**, {estimate(new)}. That "
                     "verdict stands; this one does not."
                 )
         elif e["new"] == name and any(c["says"] == e["says"] for c in claims):
