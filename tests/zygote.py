@@ -306,9 +306,8 @@ def _child(fds, request, threads, base_path, server) -> None:
     random.seed()
     numpy.random.seed()
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or threads))
-    head = "" if request["kind"] == "script" else os.getcwd()
-    if request["kind"] == "script":
-        head = os.path.dirname(os.path.abspath(request["target"]))
+    script = request["kind"] == "script"  # sys.path[0]: the script's folder, or the cwd for -m
+    head = os.path.dirname(os.path.abspath(request["target"])) if script else os.getcwd()
     sys.path[:] = [head, *_pythonpath(env), *base_path]
     subprocess.Popen = Popen  # its own `python ...` children are forked here too
     _state.update(pid=os.getpid(), **server)
