@@ -127,3 +127,23 @@ def test_only_plain_python_commands_are_forked(tmp_path):
     assert not forked([sys.executable, "s.py"], env={**os.environ, "PYTHONHASHSEED": "7"})
     with zygote.real():
         assert not forked([sys.executable, "s.py"])
+
+
+def test_a_forked_processs_own_python_children_are_forked_too(tmp_path):
+    """A child has what the server's imports set in its environment (torch sets
+    TORCHINDUCTOR_CACHE_DIR), and passes it on: its children are forked all the same (torchrun's
+    ranks, a sweep's workers)."""
+    (tmp_path / "inner.py").write_text("import sys\nprint('torch' in sys.modules)\n")
+    (tmp_path / "outer.py").write_text(
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, 'inner.py'], stdout=subprocess.PIPE, text=True)\n"
+        "print(p.communicate()[0].strip(), p._conn is not None)\n"
+    )
+    out = subprocess.run([sys.executable, "outer.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+    imported = zygote._server()["imported"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in imported
+    p = subprocess.Popen([sys.executable, "inner.py"], cwd=tmp_path, env={**os.environ, **imported})
+    p.wait(timeout=60)
+    assert p._conn is not None

@@ -163,7 +163,7 @@ def _request(a: dict) -> dict | None:
     if not os.path.isdir(cwd):
         return None
     server = _server()
-    if _startup_env(env) != server["startup"] or os.getsid(0) != server["sid"]:
+    if not _same_start(env, server) or os.getsid(0) != server["sid"]:
         return None
     return {
         "kind": kind,
@@ -180,6 +180,15 @@ def _request(a: dict) -> dict | None:
 
 def _startup_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) and k not in PER_CHILD_ENV}
+
+
+def _same_start(env: dict, server: dict) -> bool:
+    """Whether `env` starts an interpreter as the server's did, counting what the server's imports
+    set as set (torch sets TORCHINDUCTOR_CACHE_DIR; a process that imported it passes it on)."""
+    imported = server["imported"]
+    mine = {k: v for k, v in _startup_env(env).items() if imported.get(k) != v}
+    theirs = {k: v for k, v in server["startup"].items() if imported.get(k) != v}
+    return mine == theirs
 
 
 _lock = threading.Lock()
