@@ -21,6 +21,7 @@ p < 0.05; anything else `cannot tell`."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from lab.paired import ALPHA, Paired, holm, paired, tost_seeds_needed
 from lab.protocol import common_lr
 from lab.read import same
 from lab.sensitivity import Sensitivity
-from lab.text import BUDGET, g
+from lab.text import BUDGET, g, rank_shift
 
 
 @dataclass
@@ -98,20 +99,48 @@ def _outcomes(arm: Arm, lr: float, seeds) -> dict:
 
 def ranked(a: dict, b: dict) -> dict:
     """A - B over the seeds both finished, a failed run the worst outcome (above every finite loss
-    of the two; two failed runs tie): n, the failed runs per arm, the median difference and the
-    two-sided Wilcoxon signed-rank p."""
+    of the two; two failed runs tie): n, the failed runs per arm, the median difference, the
+    two-sided Wilcoxon signed-rank p, and the shift's Hodges-Lehmann estimate with its 95% CI (the
+    test inverted; a number that moves with the failed runs' stand-in value is None)."""
     seeds = sorted(set(a) & set(b))
     finite = [v for s in seeds for v in (a[s], b[s]) if math.isfinite(v)]
+
+    def diffs(top: float) -> list[float]:
+        return [
+            (top if a[s] == math.inf else a[s]) - (top if b[s] == math.inf else b[s]) for s in seeds
+        ]
+
     top = (max(finite) if finite else 0.0) + 1.0
-    d = [(top if a[s] == math.inf else a[s]) - (top if b[s] == math.inf else b[s]) for s in seeds]
+    d = diffs(top)
     nonzero = [x for x in d if x != 0]
     p = float(st.wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else 1.0
+    shift, ci = _shift(d)
+    shift_far, ci_far = _shift(diffs(top + 1000.0))  # the stand-in far away: what it decides moves
+    if ci:
+        ci = [x if ci_far and x == y else None for x, y in zip(ci, ci_far or ci, strict=True)]
     return {
         "n": len(seeds),
         "failed": [sum(a[s] == math.inf for s in seeds), sum(b[s] == math.inf for s in seeds)],
         "median": statistics.median(d) if d else None,
         "p": p,
+        "shift": shift if shift == shift_far else None,
+        "ci": ci,
     }
+
+
+def _shift(d: list[float]) -> tuple[float | None, list | None]:
+    """The Hodges-Lehmann shift (the median of the Walsh averages (d_i + d_j) / 2, i <= j) and the
+    95% CI of the shifts delta the signed-rank test of d - delta does not reject; its bounds are
+    Walsh averages, between which the test's p is constant."""
+    walsh = sorted({(x + y) / 2 for i, x in enumerate(d) for y in d[i:]})
+    if len(d) < 2 or len(walsh) < 2:
+        return None, None
+    mids = [(x + y) / 2 for x, y in itertools.pairwise(walsh)]
+    kept = [i for i, m in enumerate(mids) if st.wilcoxon([x - m for x in d]).pvalue >= ALPHA]
+    shift = statistics.median((x + y) / 2 for i, x in enumerate(d) for y in d[i:])
+    if not kept:
+        return shift, None
+    return shift, [walsh[kept[0]], walsh[kept[-1] + 1]]
 
 
 def nested(a: Arm, b: Arm, test_seeds, margin: float, worst: bool = False) -> Nested:
@@ -433,8 +462,9 @@ def claim_sentence(c: Checked) -> str:
             r = n.rank
             what += (
                 f"; failed runs kept in their pairs as the worst outcome ({r['failed'][0]} of "
-                f"{c.a}, {r['failed'][1]} of {c.b}): median {r['median']:+.3f} over {r['n']} "
-                f"seeds, Wilcoxon signed-rank p = {r['p']:.2g} (this test decides)"
+                f"{c.a}, {r['failed'][1]} of {c.b}): {rank_shift(r)} over {r['n']} seeds "
+                f"(median {r['median']:+.3f}), Wilcoxon signed-rank p = {r['p']:.2g} (this test "
+                "decides)"
             )
         elif n.dropped:
             what += f"; left out: {', '.join(n.dropped)}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lab.text import BUDGET, bare, g, interval, steps_of
+from lab.text import BUDGET, bare, g, interval, rank_shift, steps_of
 from training import errors
 from training.rundir import read_json, write_text
 
@@ -86,12 +86,16 @@ def effect(c: dict) -> str:
         level = c["lr50_ratio"].get("level", 0.95)
         wider = "" if level == 0.95 or not c["lr50_ratio"].get("ci") else f", {100 * level:.3g}% CI"
         return "LR50 ratio " + ci(c["lr50_ratio"], "ratio") + wider
+    if c.get("rank"):  # a failed run kept in its pair: the rank test decided
+        return rank_shift(c["rank"]) + ", failed runs kept as the worst outcome"
     return (nats(c.get("loss")) + " nats") if _paired(c) else "-"
 
 
 def n_of(c: dict) -> str:
     if "lr50_ratio" in c:
         return f"{c['lr50_ratio'].get('n', '-')} runs"
+    if c.get("rank"):
+        return f"{c['rank']['n']} seeds"
     return f"{c['loss']['n']} seeds" if _paired(c) else "-"
 
 

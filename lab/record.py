@@ -246,6 +246,7 @@ def as_json(res: StudyResult) -> dict:
                         "loss": pj(c.nested.paired),
                         "how": c.nested.how,
                         "gaps": [list(x) for x in c.nested.gaps],
+                        **({"rank": c.nested.rank} if c.nested.rank else {}),
                     }
                     if c.nested
                     else {}

@@ -45,3 +45,10 @@ def lr50_cell(fit) -> str:
     if fit.identified:
         return f"{fmt(fit.lr50, '.3g')} ({interval(fit.ci)})"
     return fit.bracket() + f" ({fit.failed}/{fit.n} in all)"
+
+
+def rank_shift(r: dict) -> str:
+    """'-0.013 nats (95% CI -0.030..+0.004, Hodges-Lehmann)': a number failed runs decide is '?'."""
+    ci = r.get("ci") or [None, None]
+    lo, hi, x = (f"{v:+.3f}" if v is not None else "?" for v in (*ci, r.get("shift")))
+    return f"{x} nats (95% CI {lo}..{hi}, Hodges-Lehmann)"

@@ -85,6 +85,34 @@ def test_a_failed_run_stays_in_its_pair_as_the_worst_outcome():
     assert got["median"] == pytest.approx(sorted(d)[7] / 2 + sorted(d)[8] / 2)
 
 
+def test_the_rank_tests_shift_and_interval_are_the_tables():
+    """Without failed runs: the Hodges-Lehmann shift is the median of the 136 Walsh averages of 16
+    differences, and the 95% CI runs from the 30th to the 107th of them (the signed-rank table's
+    two-sided 0.05 critical value for n = 16 is 29; Hollander & Wolfe, Table A.4)."""
+    rng = random.Random(5)
+    a = {s: 3.0 + rng.gauss(0, 0.03) for s in range(16)}
+    b = {s: 3.02 + rng.gauss(0, 0.03) for s in range(16)}
+    d = [a[s] - b[s] for s in range(16)]
+    walsh = sorted((x + y) / 2 for i, x in enumerate(d) for y in d[i:])
+    got = ranked(a, b)
+    assert len(walsh) == 136 and got["shift"] == pytest.approx((walsh[67] + walsh[68]) / 2)
+    assert got["ci"] == [walsh[29], walsh[106]]
+
+
+def test_a_rank_bound_the_failed_runs_decide_is_not_printed():
+    """A failed run's stand-in is an order, not a loss: one failed run leaves the shift and the CI
+    where the 15 trained pairs put them; with 8 of 16 failed the upper bound and the shift move
+    with the stand-in and are None."""
+    rng = random.Random(6)
+    a = {s: 3.0 + rng.gauss(0, 0.03) for s in range(16)}
+    b = {s: 3.02 + rng.gauss(0, 0.03) for s in range(16)}
+    one = ranked({**a, 3: math.inf}, b)
+    assert one["shift"] is not None and None not in one["ci"]
+    assert one["ci"][0] < one["shift"] < one["ci"][1]
+    many = ranked({**a, **{s: math.inf for s in range(8)}}, b)
+    assert many["shift"] is None and many["ci"][1] is None and many["ci"][0] is not None
+
+
 def test_a_claims_failed_run_decides_with_the_rank_test():
     """protocol.failed_runs: worst: a best_loss claim whose arm failed on a test seed is decided
     by the rank test over every seed, not by the t test on the seeds where both trained."""
